@@ -1,0 +1,131 @@
+package ratelimit
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/ratesync/caddy-ratelimit/internal/cfargs"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	// Before basic_auth, and so before every handler that answers a
+	// request (respond, reverse_proxy, php_fastcgi, file_server...).
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var rl Handler
+	err := rl.UnmarshalCaddyfile(h.Dispenser)
+	return &rl, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit [<matcher>] {
+//	    namespace <name>
+//	    key <placeholders>
+//	    limit <n> <window>
+//	    window_type sliding|fixed
+//	    disable_penalty
+//	    hide_client_headers
+//	    draft_headers
+//	    retry_after_jitter <duration>
+//	    error_code <status>
+//	    dry_run
+//	}
+//
+// limit may be repeated, once per window; every other subdirective may be
+// given once.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if seen[sub] && sub != "limit" {
+			return d.Errf("%s: given twice", sub)
+		}
+		seen[sub] = true
+		switch sub {
+		case "namespace":
+			if err := cfargs.One(d, &h.Namespace); err != nil {
+				return err
+			}
+		case "key":
+			if err := cfargs.One(d, &h.Key); err != nil {
+				return err
+			}
+		case "window_type":
+			if err := cfargs.One(d, &h.WindowType); err != nil {
+				return err
+			}
+			if h.WindowType != "sliding" && h.WindowType != "fixed" {
+				return d.Errf("window_type: unknown window type %q: want sliding or fixed", h.WindowType)
+			}
+		case "limit":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("limit: want <n> <window>, such as 'limit 100 1m'")
+			}
+			n, err := strconv.ParseFloat(args[0], 64)
+			if err != nil || !(n > 0) {
+				return d.Errf("limit: the limit must be a positive number, got %q", args[0])
+			}
+			win, err := caddy.ParseDuration(args[1])
+			if err != nil || win <= 0 {
+				return d.Errf("limit: the window must be a positive duration, got %q", args[1])
+			}
+			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win)})
+		case "retry_after_jitter":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			j, err := caddy.ParseDuration(v)
+			if err != nil || j < 0 {
+				return d.Errf("retry_after_jitter: want a duration of 0 or more, got %q", v)
+			}
+			h.RetryAfterJitter = caddy.Duration(j)
+		case "error_code":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			code, err := strconv.Atoi(v)
+			if err != nil || code < 400 || code > 599 {
+				return d.Errf("error_code: want a status from 400 to 599, got %q", v)
+			}
+			h.ErrorCode = code
+		case "disable_penalty", "hide_client_headers", "draft_headers", "dry_run":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			switch sub {
+			case "disable_penalty":
+				h.DisablePenalty = true
+			case "hide_client_headers":
+				h.HideClientHeaders = true
+			case "draft_headers":
+				h.DraftHeaders = true
+			case "dry_run":
+				h.DryRun = true
+			}
+		default:
+			return d.Errf("unrecognized subdirective '%s'", sub)
+		}
+	}
+	if len(h.Limits) == 0 {
+		return d.Err("rate_limit needs at least one 'limit <n> <window>'")
+	}
+	return nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,433 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/syncapp"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults of the handler's fields.
+const (
+	DefaultKey       = "{http.request.remote.host}"
+	DefaultErrorCode = http.StatusTooManyRequests
+)
+
+// Handler limits the rate of requests per key, in one namespace of the
+// rate_limit app. Each request is a hit on every limit, in ascending window
+// order: a limit's window is incremented, then its rate compared with the
+// limit (rate > limit rejects); once one limit rejects, the windows after
+// it are only read. A rejected request ends with a Caddy HTTP error
+// (error_code, 429 by default) that handle_errors can shape, and a
+// Retry-After header.
+//
+// Unless hide_client_headers is set, responses carry, for each limit,
+// X-RateLimit-Limit-<Window> and X-RateLimit-Remaining-<Window> (Second,
+// Minute, Hour, Day, Month, Year, or else the window in seconds), and
+// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for the limit
+// with the least remaining (ties: the larger window). RateLimit-Reset is
+// computed from the client's own counts: when the client is limited, the
+// seconds until its rate admits one more request; otherwise the seconds
+// until one more request's worth of its quota comes back. Retry-After is
+// the seconds until every limit admits one more request, at least 1.
+//
+// These placeholders are set for handle_errors, logs and later handlers:
+//
+// Placeholder | Description
+// ------------|-------------
+// `{http.rate_limit.namespace}` | The namespace counted in
+// `{http.rate_limit.exceeded}` | Whether a limit rejected the request (also in dry_run)
+// `{http.rate_limit.window}` | The window of the limit that rejected it, or of the limit with the least remaining
+// `{http.rate_limit.limit}` | That limit
+// `{http.rate_limit.remaining}` | Requests left in that limit
+// `{http.rate_limit.reset}` | Seconds until that limit's reset, as in RateLimit-Reset
+type Handler struct {
+	// The namespace of the rate_limit app to count in. The namespace
+	// "default" always exists, local only; any other must be declared in
+	// the rate_limit global option (or the app's JSON). Default: "default".
+	Namespace string `json:"namespace,omitempty"`
+
+	// The key to count requests by, with placeholders, e.g.
+	// "{http.request.header.X-API-Key}". Default:
+	// "{http.request.remote.host}".
+	Key string `json:"key,omitempty"`
+
+	// The limits, at least one. Each window may appear once.
+	Limits []Limit `json:"limits,omitempty"`
+
+	// "sliding" (default) weighs the previous window's count by how much of
+	// it still overlaps the sliding window; "fixed" counts the current
+	// window only.
+	WindowType string `json:"window_type,omitempty"`
+
+	// If true, rejected requests do not count.
+	DisablePenalty bool `json:"disable_penalty,omitempty"`
+
+	// If true, responses carry no rate limit headers (Retry-After is still
+	// set on rejections).
+	HideClientHeaders bool `json:"hide_client_headers,omitempty"`
+
+	// If true, responses also carry the IETF draft's structured fields
+	// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers).
+	DraftHeaders bool `json:"draft_headers,omitempty"`
+
+	// The most random time added to Retry-After, so that rejected clients
+	// do not all come back at once. Default: 0.
+	RetryAfterJitter caddy.Duration `json:"retry_after_jitter,omitempty"`
+
+	// The status code of rejections, 400 to 599. Default: 429.
+	ErrorCode int `json:"error_code,omitempty"`
+
+	// If true, requests are counted and headers set, but none is rejected:
+	// a way to try limits on live traffic.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	ns        *syncapp.Namespace
+	limits    []limit
+	hitLimits []syncapp.Limit // limits, as the namespace checks them
+	fixed     bool
+	policy    string // the RateLimit-Policy header
+	nsValue   any    // the namespace name, boxed once for the replacer
+	allowed   prometheus.Counter
+	rejected  prometheus.Counter
+	dryRun    prometheus.Counter
+	logger    *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults, checks the config, finds the namespace in the
+// rate_limit app and merges the handler's windows into it.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.Namespace == "" {
+		h.Namespace = syncapp.DefaultName
+	}
+	if h.Key == "" {
+		h.Key = DefaultKey
+	}
+	if h.ErrorCode == 0 {
+		h.ErrorCode = DefaultErrorCode
+	}
+	if err := h.validate(); err != nil {
+		return err
+	}
+	appIface, err := ctx.App("rate_limit")
+	if err != nil {
+		return fmt.Errorf("getting rate_limit app: %v", err)
+	}
+	ns, err := appIface.(*syncapp.App).Namespace(h.Namespace)
+	if err != nil {
+		return fmt.Errorf("namespace: %v", err)
+	}
+	h.ns = ns
+	h.nsValue = h.Namespace
+	h.hitLimits = h.hitLimits[:0]
+	for _, l := range h.limits {
+		h.hitLimits = append(h.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
+		if err := ns.AddWindowSizes(l.size); err != nil {
+			return fmt.Errorf("limits: %v", err)
+		}
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %v", err)
+	}
+	h.allowed = metrics.requests.WithLabelValues(h.Namespace, "allowed")
+	h.rejected = metrics.requests.WithLabelValues(h.Namespace, "rejected")
+	h.dryRun = metrics.requests.WithLabelValues(h.Namespace, "dry_run")
+	return nil
+}
+
+// validate checks every field and prepares the limits, in ascending window
+// order.
+func (h *Handler) validate() error {
+	switch h.WindowType {
+	case "", "sliding":
+	case "fixed":
+		h.fixed = true
+	default:
+		return fmt.Errorf("window_type: unknown window type %q: want sliding or fixed", h.WindowType)
+	}
+	if h.ErrorCode < 400 || h.ErrorCode > 599 {
+		return fmt.Errorf("error_code: %d is not an error status: want 400 to 599", h.ErrorCode)
+	}
+	if h.RetryAfterJitter < 0 {
+		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
+	}
+	if len(h.Limits) == 0 {
+		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m")
+	}
+	h.limits = h.limits[:0]
+	for _, l := range h.Limits {
+		lim, err := newLimit(h.Namespace, l)
+		if err != nil {
+			return err
+		}
+		for _, other := range h.limits {
+			if other.size == lim.size {
+				return fmt.Errorf("limits: window %v appears twice", lim.size)
+			}
+		}
+		h.limits = append(h.limits, lim)
+	}
+	slices.SortFunc(h.limits, func(a, b limit) int { return int(a.size - b.size) })
+	h.policy = ""
+	for i, l := range h.limits {
+		if i > 0 {
+			h.policy += ", "
+		}
+		h.policy += l.policy
+	}
+	return nil
+}
+
+// maxInlineLimits is how many limits a request counts without allocating.
+const maxInlineLimits = 4
+
+// ServeHTTP counts the request against every limit and rejects it when one
+// is exceeded.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	key := boundKey(repl.ReplaceAll(h.Key, ""))
+
+	var buf [maxInlineLimits]window.Sample
+	samples := buf[:]
+	if len(h.limits) > len(buf) {
+		samples = make([]window.Sample, len(h.limits))
+	}
+	samples = samples[:len(h.limits)]
+	rejected := h.ns.Hit(r.Context(), key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
+
+	st := &requestState{shown: shown(h, samples, rejected)}
+	st.remaining = h.remaining(st.shown, samples[st.shown])
+	st.reset = h.reset(st.shown, samples[st.shown], time.Now())
+	if !h.HideClientHeaders {
+		h.setHeaders(w.Header(), st, samples)
+	}
+	lim := &h.limits[st.shown]
+	repl.Set("http.rate_limit.namespace", h.nsValue)
+	repl.Set("http.rate_limit.exceeded", rejected >= 0)
+	repl.Set("http.rate_limit.window", lim.nameValue)
+	repl.Set("http.rate_limit.limit", lim.limitAsAny)
+	repl.Set("http.rate_limit.remaining", (*remainingValue)(st))
+	repl.Set("http.rate_limit.reset", (*resetValue)(st))
+
+	switch {
+	case rejected < 0:
+		h.allowed.Inc()
+	case h.DryRun:
+		h.dryRun.Inc()
+		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
+			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[rejected].name))
+		}
+	default:
+		h.rejected.Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, time.Now())))
+		return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
+			h.limits[rejected].limitValue, h.limits[rejected].size, h.Namespace))
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// maxKeyLen is the longest client key held as it is. Zones are bounded in
+// keys, so the bytes of each key must be bounded too.
+const maxKeyLen = 256
+
+// boundKey returns keys of up to maxKeyLen bytes unchanged, and longer ones
+// as their first bytes followed by the SHA-256 of the whole key. A bounded
+// key is longer than maxKeyLen, so it never equals a short key, and two
+// long keys share one only if SHA-256 collides.
+func boundKey(key string) string {
+	if len(key) <= maxKeyLen {
+		return key
+	}
+	const keep = maxKeyLen - sha256.Size + 16
+	sum := sha256.Sum256([]byte(key))
+	return key[:keep] + string(sum[:])
+}
+
+// shown picks the limit the RateLimit-* headers and placeholders describe:
+// the one that rejected, or else the one with the least remaining (ties:
+// the larger window).
+func shown(h *Handler, samples []window.Sample, rejected int) int {
+	if rejected >= 0 {
+		return rejected
+	}
+	best, bestLeft := 0, math.MaxInt
+	for i, s := range samples {
+		if left := h.remaining(i, s); left <= bestLeft {
+			best, bestLeft = i, left
+		}
+	}
+	return best
+}
+
+// remaining is how many more requests the limit admits now, rounded down.
+func (h *Handler) remaining(i int, s window.Sample) int {
+	return max(0, int(math.Floor(h.limits[i].max-s.Rate(h.fixed)+1e-9)))
+}
+
+// reset returns RateLimit-Reset for limit i: the whole seconds (rounded
+// up) until the key's rate under it admits one more request when none is
+// left, or else until one more request's worth of quota comes back. Both
+// depend on the key's own counts, never on the window alone, except in a
+// fixed window, whose counts all restart at its end.
+func (h *Handler) reset(i int, s window.Sample, now time.Time) int {
+	target := h.limits[i].max - 1
+	if h.remaining(i, s) > 0 {
+		target = s.Rate(h.fixed) - 1
+	}
+	return ceilSeconds(h.wait(i, s, target, now))
+}
+
+// wait returns the seconds until the rate of limit i's window falls to
+// target, if no more hits come.
+func (h *Handler) wait(i int, s window.Sample, target float64, now time.Time) float64 {
+	size := h.limits[i].size.Seconds()
+	pos := float64(now.UnixNano()-s.Start) / 1e9 // seconds into the window
+	pos = min(max(pos, 0), size)
+	return untilAdmitted(s, target, size, pos, h.fixed)
+}
+
+func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
+
+// untilAdmitted returns the seconds until the sliding (or fixed) rate of a
+// window falls to target, if no more hits come: the previous window's
+// weight fades through the current window, and in the next one the
+// current count fades in turn.
+func untilAdmitted(s window.Sample, target, size, pos float64, fixed bool) float64 {
+	left := size - pos
+	if target < 0 {
+		return left + size // nothing fits: wait until both windows are gone
+	}
+	if fixed {
+		if s.Current <= target {
+			return 0
+		}
+		return left
+	}
+	if s.Current <= target {
+		if s.Previous <= 0 {
+			return 0
+		}
+		// cur + prev*(size-t)/size <= target  <=>  t >= size - (target-cur)*size/prev
+		t := size - (target-s.Current)*size/s.Previous
+		return max(0, t-pos)
+	}
+	// In the next window: cur*(size-t)/size <= target.
+	return left + max(0, size-target*size/s.Current)
+}
+
+// retryAfter is the Retry-After value: the seconds until every limit
+// admits one more request (a larger window may be exhausted too, though
+// only the first to reject was incremented), at least 1, plus up to
+// retry_after_jitter, in whole seconds.
+func (h *Handler) retryAfter(samples []window.Sample, now time.Time) int {
+	secs := 1
+	for i, s := range samples {
+		if h.remaining(i, s) == 0 {
+			secs = max(secs, ceilSeconds(h.wait(i, s, h.limits[i].max-1, now)))
+		}
+	}
+	if j := time.Duration(h.RetryAfterJitter); j > 0 {
+		secs += rand.IntN(ceilSeconds(j.Seconds()) + 1)
+	}
+	return secs
+}
+
+// requestState is what one request allocates, once, for its headers and
+// placeholders: the header value slices point into vals, and the
+// remaining and reset placeholders format themselves only when used.
+type requestState struct {
+	vals      [2*maxInlineLimits + 5]string
+	shown     int // the limit the headers and placeholders describe
+	remaining int
+	reset     int
+}
+
+type remainingValue requestState
+
+func (v *remainingValue) String() string { return strconv.Itoa(v.remaining) }
+
+type resetValue requestState
+
+func (v *resetValue) String() string { return strconv.Itoa(v.reset) }
+
+// setHeaders writes the rate limit headers. Every number is formatted into
+// one string, and every value slice is capped so that a later Add copies
+// instead of writing into its neighbour.
+func (h *Handler) setHeaders(hdr http.Header, st *requestState, samples []window.Sample) {
+	var buf [128]byte
+	nums := buf[:0]
+	var ends [maxInlineLimits + 1]int
+	cuts := ends[:0]
+	for i := range h.limits {
+		left := st.remaining
+		if i != st.shown {
+			left = h.remaining(i, samples[i])
+		}
+		nums = strconv.AppendInt(nums, int64(left), 10)
+		cuts = append(cuts, len(nums))
+	}
+	nums = strconv.AppendInt(nums, int64(st.reset), 10)
+	cuts = append(cuts, len(nums))
+	text := string(nums)
+	num := func(i int) string {
+		if i == 0 {
+			return text[:cuts[0]]
+		}
+		return text[cuts[i-1]:cuts[i]]
+	}
+
+	vals := st.vals[:0]
+	if n := 2*len(h.limits) + 5; n > len(st.vals) {
+		vals = make([]string, 0, n)
+	}
+	put := func(name, v string) {
+		vals = append(vals, v)
+		i := len(vals) - 1
+		hdr[name] = vals[i : i+1 : i+1]
+	}
+	for i, l := range h.limits {
+		put(l.limitHeader, l.limitValue)
+		put(l.leftHeader, num(i))
+	}
+	left, reset := num(st.shown), num(len(h.limits))
+	put("Ratelimit-Limit", h.limits[st.shown].limitValue)
+	put("Ratelimit-Remaining", left)
+	put("Ratelimit-Reset", reset)
+	if h.DraftHeaders {
+		// The IETF draft's structured fields: every policy, and the state
+		// of the one with the least remaining.
+		put("Ratelimit-Policy", h.policy)
+		put("Ratelimit", h.limits[st.shown].policyName+";r="+left+";t="+reset)
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,263 @@
+// Package redistest starts real redis-server processes for tests, on free
+// loopback ports, and stops them when the test ends. Tests own their
+// servers, so they can kill, pause and restart them to test faults.
+//
+// When redis-server is missing, tests fail under CI (the CI environment
+// variable is set) and are skipped elsewhere, so a developer without Redis
+// can still run the rest.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Require returns the path of redis-server, or ends the test: it fails
+// under CI and is skipped elsewhere.
+func Require(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("redis-server is required in CI and was not found: %v (scripts/test.sh installs it)", err)
+	}
+	t.Skipf("redis-server not found (%v); scripts/test.sh installs it", err)
+	return ""
+}
+
+// Server is one redis-server process that a test owns.
+type Server struct {
+	// Addr is host:port on the loopback interface.
+	Addr string
+	// Port is the server's TCP port.
+	Port int
+
+	t    testing.TB
+	bin  string
+	dir  string
+	conf string // a config file to start with, for a sentinel
+	args []string
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server with nothing persisted, plus the given
+// arguments (for example "--requirepass", "secret"), and waits until it
+// answers. It is killed when the test ends.
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Require(t), dir: t.TempDir(), args: args}
+	s.Port = freePort(t, false)
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+	s.start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf, "--sentinel")
+	}
+	args = append(args,
+		"--port", strconv.Itoa(s.Port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"))
+	if s.conf == "" { // a sentinel refuses these
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	args = append(args, s.args...)
+	cmd := exec.Command(s.bin, args...)
+	setDeathSignal(cmd)
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("starting redis-server: %v", err)
+	}
+	s.cmd = cmd
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			s.t.Fatalf("redis-server on %s did not start: %v\n%s", s.Addr, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill stops the server at once with SIGKILL; its data is lost.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again, empty, on the same port. The server
+// must have been killed.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.cmd != nil {
+		s.t.Fatal("redistest: Restart of a running server")
+	}
+	s.start()
+}
+
+// Pause freezes the server with SIGSTOP: connections stay open and
+// commands hang, as with an overloaded or partitioned server.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume undoes Pause.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("redistest: signal to a stopped server")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("signalling redis-server: %v", err)
+	}
+}
+
+// Client returns a plain client for the server, closed when the test ends.
+// Pass the password for a server started with --requirepass.
+func (s *Server) Client(password string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: password})
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Cluster is a Redis Cluster of masters only, one process each.
+type Cluster struct {
+	// Servers are the cluster's nodes.
+	Servers []*Server
+	// Addrs are their addresses, as a client's seed list.
+	Addrs []string
+}
+
+// StartCluster starts a Redis Cluster with the given number of masters
+// (at least 3), assigns the slots, and waits until every node reports the
+// cluster healthy.
+func StartCluster(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	if masters < 3 {
+		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
+	}
+	bin := Require(t)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
+	}
+	c := &Cluster{}
+	for range masters {
+		s := &Server{t: t, bin: bin, dir: t.TempDir()}
+		s.Port = freePort(t, true)
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+		s.start()
+		t.Cleanup(s.Kill)
+		c.Servers = append(c.Servers, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.Servers {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			info, err := rc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("cluster node %s not ready: %v %s", s.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return c
+}
+
+// freePort returns a loopback TCP port nobody listens on; with bus, port
+// +10000 (a cluster node's bus port) is free too.
+func freePort(t testing.TB, bus bool) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !bus {
+			return port
+		}
+		if port+10000 > 65535 {
+			continue
+		}
+		if bl, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
+			bl.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port with a free cluster bus port")
+	return 0
+}
+
+// StartSentinel starts a Redis Sentinel that monitors master under the
+// given name, and waits until it reports the master's address.
+func StartSentinel(t testing.TB, master *Server, name string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Require(t), dir: t.TempDir()}
+	s.Port = freePort(t, false)
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+	// Sentinel rewrites its config file, so it must be a file of its own.
+	conf := filepath.Join(s.dir, "sentinel.conf")
+	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n", name, master.Port, name)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.conf = conf
+	s.start()
+	t.Cleanup(s.Kill)
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		addr, err := c.GetMasterAddrByName(context.Background(), name).Result()
+		if err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(master.Port) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinel on %s does not know master %s: %v %v", s.Addr, name, addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,112 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Limit is N hits per window.
+type Limit struct {
+	// The most hits a key may make per window. Values may be fractional.
+	// Required; must be positive.
+	Limit float64 `json:"limit"`
+
+	// The window size, such as "1s", "1m", "1h" or "30d". Required; must
+	// be positive.
+	Window caddy.Duration `json:"window"`
+}
+
+// limit is a Limit ready for requests, with its header names and values
+// computed once.
+type limit struct {
+	max         float64
+	size        time.Duration
+	limitValue  string // the limit as a header value
+	limitHeader string // X-RateLimit-Limit-<Window>
+	leftHeader  string // X-RateLimit-Remaining-<Window>
+	name        string // the window as headers and placeholders name it
+	policyName  string // the limit's name in the IETF draft's fields
+	policy      string // the limit's item in RateLimit-Policy
+
+	// Placeholder values, boxed once rather than per request.
+	nameValue  any
+	limitAsAny any
+}
+
+func newLimit(namespace string, l Limit) (limit, error) {
+	size := time.Duration(l.Window)
+	if !(l.Limit > 0) {
+		return limit{}, fmt.Errorf("limits: limit must be positive, got %v (window %v)", l.Limit, size)
+	}
+	if size <= 0 {
+		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
+	}
+	name := windowName(size)
+	policyName := sfString(namespace + "-" + name)
+	return limit{
+		max:         l.Limit,
+		size:        size,
+		limitValue:  formatCount(l.Limit),
+		limitHeader: "X-Ratelimit-Limit-" + name,
+		leftHeader:  "X-Ratelimit-Remaining-" + name,
+		name:        name,
+		policyName:  policyName,
+		policy:      policyName + ";q=" + formatCount(l.Limit) + ";w=" + formatSeconds(size),
+		nameValue:   name,
+		limitAsAny:  formatCount(l.Limit),
+	}, nil
+}
+
+// sfString quotes s as a structured-field String (RFC 8941): printable
+// ASCII only, with quotes and backslashes escaped; other bytes become '_'.
+func sfString(s string) string {
+	b := []byte{'"'}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '_')
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
+}
+
+// windowName names a window the way Kong's headers do: Second, Minute,
+// Hour, Day, Month (30 days), Year (365 days), or else its length in
+// seconds.
+func windowName(size time.Duration) string {
+	switch size {
+	case time.Second:
+		return "Second"
+	case time.Minute:
+		return "Minute"
+	case time.Hour:
+		return "Hour"
+	case 24 * time.Hour:
+		return "Day"
+	case 30 * 24 * time.Hour:
+		return "Month"
+	case 365 * 24 * time.Hour:
+		return "Year"
+	}
+	return formatSeconds(size)
+}
+
+func formatSeconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+}
+
+// formatCount writes a limit or a remaining count: whole numbers without a
+// fraction, others with as many digits as they need.
+func formatCount(v float64) string {
+	if v == float64(int64(v)) {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every check the project has: go vet, gofmt, and the tests under the
+# race detector. Tests that need Redis start their own redis-server
+# processes, so this installs Debian's redis-server when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+	echo "redis-server not found: installing Debian's redis-server" >&2
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go test -race"
+go test -race -count=1 "$@" ./...

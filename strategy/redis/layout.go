@@ -1,0 +1,151 @@
+package redis
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// The storage format. Changing buckets, the bucket hash or the key layout
+// moves every counter, so nodes of different formats must not share a store.
+const (
+	// buckets is the number of hash tags a namespace's counters spread over.
+	buckets = 1024
+
+	// expiryMargin keeps a counter a little past the end of its life as a
+	// previous window (start + 2*size), so that clock skew between nodes
+	// does not expire it while a node still reads it.
+	expiryMargin = time.Second
+
+	// minDedupeTTL is the shortest life of a push's dedupe marker, so that
+	// a prompt retry is recognised even for the shortest windows.
+	minDedupeTTL = 5 * time.Second
+
+	// minHitMarkerTTL and maxHitMarkerTTL bound the life of a synchronous
+	// hit's marker: strategy.Strategy.Hit promises that the store records a
+	// hit's ID for at least a minute, and one marker per synchronous hit
+	// must not fill Redis with long windows.
+	minHitMarkerTTL = time.Minute
+	maxHitMarkerTTL = 2 * time.Minute
+
+	// maxIDLen is the most bytes of a hit's ID, which ends its marker's
+	// key.
+	maxIDLen = 256
+)
+
+// ErrInvalidWindow is wrapped by the errors of operations given a window
+// the store cannot hold: a size that is not a positive whole number of
+// milliseconds, or a start that is not a multiple of the size. Such a
+// request can never succeed: ErrInvalidWindow wraps strategy.ErrRejected,
+// so callers drop it rather than retry.
+var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+
+// FNV-1a 64 parameters.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// bucketOf returns the bucket of a (namespace, key) pair: FNV-1a 64 of the
+// decimal length of the namespace, ':', the namespace and the key, folded
+// and taken modulo buckets. It is stable across processes and machines.
+func bucketOf(namespace, key string) int {
+	h := uint64(fnvOffset)
+	var lb [20]byte
+	for _, c := range strconv.AppendInt(lb[:0], int64(len(namespace)), 10) {
+		h = (h ^ uint64(c)) * fnvPrime
+	}
+	h = (h ^ ':') * fnvPrime
+	for i := 0; i < len(namespace); i++ {
+		h = (h ^ uint64(namespace[i])) * fnvPrime
+	}
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * fnvPrime
+	}
+	return int((h ^ h>>32) % buckets)
+}
+
+// layout builds keys for one key prefix. It is immutable once made, so any
+// number of goroutines may use it.
+type layout struct {
+	// tags[b] is "<prefix>:{<b>}:", the start of every key of bucket b.
+	tags [buckets]string
+}
+
+func newLayout(prefix string) *layout {
+	l := new(layout)
+	for b := range l.tags {
+		l.tags[b] = prefix + ":{" + strconv.Itoa(b) + "}:"
+	}
+	return l
+}
+
+// nsPart returns "<len(namespace)>:<namespace>:", the part of a key that
+// names the namespace; the client key follows it.
+func nsPart(namespace string) string {
+	return strconv.Itoa(len(namespace)) + ":" + namespace + ":"
+}
+
+// counterKey returns the key of one counter:
+// <prefix>:{<bucket>}:<size ms>:<start ms>:<len(ns)>:<ns>:<key>, where nsp
+// is nsPart(ns). buf is scratch space, returned for reuse.
+func (l *layout) counterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, key string) (string, []byte) {
+	buf = append(buf[:0], l.tags[bucket]...)
+	buf = strconv.AppendInt(buf, sizeMs, 10)
+	buf = append(buf, ':')
+	buf = strconv.AppendInt(buf, startMs, 10)
+	buf = append(buf, ':')
+	buf = append(buf, nsp...)
+	buf = append(buf, key...)
+	return string(buf), buf
+}
+
+// dedupeKey returns the key of the marker that records that group n of a
+// bucket of a batch was applied: <prefix>:{<bucket>}:push:<n>:<batch ID>.
+// It shares the bucket's slot, so one script can check it and write the
+// counters. A synchronous hit with an ID sets the marker of group 0 of its
+// bucket under that ID: the one a batch of that ID holding only the hit's
+// diffs would set.
+func (l *layout) dedupeKey(bucket, n int, batchID string) string {
+	return l.tags[bucket] + "push:" + strconv.Itoa(n) + ":" + batchID
+}
+
+// hitMarkerTTL returns the time to live, in milliseconds, of the marker of
+// a hit whose counters' latest expiry is lastExpMs (Unix milliseconds),
+// made at nowMs: as long as the counters, within [minHitMarkerTTL,
+// maxHitMarkerTTL]. A caller retries a failed hit as soon as the store
+// answers again, well within the bound; a retry that comes later still,
+// for a hit that Redis applied although its reply was lost, would count it
+// twice, which errs towards limiting.
+func hitMarkerTTL(lastExpMs, nowMs int64) int64 {
+	return min(max(lastExpMs-nowMs, minHitMarkerTTL.Milliseconds()), maxHitMarkerTTL.Milliseconds())
+}
+
+// windowMs checks a window and returns its size and start in milliseconds.
+func windowMs(size time.Duration, start int64) (sizeMs, startMs int64, err error) {
+	if size <= 0 || size%time.Millisecond != 0 {
+		return 0, 0, fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
+	}
+	if start%int64(size) != 0 {
+		return 0, 0, fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
+	}
+	return int64(size / time.Millisecond), start / int64(time.Millisecond), nil
+}
+
+// expireAtMs returns when a counter of a window expires, in Unix
+// milliseconds: once it can no longer be the previous window, plus a margin.
+func expireAtMs(sizeMs, startMs int64) int64 {
+	return startMs + 2*sizeMs + expiryMargin.Milliseconds()
+}
+
+// formatValue formats a counter increment as Redis parses it: the shortest
+// decimal that reads back as the same float64.
+func formatValue(v float64) string {
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// finite reports whether v can be added to a counter.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

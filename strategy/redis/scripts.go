@@ -1,0 +1,196 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// pushScript applies one group of diffs of one bucket, at most once per
+// batch.
+//
+// KEYS[1] is the group's dedupe marker and KEYS[2..] its counters, all in
+// one slot. ARGV[1] is the marker's time to live in milliseconds; the
+// counter KEYS[i] gets the increment ARGV[2i-2] and expires at ARGV[2i-1]
+// (Unix milliseconds).
+//
+// It replies 1 when it applied the group and 0 when the marker was already
+// set, that is when this group of this batch was applied before. A counter
+// that refuses its increment (a value the store cannot add) does not stop
+// the others; the script then replies with an error naming how many failed.
+var pushScript = goredis.NewScript(`
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+	return 0
+end
+local failed, first = 0, nil
+for i = 2, #KEYS do
+	local r = redis.pcall('INCRBYFLOAT', KEYS[i], ARGV[2*i-2])
+	if type(r) == 'table' and r.err then
+		failed = failed + 1
+		first = first or r.err
+	else
+		redis.call('PEXPIREAT', KEYS[i], ARGV[2*i-1])
+	end
+end
+if failed > 0 then
+	return redis.error_reply(failed .. ' counters refused their increment: ' .. first)
+end
+return 1
+`)
+
+// hitSource is the source of hitScript, kept to send with EVAL when a
+// server does not hold the script.
+//
+// It applies one synchronous hit to N windows of one (namespace, key), in
+// the rate limiter's order (Kong's): for each window in turn, while no
+// window has rejected the hit, it adds the increment to the current counter
+// (and sets its expiry); once one has, it only reads. It reads every
+// previous counter, and the first window whose rate, current + previous *
+// weight, exceeds its limit rejects the hit. With undo, the increments of a
+// rejected hit are taken back, by adding their negation, before the script
+// ends: the script is atomic, so no other client ever sees them.
+//
+// A hit with an ID first sets its marker with SET NX PX, as pushScript
+// does. If the marker was already set (the same hit sent twice, or its
+// diffs pushed as a batch of its ID), the script increments nothing: it
+// reads every counter and decides on the counts as they are, as a hit
+// whose increments are all "0" would, and undoes nothing.
+//
+// KEYS[2i-1] and KEYS[2i] are window i's current and previous counters,
+// and KEYS[2N+1], present only for a hit with an ID, is the hit's marker,
+// all in one slot. ARGV[1] is "1" to undo a rejected hit, and ARGV[4i-2]
+// to ARGV[4i+1] are window i's increment ("0" only reads), the current
+// counter's expiry in Unix milliseconds, the limit ("" for none, "-" for
+// one that every rate exceeds: Lua 5.1's tonumber cannot be trusted with
+// "inf") and the previous window's weight. ARGV[4N+2], with the marker,
+// is its time to live in milliseconds.
+//
+// It replies, as strings (Redis would truncate Lua numbers to integers,
+// and fractional counts must survive), the 0-based index of the window
+// that rejected the hit or -1, then each window's current and previous
+// counts. Increments are negated as text, which is exact where arithmetic
+// in Lua (tostring keeps 14 digits) would not be.
+const hitSource = `
+local n = math.floor(#KEYS / 2)
+local apply = true
+if #KEYS > 2 * n and not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'PX', ARGV[4 * n + 2]) then
+	apply = false -- the hit's ID was seen: only read
+end
+local undo = apply and ARGV[1] == '1'
+local rejected = 0
+local reply = {}
+for i = 1, n do
+	local a = 4 * i - 2
+	local inc, limit = ARGV[a], ARGV[a + 2]
+	local cur
+	if apply and rejected == 0 and inc ~= '0' then
+		cur = redis.call('INCRBYFLOAT', KEYS[2 * i - 1], inc)
+		redis.call('PEXPIREAT', KEYS[2 * i - 1], ARGV[a + 1])
+	else
+		cur = redis.call('GET', KEYS[2 * i - 1]) or '0'
+	end
+	local prev = redis.call('GET', KEYS[2 * i]) or '0'
+	if rejected == 0 and limit ~= '' and
+		(limit == '-' or tonumber(cur) + tonumber(prev) * tonumber(ARGV[a + 3]) > tonumber(limit)) then
+		rejected = i
+	end
+	reply[2 * i], reply[2 * i + 1] = cur, prev
+end
+if undo and rejected > 0 then
+	for i = 1, rejected do
+		local inc = ARGV[4 * i - 2]
+		if inc ~= '0' then
+			if string.sub(inc, 1, 1) == '-' then
+				inc = string.sub(inc, 2)
+			else
+				inc = '-' .. inc
+			end
+			reply[2 * i] = redis.call('INCRBYFLOAT', KEYS[2 * i - 1], inc)
+		end
+	end
+end
+reply[1] = tostring(rejected - 1)
+return reply
+`
+
+// hitScript is hitSource, run by its SHA1 digest.
+var hitScript = goredis.NewScript(hitSource)
+
+// noRetryCmd is a command that go-redis does not send again after a
+// network error: its NoRetry overrides the embedded command's. go-redis
+// resends other commands after a read timeout, an EOF or a reset, when the
+// first attempt may have been applied with its reply lost, and a hit
+// applied twice counts twice. Dialing is retried by the pool itself
+// (DialerRetries), before anything is sent, so that retry is kept.
+type noRetryCmd struct{ *goredis.Cmd }
+
+// NoRetry reports that the command must be sent at most once.
+func (noRetryCmd) NoRetry() bool { return true }
+
+// runOnce runs a script the way Script.Run does, EVALSHA then EVAL when the
+// server does not hold it, but never resends either command after a
+// network error. A NOSCRIPT reply means that the EVALSHA did nothing, so
+// the EVAL that follows it is not a resend. cmdArgs is the whole command:
+// two slots that runOnce fills (the command's name and the script), the
+// number of keys, the keys, then the script's arguments.
+func runOnce(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, src string, cmdArgs []any) *goredis.Cmd {
+	cmdArgs[0], cmdArgs[1] = "evalsha", s.Hash()
+	cmd := goredis.NewCmd(ctx, cmdArgs...)
+	cmd.SetFirstKeyPos(3) // route by the first key on a Cluster
+	_ = c.Process(ctx, noRetryCmd{cmd})
+	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmdArgs[0], cmdArgs[1] = "eval", src
+		cmd = goredis.NewCmd(ctx, cmdArgs...)
+		cmd.SetFirstKeyPos(3)
+		_ = c.Process(ctx, noRetryCmd{cmd})
+	}
+	return cmd
+}
+
+// scriptCall is the keys and arguments of one run of a script.
+type scriptCall struct {
+	keys []string
+	args []any
+}
+
+// evalPipelined runs every call of s with EVALSHA, in one pipeline: one
+// round trip, or one per node on a Cluster, sent in parallel. When a server
+// does not hold the script (it is new, restarted or flushed its scripts),
+// the script is loaded on every primary and the refused calls run again:
+// that costs two more round trips, once per server start. It returns the
+// calls' commands, in order, and the first error.
+func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, calls []scriptCall) ([]*goredis.Cmd, error) {
+	cmds := make([]*goredis.Cmd, len(calls))
+	pipe := c.Pipeline()
+	for i, call := range calls {
+		cmds[i] = s.EvalSha(ctx, pipe, call.keys, call.args...)
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return cmds, nil
+	}
+	var again []int
+	for i, cmd := range cmds {
+		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return cmds, err
+	}
+	if err := s.Load(ctx, c).Err(); err != nil {
+		return cmds, fmt.Errorf("loading script: %w", err)
+	}
+	pipe = c.Pipeline()
+	for _, i := range again {
+		cmds[i] = s.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return cmds, err
+		}
+	}
+	return cmds, nil
+}

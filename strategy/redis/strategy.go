@@ -1,0 +1,509 @@
+package redis
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// Bounds on what one round trip carries, so that a huge batch or fetch
+// neither holds a large reply in memory nor blocks Redis for long.
+const (
+	// maxScriptKeys is the most counters one run of pushScript writes.
+	maxScriptKeys = 256
+	// maxPipelineDiffs is the most diffs one push pipeline carries, in at
+	// most as many script runs.
+	maxPipelineDiffs = 1000
+	// maxMGetKeys is the most keys one MGET reads.
+	maxMGetKeys = 512
+	// maxPipelineReads is the most keys one fetch pipeline reads.
+	maxPipelineReads = 4096
+)
+
+// PushDiffs adds the diffs of a batch to their counters, at most once per
+// batch ID: see the package documentation. It sends one script run per
+// bucket touched, pipelined, in one round trip for up to 1,000 diffs. An
+// error wraps go-redis's; the batch may then have been applied in part, and
+// pushing it again with the same ID applies only what is missing. It never
+// wraps strategy.ErrNotSent: go-redis resends a pipeline after a network
+// error, so a push that ends failing to dial may have been applied by an
+// earlier attempt, and only its ID keeps it from counting twice.
+func (r *Redis) PushDiffs(ctx context.Context, b strategy.Batch) error {
+	if err := r.pushDiffs(ctx, b); err != nil {
+		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
+	}
+	return nil
+}
+
+func (r *Redis) pushDiffs(ctx context.Context, b strategy.Batch) error {
+	calls, err := r.planPush(b, r.now().UnixNano())
+	if err != nil {
+		return err
+	}
+	// Send the runs in pipelines of bounded size, one after the other.
+	for len(calls) > 0 {
+		n, diffs := 0, 0
+		for n < len(calls) {
+			d := len(calls[n].keys) - 1
+			if n > 0 && diffs+d > maxPipelineDiffs {
+				break
+			}
+			n, diffs = n+1, diffs+d
+		}
+		if _, err := evalPipelined(ctx, r.client, pushScript, calls[:n]); err != nil {
+			return err
+		}
+		calls = calls[n:]
+	}
+	return nil
+}
+
+// planPush returns the script runs that push a batch at now (Unix
+// nanoseconds): one per bucket touched, or several for a bucket with more
+// than maxScriptKeys diffs. The runs, and so what each dedupe marker
+// covers, depend only on the set of diffs, not on their order, so that a
+// retry is split the same way as the first attempt.
+func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
+	if b.ID == "" {
+		return nil, errors.New("the batch has no ID")
+	}
+	// Sort the diffs by bucket with a counting sort, leaving out those that
+	// add nothing. A bad window fails the whole batch before anything is
+	// sent, as no retry could ever store it.
+	const dropped = -1
+	diffs := b.Diffs
+	bucket := make([]int16, len(diffs))
+	var starts [buckets + 1]int32
+	for i := range diffs {
+		d := &diffs[i]
+		if _, _, err := windowMs(d.Size, d.Start); err != nil {
+			return nil, err
+		}
+		if d.Value == 0 || !finite(d.Value) {
+			bucket[i] = dropped
+			continue
+		}
+		k := bucketOf(b.Namespace, d.Key)
+		bucket[i] = int16(k)
+		starts[k+1]++
+	}
+	for k := 1; k <= buckets; k++ {
+		starts[k] += starts[k-1]
+	}
+	order := make([]int32, starts[buckets])
+	next := starts
+	for i, k := range bucket {
+		if k != dropped {
+			order[next[k]] = int32(i)
+			next[k]++
+		}
+	}
+
+	nowMs := now / int64(time.Millisecond)
+	nsp := nsPart(b.Namespace)
+	var (
+		buf   []byte
+		calls []scriptCall
+		// Diffs of one sync mostly share their value and their window:
+		// reuse the boxed arguments rather than allocate them per diff.
+		lastValue, lastExp = math.NaN(), int64(math.MinInt64)
+		valueArg, expArg   any
+	)
+	for k := range buckets {
+		group := order[starts[k]:starts[k+1]]
+		if len(group) > maxScriptKeys {
+			// The group takes several runs, each with its own marker. A
+			// retry must split it the same way whatever the order of the
+			// diffs, or a marker could cover other diffs the second time.
+			slices.SortFunc(group, func(i, j int32) int {
+				a, b := &diffs[i], &diffs[j]
+				return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Size, b.Size),
+					cmp.Compare(a.Start, b.Start), cmp.Compare(a.Value, b.Value))
+			})
+		}
+		for n := 0; len(group) > 0; n++ {
+			part := group[:min(len(group), maxScriptKeys)]
+			group = group[len(part):]
+			call := scriptCall{
+				keys: make([]string, 1, len(part)+1),
+				args: make([]any, 1, 2*len(part)+1),
+			}
+			var last int64 // the latest expiry of the run's counters
+			for _, i := range part {
+				d := &diffs[i]
+				if d.Start+2*int64(d.Size) <= now {
+					continue // expired: no node reads this window any more
+				}
+				sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+				var key string
+				key, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, d.Key)
+				exp := expireAtMs(sizeMs, startMs)
+				if exp != lastExp {
+					lastExp, expArg = exp, exp
+				}
+				last = max(last, exp)
+				if d.Value != lastValue {
+					lastValue, valueArg = d.Value, formatValue(d.Value)
+				}
+				call.keys = append(call.keys, key)
+				call.args = append(call.args, valueArg, expArg)
+			}
+			if len(call.keys) == 1 {
+				continue
+			}
+			call.keys[0] = r.layout.dedupeKey(k, n, b.ID)
+			call.args[0] = max(last-nowMs, minDedupeTTL.Milliseconds())
+			calls = append(calls, call)
+		}
+	}
+	return calls, nil
+}
+
+// GetCounters returns the counts of the current and previous windows of
+// every size of every key, as the store holds them at now. Counters the
+// store does not hold are omitted, so that a store that lost its data (a
+// restart) does not erase what the node knows. It reads with one MGET per
+// bucket, pipelined: one round trip for up to 4,096 counters. An error
+// wraps strategy.ErrNotSent when its last attempt could not be sent (see
+// Hit); a read changes nothing, so an earlier attempt or pipeline that
+// reached Redis does no harm.
+func (r *Redis) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	counts, err := r.getCounters(ctx, namespace, keys, sizes, now)
+	if err != nil {
+		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
+	}
+	return counts, nil
+}
+
+// windowRef says which window of which key an MGET reply is about.
+type windowRef struct {
+	key   int32 // index in keys
+	size  int32 // index in sizes
+	start int64
+}
+
+func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	if len(keys) == 0 || len(sizes) == 0 {
+		return nil, nil
+	}
+	type win struct{ sizeMs, cur, prev int64 }
+	wins := make([]win, len(sizes))
+	for j, size := range sizes {
+		sizeMs, _, err := windowMs(size, 0)
+		if err != nil {
+			return nil, err
+		}
+		cur := window.Start(now.UnixNano(), size)
+		wins[j] = win{sizeMs, cur, cur - int64(size)}
+	}
+
+	// Sort the keys by bucket: one bucket is one slot, so one MGET.
+	bucket := make([]int16, len(keys))
+	var starts [buckets + 1]int32
+	for i, key := range keys {
+		k := bucketOf(namespace, key)
+		bucket[i] = int16(k)
+		starts[k+1]++
+	}
+	for k := 1; k <= buckets; k++ {
+		starts[k] += starts[k-1]
+	}
+	order := make([]int32, len(keys))
+	next := starts
+	for i, k := range bucket {
+		order[next[k]] = int32(i)
+		next[k]++
+	}
+
+	nsp := nsPart(namespace)
+	var (
+		buf    []byte
+		counts []window.Count
+		pipe   = r.client.Pipeline()
+		mgets  []*goredis.SliceCmd
+		refs   []windowRef // one per key read, in order
+		batch  []string    // the keys of the MGET being built
+		reads  int         // keys read by the pipeline
+	)
+	flush := func() error {
+		if len(mgets) == 0 {
+			return nil
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil {
+			return notSent(err)
+		}
+		at := 0
+		for _, cmd := range mgets {
+			for _, v := range cmd.Val() {
+				ref := refs[at]
+				at++
+				s, ok := v.(string)
+				if !ok {
+					continue // missing
+				}
+				f, err := strconv.ParseFloat(s, 64)
+				if err != nil {
+					return fmt.Errorf("a counter holds %q, not a number", s)
+				}
+				counts = append(counts, window.Count{Key: keys[ref.key], Size: sizes[ref.size], Start: ref.start, Value: f})
+			}
+		}
+		mgets, refs, reads = mgets[:0], refs[:0], 0
+		return nil
+	}
+	endMGet := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		mgets = append(mgets, pipe.MGet(ctx, batch...))
+		reads += len(batch)
+		batch = nil // the command keeps the slice
+		if reads >= maxPipelineReads {
+			return flush()
+		}
+		return nil
+	}
+	for k := range buckets {
+		for _, i := range order[starts[k]:starts[k+1]] {
+			for j, w := range wins {
+				for _, start := range [2]int64{w.cur, w.prev} {
+					var key string
+					key, buf = r.layout.counterKey(buf, k, w.sizeMs, start/int64(time.Millisecond), nsp, keys[i])
+					batch = append(batch, key)
+					refs = append(refs, windowRef{key: i, size: int32(j), start: start})
+					if len(batch) == maxMGetKeys {
+						if err := endMGet(); err != nil {
+							return nil, err
+						}
+					}
+				}
+			}
+		}
+		if err := endMGet(); err != nil {
+			return nil, err
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return counts, nil
+}
+
+// GetWindow returns the count of key's window of the given size that
+// starts at start (Unix nanoseconds), with one GET. A missing counter is 0.
+// An error wraps strategy.ErrNotSent as GetCounters' do.
+func (r *Redis) GetWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
+	v, err := r.getWindow(ctx, namespace, key, size, start)
+	if err != nil {
+		return 0, fmt.Errorf("reading a window of namespace %q: %w", namespace, err)
+	}
+	return v, nil
+}
+
+func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
+	sizeMs, startMs, err := windowMs(size, start)
+	if err != nil {
+		return 0, err
+	}
+	k, _ := r.layout.counterKey(nil, bucketOf(namespace, key), sizeMs, startMs, nsPart(namespace), key)
+	s, err := r.client.Get(ctx, k).Result()
+	if errors.Is(err, goredis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, notSent(err)
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("the counter holds %q, not a number", s)
+	}
+	return v, nil
+}
+
+// maxHitWindows is the most windows one Hit takes: its script runs as
+// one atomic step in Redis, so its size stays bounded.
+const maxHitWindows = 16
+
+// Hit applies one synchronous hit to several windows of a key and decides
+// it, in one script run: one round trip (see strategy.Strategy.Hit for the
+// contract). In the order given, each window's current counter is
+// incremented by its Value, unless an earlier window rejected the hit,
+// and the first window whose rate, current + previous*Weight, exceeds its
+// Max rejects it; with undo, its increments are taken back in the same
+// script. All the counters of a call share the (namespace, key) bucket, so
+// one slot of a Cluster holds them all.
+//
+// It takes 1 to 16 windows, each valid for the layout (ErrInvalidWindow),
+// with a finite Value, a Weight in [0, 1] and a Max that is not NaN
+// (math.Inf(1) never rejects), and an id of at most 256 bytes; other input
+// is refused, before anything is sent, with an error that wraps
+// strategy.ErrRejected.
+//
+// A non-empty id names the hit. The script first sets the hit's marker,
+// <prefix>:{<bucket>}:push:0:<id>, with SET NX PX: the key that PushDiffs
+// sets for a batch of that ID holding only this key's diffs, in the same
+// slot as the counters. If the marker is new, the hit is applied as above.
+// If it exists (the same id sent twice, or a batch of that ID pushed
+// first), nothing is incremented or undone: the counts are only read, and
+// rejected is decided on them as they are, Kong's way, as for a hit whose
+// every Value is 0. So a rejected hit that was undone may come back
+// admitted, and an admitted one rejected if others have hit the key since.
+// The marker lives a minute, or until the last of the hit's counters
+// expires if that is later (twice the largest window plus a second, from
+// the window's start), so that a batch of that ID pushed while it could
+// still count finds it. That is one extra small key per hit that has an
+// id. An id must name one hit, and the batch that carries its diffs must
+// hold only that key's diffs: a batch of that ID with diffs of other keys
+// of the same bucket would skip them too. An empty id sets no marker.
+//
+// The hit is sent at most once: go-redis resends other commands after a
+// read timeout, an EOF or a connection reset, when the first attempt may
+// have been applied with its reply lost, and a resent hit counts twice.
+// So a hit that fails after it was written is not retried, and the error
+// says nothing of whether it was applied; a caller that gave it an id
+// pushes its diffs as a batch of that ID, which counts them only if the
+// hit was not applied. Dialing is still retried (the pool's
+// DialerRetries), and an error wraps strategy.ErrNotSent when the hit
+// surely never reached Redis: it could not be dialed, no pooled
+// connection freed up in time (go-redis's ErrPoolTimeout), or the strategy
+// was closed (ErrClosed). Replies that refuse the command unapplied, such as
+// LOADING or TRYAGAIN, are not retried either: the caller decides.
+func (r *Redis) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
+	counts, rejected, err = r.hit(ctx, namespace, key, id, windows, undo)
+	if err != nil {
+		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
+	}
+	return counts, rejected, nil
+}
+
+func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	n := len(windows)
+	if n == 0 || n > maxHitWindows {
+		return nil, -1, fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
+	}
+	if len(id) > maxIDLen {
+		return nil, -1, fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
+	}
+	// The command, built in one slice: EVALSHA, the script, the number of
+	// keys, the current and previous counters of every window and, with an
+	// ID, the hit's marker, then the undo flag, four arguments per window
+	// and, with an ID, the marker's time to live (see hitSource).
+	nkeys, nargs := 2*n, 1+4*n
+	if id != "" {
+		nkeys, nargs = nkeys+1, nargs+1
+	}
+	cmdArgs := make([]any, 3+nkeys, 3+nkeys+nargs)
+	cmdArgs[2] = nkeys
+	// Constants assigned to an interface are boxed for free; only the
+	// values formatted below cost an allocation.
+	var undoArg any = "0"
+	if undo {
+		undoArg = "1"
+	}
+	cmdArgs = append(cmdArgs, undoArg)
+	k := bucketOf(namespace, key)
+	nsp := nsPart(namespace)
+	var (
+		buf     []byte
+		lastExp int64 // the latest expiry of the hit's counters
+	)
+	for i := range windows {
+		w := &windows[i]
+		sizeMs, startMs, err := windowMs(w.Size, w.Start)
+		if err != nil {
+			return nil, -1, fmt.Errorf("windows[%d]: %w", i, err)
+		}
+		if !finite(w.Value) {
+			return nil, -1, fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
+		}
+		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
+			return nil, -1, fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
+		}
+		if math.IsNaN(w.Max) {
+			return nil, -1, fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
+		}
+		cmdArgs[3+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
+		cmdArgs[4+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
+		var inc any = "0" // only reads; also keeps -0 away from Redis
+		if w.Value != 0 {
+			inc = formatValue(w.Value)
+		}
+		var limit any = "" // no limit
+		switch {
+		case math.IsInf(w.Max, -1):
+			limit = "-" // every rate exceeds it
+		case !math.IsInf(w.Max, 1):
+			limit = formatValue(w.Max)
+		}
+		var weight any = "0" // a fixed window
+		if w.Weight != 0 {
+			weight = formatValue(w.Weight)
+		}
+		exp := expireAtMs(sizeMs, startMs)
+		lastExp = max(lastExp, exp)
+		cmdArgs = append(cmdArgs, inc, exp, limit, weight)
+	}
+	if id != "" {
+		cmdArgs[3+2*n] = r.layout.dedupeKey(k, 0, id)
+		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, r.now().UnixMilli()))
+	}
+
+	reply, err := runOnce(ctx, r.client, hitScript, hitSource, cmdArgs).Slice()
+	if err != nil {
+		return nil, -1, notSent(err)
+	}
+	if len(reply) != 1+2*n {
+		return nil, -1, fmt.Errorf("the hit script replied %d values, not %d", len(reply), 1+2*n)
+	}
+	s, _ := reply[0].(string)
+	rejected, err := strconv.Atoi(s)
+	if err != nil || rejected < -1 || rejected >= n {
+		return nil, -1, fmt.Errorf("the hit script replied %v, not a window index", reply[0])
+	}
+	parse := func(v any) (float64, bool) {
+		s, ok := v.(string)
+		if !ok {
+			return 0, false
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		return f, err == nil
+	}
+	counts := make([]strategy.WindowCounts, n)
+	for i := range counts {
+		c := &counts[i]
+		var ok bool
+		if c.Current, ok = parse(reply[1+2*i]); !ok {
+			return nil, -1, fmt.Errorf("windows[%d]: the counter holds %v, not a number", i, reply[1+2*i])
+		}
+		if c.Previous, ok = parse(reply[2+2*i]); !ok {
+			return nil, -1, fmt.Errorf("windows[%d]: the previous counter holds %v, not a number", i, reply[2+2*i])
+		}
+	}
+	return counts, rejected, nil
+}
+
+// notSent wraps err with strategy.ErrNotSent when it shows that a command
+// never reached Redis: dialing failed (go-redis writes nothing before it
+// has a connection), the pool had no free connection in time, or the
+// client was closed. Other errors, timeouts and resets among them, come
+// after the command may have been written, and are returned as they are.
+func notSent(err error) error {
+	var op *net.OpError
+	if errors.Is(err, goredis.ErrClosed) || errors.Is(err, goredis.ErrPoolTimeout) ||
+		(errors.As(err, &op) && op.Op == "dial") {
+		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+	}
+	return err
+}

@@ -1,0 +1,154 @@
+package syncapp
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// DefaultMaxKeys is the capacity of a zone that does not set max_keys. A
+// full zone of short keys with one window size takes about 120 MB.
+const DefaultMaxKeys = 1_000_000
+
+// ZoneConfig configures a zone: the memory that holds the counters of the
+// namespaces that use it.
+type ZoneConfig struct {
+	// The most keys the zone holds, over all its namespaces and window
+	// sizes. Past it, the least recently used keys are evicted (and counted
+	// in the caddy_rate_limit_evictions_total metric). Default: 1000000.
+	MaxKeys int `json:"max_keys,omitempty"`
+}
+
+// NamespaceConfig configures a namespace: a set of counters, the zone that
+// holds them and how they sync with a central store.
+type NamespaceConfig struct {
+	// The zone that holds the namespace's counters. Default: "default".
+	Zone string `json:"zone,omitempty"`
+
+	// How the namespace syncs with its store. Omitted, "off" or negative:
+	// local only, nothing leaves the node. 0: synchronous, every hit is
+	// applied to the store and answered with the store's count (one round
+	// trip per hit and limit). A duration of at least 1ms (e.g. "100ms",
+	// "10s"): periodic, hits count locally and every sync_rate the node
+	// pushes its diffs and fetches the merged counts.
+	SyncRate *SyncRate `json:"sync_rate,omitempty"`
+
+	// Window sizes whose counters the namespace syncs, in addition to those
+	// of the rate_limit handlers that use it (which are merged in
+	// automatically). Durations such as "1s" or "1m".
+	WindowSizes []caddy.Duration `json:"window_sizes,omitempty"`
+
+	// The store to sync with, required unless the namespace is local only:
+	// a module in the rate_limit.strategies namespace, such as
+	// {"module": "redis", "addresses": ["127.0.0.1:6379"]}.
+	StrategyRaw json.RawMessage `json:"strategy,omitempty" caddy:"namespace=rate_limit.strategies inline_key=module"`
+}
+
+// Mode is how a namespace syncs with its store.
+type Mode int
+
+const (
+	// Local counts on this node only; no store is created.
+	Local Mode = iota
+	// Synchronous applies every hit to the store in one round trip.
+	Synchronous
+	// Periodic pushes diffs and fetches counts every sync_rate.
+	Periodic
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Synchronous:
+		return "synchronous"
+	case Periodic:
+		return "periodic"
+	}
+	return "local"
+}
+
+// MinSyncRate is the shortest periodic sync_rate.
+const MinSyncRate = time.Millisecond
+
+// SyncRate is a namespace's sync_rate. In JSON it is "off", or a duration
+// as a string ("0", "100ms", "1m") or as integer nanoseconds; a negative
+// value means off.
+type SyncRate time.Duration
+
+// SyncOff is the SyncRate of a local-only namespace.
+const SyncOff = SyncRate(-1)
+
+// ParseSyncRate parses a sync_rate as written in a Caddyfile or JSON.
+func ParseSyncRate(s string) (SyncRate, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "off":
+		return SyncOff, nil
+	case "0":
+		return 0, nil
+	}
+	d, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("sync_rate: invalid value %q: want off, 0 or a duration such as 100ms", s)
+	}
+	if d < 0 {
+		return SyncOff, nil
+	}
+	return SyncRate(d), nil
+}
+
+// Mode returns the sync mode the rate selects. A nil rate is local.
+func (r *SyncRate) Mode() Mode {
+	switch {
+	case r == nil || *r < 0:
+		return Local
+	case *r == 0:
+		return Synchronous
+	}
+	return Periodic
+}
+
+// Validate refuses rates between 0 and MinSyncRate.
+func (r *SyncRate) Validate() error {
+	if r != nil && *r > 0 && time.Duration(*r) < MinSyncRate {
+		return fmt.Errorf("sync_rate: %v is too short: use 0 for synchronous, or at least %v", time.Duration(*r), MinSyncRate)
+	}
+	return nil
+}
+
+// String returns the rate as the Caddyfile writes it.
+func (r SyncRate) String() string {
+	switch {
+	case r < 0:
+		return "off"
+	case r == 0:
+		return "0"
+	}
+	return time.Duration(r).String()
+}
+
+// MarshalJSON writes the rate as a string: "off", "0" or a duration.
+func (r SyncRate) MarshalJSON() ([]byte, error) { return json.Marshal(r.String()) }
+
+// UnmarshalJSON reads "off", a duration string, or integer nanoseconds.
+func (r *SyncRate) UnmarshalJSON(b []byte) error {
+	var n int64
+	if err := json.Unmarshal(b, &n); err == nil {
+		*r = SyncRate(n)
+		if n < 0 {
+			*r = SyncOff
+		}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("sync_rate: want a string or a number, got %s", b)
+	}
+	v, err := ParseSyncRate(s)
+	if err != nil {
+		return err
+	}
+	*r = v
+	return nil
+}

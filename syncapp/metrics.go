@@ -1,0 +1,84 @@
+package syncapp
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratesync/caddy-ratelimit/internal/promreg"
+)
+
+// metrics are process-wide: built once and registered into every config's
+// registry, so their values survive reloads. Labels are namespace or zone
+// names, never a client key.
+var metrics = struct {
+	once         sync.Once
+	syncDuration *prometheus.HistogramVec
+	syncErrors   *prometheus.CounterVec
+	pool         prometheus.Collector
+}{}
+
+func initMetrics() {
+	metrics.once.Do(func() {
+		metrics.syncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit",
+			Name:      "sync_duration_seconds",
+			Help:      "Time one sync run of a namespace took: pushing its diffs and fetching counts.",
+			Buckets:   prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"namespace"})
+		metrics.syncErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit",
+			Name:      "sync_errors_total",
+			Help:      "Failed syncs and synchronous hits of a namespace, by namespace.",
+		}, []string{"namespace"})
+		metrics.pool = poolCollector{}
+	})
+}
+
+// registerMetrics registers the app's collectors into reg, which may
+// already hold them.
+func registerMetrics(reg prometheus.Registerer) error {
+	initMetrics()
+	return promreg.Register(reg, metrics.syncDuration, metrics.syncErrors, metrics.pool)
+}
+
+var (
+	pendingDesc = prometheus.NewDesc("caddy_rate_limit_pending_diffs",
+		"Diffs of a namespace waiting to be pushed to its store.", []string{"namespace"}, nil)
+	keysDesc = prometheus.NewDesc("caddy_rate_limit_keys",
+		"Keys a zone holds.", []string{"zone"}, nil)
+	capacityDesc = prometheus.NewDesc("caddy_rate_limit_max_keys",
+		"Keys a zone can hold.", []string{"zone"}, nil)
+	evictionsDesc = prometheus.NewDesc("caddy_rate_limit_evictions_total",
+		"Keys evicted from a full zone.", []string{"zone"}, nil)
+	droppedDesc = prometheus.NewDesc("caddy_rate_limit_dropped_diffs_total",
+		"Unpushed diffs of evicted keys dropped because too many waited for a store.", []string{"zone"}, nil)
+)
+
+// poolCollector reports the pooled zones and namespaces when scraped, so
+// the figures are those of the live objects whatever config holds them.
+type poolCollector struct{}
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc} {
+		ch <- d
+	}
+}
+
+func (poolCollector) Collect(ch chan<- prometheus.Metric) {
+	defaultPool.Range(func(_, v any) bool {
+		switch o := v.(type) {
+		case *zoneHolder:
+			z := o.zone
+			ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, float64(z.Len()), o.name)
+			ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(z.Capacity()), o.name)
+			ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(z.Evictions()), o.name)
+			ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(z.Dropped()), o.name)
+		case *syncer:
+			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
+		}
+		return true
+	})
+}

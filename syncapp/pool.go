@@ -1,0 +1,121 @@
+package syncapp
+
+import (
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// defaultPool holds what outlives a config: zones (the counters) and
+// syncers (a namespace's sync loop and its unpushed batch). Each loaded
+// config takes a reference to every zone and namespace it names and gives
+// it back in Cleanup, so an object survives a reload whenever its name
+// does. Tests give apps pools of their own to play several nodes in one
+// process.
+var defaultPool = caddy.NewUsagePool()
+
+// poolKey names a pooled object; zones and namespaces have separate names.
+type poolKey struct {
+	kind string // "zone" or "namespace"
+	name string
+}
+
+// sweepInterval is how often a zone forgets keys nobody touches any more.
+const sweepInterval = time.Minute
+
+// zoneHolder is a pooled zone, with the goroutine that sweeps it.
+type zoneHolder struct {
+	name string
+	zone *window.Zone
+
+	mu     sync.Mutex
+	claims map[*App]int // max_keys by started config
+
+	startOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+func newZoneHolder(name string, maxKeys int) (*zoneHolder, error) {
+	z, err := window.NewZone(maxKeys, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &zoneHolder{name: name, zone: z, claims: make(map[*App]int), stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// claim records the capacity a started config wants. While configs
+// overlap the zone keeps the largest, so that a reload which shrinks it,
+// or fails, evicts nothing until the config that needed the room is gone.
+func (h *zoneHolder) claim(a *App, maxKeys int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.claims[a] = maxKeys
+	h.resize()
+}
+
+// release forgets a stopped config's claim.
+func (h *zoneHolder) release(a *App) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.claims, a)
+	h.resize()
+}
+
+func (h *zoneHolder) resize() {
+	if len(h.claims) == 0 {
+		return
+	}
+	largest := 0
+	for _, n := range h.claims {
+		largest = max(largest, n)
+	}
+	_ = h.zone.Resize(largest) // positive: checked at provision
+}
+
+// start arms the sweeper once. It is called from App.Start, so that
+// validating a config never starts a goroutine.
+func (h *zoneHolder) start(logger *zap.Logger) {
+	h.startOnce.Do(func() {
+		go func() {
+			defer close(h.done)
+			t := time.NewTicker(sweepInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-h.stop:
+					return
+				case <-t.C:
+					func() {
+						defer recoverAndLog(logger, "sweeping zone")
+						h.zone.Sweep()
+					}()
+				}
+			}
+		}()
+	})
+}
+
+// Destruct stops the sweeper; the zone's memory goes with the last
+// reference.
+func (h *zoneHolder) Destruct() error {
+	started := true
+	h.startOnce.Do(func() { started = false })
+	close(h.stop)
+	if started {
+		<-h.done
+	}
+	return nil
+}
+
+// recoverAndLog keeps a panic in a background loop from taking the server
+// down; it is deferred at the top of every goroutine the app starts.
+func recoverAndLog(logger *zap.Logger, what string) {
+	if r := recover(); r != nil {
+		logger.Error("panic "+what, zap.Any("panic", r), zap.Stack("stack"))
+	}
+}

@@ -1,0 +1,377 @@
+package window
+
+import "sync"
+
+// Entries live in fixed-size chunks so that growing a shard never copies the
+// entries it already holds, and a full shard wastes at most one chunk.
+const (
+	chunkShift = 10
+	chunkLen   = 1 << chunkShift
+	chunkMask  = chunkLen - 1
+)
+
+// Entry flags.
+const (
+	flagUsed   uint8 = 1 << iota // the entry holds a key
+	flagListed                   // the entry is in its shard's recent list
+	flagDirty                    // some counter of the entry has a diff to push
+	flagRef                      // touched since the CLOCK hand last passed
+)
+
+// cell is one window's count, split into what this node has not pushed yet
+// (diff) and what the store last reported (synced). The visible count is
+// their sum.
+type cell struct{ diff, synced float64 }
+
+func (c cell) total() float64 { return c.diff + c.synced }
+
+// counts holds one window size of one key: the current window and the one
+// before it. Older windows never matter to a rate, so they are forgotten.
+type counts struct {
+	size  int64 // window size in nanoseconds; 0 marks an unused slot
+	index int64 // the current window is [index*size, (index+1)*size)
+	cur   cell
+	prev  cell
+}
+
+// advance makes window k the current one. Windows older than k-1 are
+// dropped: their diffs could no longer change any rate, and the store
+// expires them at about the same time.
+func (c *counts) advance(k int64) {
+	switch {
+	case k <= c.index:
+		return
+	case k == c.index+1:
+		c.prev = c.cur
+	default:
+		c.prev = cell{}
+	}
+	c.cur = cell{}
+	c.index = k
+}
+
+// cellAt returns the cell of window k, or nil when c no longer holds it.
+func (c *counts) cellAt(k int64) *cell {
+	switch k {
+	case c.index:
+		return &c.cur
+	case c.index - 1:
+		return &c.prev
+	}
+	return nil
+}
+
+// sample returns the counts' state at the instant r nanoseconds into
+// window k.
+func (c *counts) sample(k, r int64) Sample {
+	s := Sample{
+		Current: c.cur.total(),
+		Weight:  weight(r, c.size),
+		Start:   c.index * c.size,
+		Size:    timeDuration(c.size),
+	}
+	if c.index <= k {
+		s.Previous = c.prev.total()
+	}
+	return s
+}
+
+// entry is one (namespace, key) held by a zone. The first window size lives
+// inline because most limits use one; further sizes go to more.
+type entry struct {
+	key   string
+	more  []counts
+	first counts
+	hash  uint32
+	ns    uint16
+	flags uint8
+}
+
+// countsFor returns the counts for a window size, adding them when create
+// is true, or nil.
+func (e *entry) countsFor(size int64, create bool) *counts {
+	if e.first.size == size {
+		return &e.first
+	}
+	for i := range e.more {
+		if e.more[i].size == size {
+			return &e.more[i]
+		}
+	}
+	if !create {
+		return nil
+	}
+	if e.first.size == 0 {
+		e.first = counts{size: size}
+		return &e.first
+	}
+	e.more = append(e.more, counts{size: size})
+	return &e.more[len(e.more)-1]
+}
+
+// forEach calls f for every window size the entry holds.
+func (e *entry) forEach(f func(c *counts)) {
+	if e.first.size != 0 {
+		f(&e.first)
+	}
+	for i := range e.more {
+		f(&e.more[i])
+	}
+}
+
+// orphan is a pending diff whose entry left the zone (evicted or swept)
+// before it could be pushed.
+type orphan struct {
+	ns uint16
+	Diff
+}
+
+// shard is one lock's worth of a zone: an open-addressing hash table of
+// entry indices and the entries themselves, in chunks. Eviction follows the
+// CLOCK algorithm, the usual approximation of least-recently-used: a hit
+// only sets a bit on its own entry, and the hand that looks for a victim
+// spares every entry whose bit is set once, clearing it.
+type shard struct {
+	mu      sync.Mutex
+	retired bool    // replaced by a resize: look up the zone's shards again
+	table   []int32 // entry index+1 per slot, 0 when empty; linear probing
+	chunks  [][]entry
+	used    int32   // indices handed out so far
+	free    []int32 // indices given back by removals
+	live    int     // entries holding a key
+	hand    int32   // where the CLOCK hand looks next
+	quota   int     // the zone's capacity over its shards: bounds side lists
+	recent  [][]int32
+	orphans []orphan
+	_       [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+func newShard(quota int) *shard {
+	return &shard{quota: max(quota, minShardCapacity), table: make([]int32, 16)}
+}
+
+func (s *shard) at(i int32) *entry { return &s.chunks[i>>chunkShift][i&chunkMask] }
+
+// find returns the index of the entry for (ns, key), or -1.
+func (s *shard) find(h uint32, ns uint16, key string) int32 {
+	mask := uint32(len(s.table) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		slot := s.table[i]
+		if slot == 0 {
+			return -1
+		}
+		e := s.at(slot - 1)
+		if e.hash == h && e.ns == ns && e.key == key {
+			return slot - 1
+		}
+	}
+}
+
+// findOrInsert returns the index of the entry for (ns, key), marked as
+// just used, inserting it when the shard lacks it.
+func (s *shard) findOrInsert(z *Zone, h uint32, ns uint16, key string, now int64) int32 {
+	if i := s.find(h, ns, key); i >= 0 {
+		s.at(i).flags |= flagRef
+		return i
+	}
+	return s.insert(z, h, ns, key, now)
+}
+
+// alloc returns a free entry index.
+func (s *shard) alloc() int32 {
+	if n := len(s.free); n > 0 {
+		i := s.free[n-1]
+		s.free = s.free[:n-1]
+		return i
+	}
+	i := s.used
+	s.used++
+	k, off := int(i>>chunkShift), int(i&chunkMask)
+	if k == len(s.chunks) {
+		s.chunks = append(s.chunks, nil)
+	}
+	if off >= len(s.chunks[k]) {
+		// Chunks start small and double, so small shards stay small.
+		c := make([]entry, min(chunkLen, max(16, 2*len(s.chunks[k]))))
+		copy(c, s.chunks[k])
+		s.chunks[k] = c
+	}
+	return i
+}
+
+// insert adds a new entry and returns its index. When the zone is full it
+// first evicts an entry, from this shard if it has one.
+func (s *shard) insert(z *Zone, h uint32, ns uint16, key string, now int64) int32 {
+	// Reserve room first, so the zone never holds more than its limit, even
+	// for an instant.
+	for {
+		l := z.live.Load()
+		if l < z.limit.Load() {
+			if z.live.CompareAndSwap(l, l+1) {
+				break
+			}
+			continue
+		}
+		if !s.evict(z, now) {
+			z.evictElsewhere(s, now)
+		}
+	}
+	i := s.alloc()
+	e := s.at(i)
+	// A new key starts unreferenced: a key seen once goes before keys seen
+	// again, which keeps a flood of one-off keys from flushing busy ones.
+	*e = entry{key: cloneString(key), hash: h, ns: ns, flags: flagUsed}
+	if (s.live+1)*4 > len(s.table)*3 {
+		s.grow()
+	}
+	s.place(i)
+	s.live++
+	return i
+}
+
+// evict removes one entry picked by the CLOCK hand, and reports false when
+// the shard holds none.
+func (s *shard) evict(z *Zone, now int64) bool {
+	if s.live == 0 {
+		return false
+	}
+	for {
+		if s.hand >= s.used {
+			s.hand = 0
+		}
+		i := s.hand
+		s.hand++
+		e := s.at(i)
+		switch {
+		case e.flags&flagUsed == 0:
+		case e.flags&flagRef != 0:
+			e.flags &^= flagRef
+		default:
+			s.remove(z, i, now)
+			z.evictions.Add(1)
+			return true
+		}
+	}
+}
+
+// remove takes entry i out of the table and frees it. Its pending diffs
+// become orphans, so they are still pushed.
+func (s *shard) remove(z *Zone, i int32, now int64) {
+	e := s.at(i)
+	if e.flags&flagDirty != 0 {
+		z.namespace(e.ns).dirty.Add(-1)
+		e.forEach(func(c *counts) {
+			s.orphan(z, e.ns, e.key, c.size, c.index, c.cur.diff, now)
+			s.orphan(z, e.ns, e.key, c.size, c.index-1, c.prev.diff, now)
+		})
+	}
+	s.unplace(i)
+	s.live--
+	z.live.Add(-1)
+	*e = entry{}
+	s.free = append(s.free, i)
+}
+
+// orphan keeps a diff whose entry is gone, unless it is zero or its window
+// has expired. The list is bounded by the shard's quota; past it the oldest
+// orphans are dropped and counted.
+func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v float64, now int64) {
+	if v == 0 || (k+2)*size <= now {
+		return
+	}
+	if len(s.orphans) >= 2*s.quota {
+		drop := len(s.orphans) - s.quota
+		z.dropped.Add(uint64(drop))
+		for _, o := range s.orphans[:drop] {
+			z.namespace(o.ns).orphans.Add(-1)
+		}
+		s.orphans = append(s.orphans[:0], s.orphans[drop:]...)
+	}
+	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: k * size, Value: v}})
+	z.namespace(ns).orphans.Add(1)
+}
+
+// list records that entry i was touched since the namespace's last Take.
+// The list may hold stale indices of entries removed since; Take skips them
+// by their flags, and compaction keeps the list within twice the quota.
+func (s *shard) list(i int32, e *entry) {
+	e.flags |= flagListed
+	for int(e.ns) >= len(s.recent) {
+		s.recent = append(s.recent, nil)
+	}
+	l := s.recent[e.ns]
+	if len(l) >= 2*max(s.quota, s.live) {
+		l = s.compact(l, e.ns)
+	}
+	s.recent[e.ns] = append(l, i)
+}
+
+func (s *shard) compact(l []int32, ns uint16) []int32 {
+	out := l[:0]
+	for _, j := range l {
+		if e := s.at(j); e.ns == ns && e.flags&flagListed != 0 {
+			e.flags &^= flagListed // set again below, so duplicates go
+			out = append(out, j)
+		}
+	}
+	for _, j := range out {
+		s.at(j).flags |= flagListed
+	}
+	return out
+}
+
+// place puts entry i in the hash table.
+func (s *shard) place(i int32) {
+	mask := uint32(len(s.table) - 1)
+	j := s.at(i).hash & mask
+	for s.table[j] != 0 {
+		j = (j + 1) & mask
+	}
+	s.table[j] = i + 1
+}
+
+// unplace takes entry i out of the hash table, shifting later entries of
+// its probe run back so that lookups never need tombstones.
+func (s *shard) unplace(i int32) {
+	mask := uint32(len(s.table) - 1)
+	j := s.at(i).hash & mask
+	for s.table[j] != i+1 {
+		j = (j + 1) & mask
+	}
+	for {
+		k := j
+		for {
+			k = (k + 1) & mask
+			if s.table[k] == 0 {
+				s.table[j] = 0
+				return
+			}
+			home := s.at(s.table[k]-1).hash & mask
+			// The entry at k may move to j unless its home lies in (j, k].
+			if (k > j && (home <= j || home > k)) || (k < j && home <= j && home > k) {
+				s.table[j] = s.table[k]
+				j = k
+				break
+			}
+		}
+	}
+}
+
+func (s *shard) grow() {
+	old := s.table
+	s.table = make([]int32, 2*len(old))
+	for _, slot := range old {
+		if slot != 0 {
+			s.place(slot - 1)
+		}
+	}
+}
+
+// forEachLive calls f for every entry holding a key. f may remove the entry.
+func (s *shard) forEachLive(f func(i int32, e *entry)) {
+	for i := int32(0); i < s.used; i++ {
+		if e := s.at(i); e.flags&flagUsed != 0 {
+			f(i, e)
+		}
+	}
+}

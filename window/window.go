@@ -1,0 +1,104 @@
+// Package window is the in-memory engine of the rate limiter: sliding-window
+// arithmetic and a bounded, concurrent counter zone. It imports nothing from
+// Caddy, so it can be tested and benchmarked on its own.
+//
+// A window of size S starts at floor(now/S)*S in Unix time. The sliding rate
+// of a key is
+//
+//	rate = current + previous * (S - now mod S) / S
+//
+// where current and previous are the counts of the window holding now and of
+// the one before it. A fixed window gives the previous window the weight 0.
+package window
+
+import (
+	"fmt"
+	"time"
+)
+
+// Clock returns the current time in Unix nanoseconds. Zones read it on every
+// operation; tests inject their own to control time.
+type Clock func() int64
+
+// SystemClock reads the wall clock. It is the clock of production zones.
+func SystemClock() int64 { return time.Now().UnixNano() }
+
+// ValidateSize reports whether size can be a window size: it must be positive.
+func ValidateSize(size time.Duration) error {
+	if size <= 0 {
+		return fmt.Errorf("window size must be positive, got %v", size)
+	}
+	return nil
+}
+
+// Start returns the start, in Unix nanoseconds, of the window of the given
+// size that holds now (also in Unix nanoseconds).
+func Start(now int64, size time.Duration) int64 {
+	k, _ := position(now, int64(size))
+	return k * int64(size)
+}
+
+// Weight returns the weight of the previous window at now:
+// (S - now mod S) / S, at nanosecond precision.
+func Weight(now int64, size time.Duration) float64 {
+	_, r := position(now, int64(size))
+	return weight(r, int64(size))
+}
+
+func weight(r, size int64) float64 { return float64(size-r) / float64(size) }
+
+// position returns the number k of the window that holds now, so that the
+// window starts at k*size, and how far into it now is. It floors, so times
+// before the epoch fall in the right window too. One division gives both.
+func position(now, size int64) (k, r int64) {
+	k, r = now/size, now%size
+	if r < 0 {
+		k, r = k-1, r+size
+	}
+	return k, r
+}
+
+// Sample is the state of one key's window at one instant, as a zone or a
+// store sees it.
+type Sample struct {
+	// Current is the count of the window holding the instant.
+	Current float64
+	// Previous is the count of the window before it.
+	Previous float64
+	// Weight is the weight of the previous window at the instant, in [0, 1].
+	Weight float64
+	// Start is the start of the current window, in Unix nanoseconds.
+	Start int64
+	// Size is the window size.
+	Size time.Duration
+}
+
+// Sliding returns the sliding rate: Current + Previous*Weight.
+func (s Sample) Sliding() float64 { return s.Current + s.Previous*s.Weight }
+
+// Rate returns the sliding rate, or only the current count when fixed is true.
+func (s Sample) Rate(fixed bool) float64 {
+	if fixed {
+		return s.Current
+	}
+	return s.Sliding()
+}
+
+// Diff is a change to one counter that a zone has not yet pushed to a store,
+// or that a store should apply: Value added to Key's window of Size that
+// starts at Start (Unix nanoseconds).
+type Diff struct {
+	Key   string
+	Size  time.Duration
+	Start int64
+	Value float64
+}
+
+// Count is a counter's total as a store reports it: the count of Key's window
+// of Size that starts at Start (Unix nanoseconds).
+type Count struct {
+	Key   string
+	Size  time.Duration
+	Start int64
+	Value float64
+}
