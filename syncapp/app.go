@@ -250,11 +250,7 @@ func handsOver(ns, next *Namespace) bool {
 // flush pushes what the namespaces have pending, all at once, within
 // flush_timeout, and returns those it could not push.
 func (a *App) flush(namespaces []*Namespace) map[*Namespace]bool {
-	timeout := time.Duration(a.FlushTimeout)
-	if timeout == 0 {
-		timeout = DefaultFlushTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), a.flushTimeout())
 	defer cancel()
 	var mu sync.Mutex
 	failed := make(map[*Namespace]bool)
@@ -290,6 +286,7 @@ func (a *App) Cleanup() error {
 		}
 	}
 	a.flush(flush)
+	a.awaitRuns()
 	for _, st := range a.stores {
 		if err := cleanupStrategy(st); err != nil {
 			a.logger.Error("cleaning up a strategy", zap.Error(err))
@@ -303,6 +300,26 @@ func (a *App) Cleanup() error {
 	}
 	a.acquired = nil
 	return nil
+}
+
+// awaitRuns waits, within flush_timeout, for sync runs that may still use
+// this config's stores: a loop run that began before Stop detached its
+// namespace. Later runs skip detached namespaces.
+func (a *App) awaitRuns() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.flushTimeout())
+	defer cancel()
+	for _, ns := range a.namespaces {
+		if ns.store != nil {
+			ns.syncer.awaitRuns(ctx)
+		}
+	}
+}
+
+func (a *App) flushTimeout() time.Duration {
+	if a.FlushTimeout == 0 {
+		return DefaultFlushTimeout
+	}
+	return time.Duration(a.FlushTimeout)
 }
 
 // Namespace returns the namespace of the given name. An unknown name is an

@@ -188,7 +188,7 @@ func (s *syncer) loop() {
 			return
 		default:
 		}
-		if run && s.current() == ns { // not one detached meanwhile
+		if run {
 			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
 			s.runSafely(runCtx, ns)
 			cancelRun()
@@ -218,9 +218,18 @@ func (s *syncer) delay(ns *Namespace, now time.Time) time.Duration {
 	return time.Duration(next - now.UnixNano())
 }
 
+// runSafely is the loop's run for ns. It does nothing once ns is
+// detached: from then on its config's Stop and Cleanup push for it, and
+// Cleanup closes its store after the last run that used it.
 func (s *syncer) runSafely(ctx context.Context, ns *Namespace) {
 	defer recoverAndLog(s.logger, "syncing namespace")
-	_ = s.run(ctx, ns, true)
+	if ns.store == nil || s.lockRun(ctx) != nil {
+		return
+	}
+	defer s.unlockRun()
+	if s.current() == ns {
+		_ = s.runLocked(ctx, ns, true)
+	}
 }
 
 // lockRun waits for the run lock, or for ctx to end.
@@ -235,6 +244,13 @@ func (s *syncer) lockRun(ctx context.Context) error {
 
 func (s *syncer) unlockRun() { <-s.runSem }
 
+// awaitRuns waits, up to ctx's end, for the run in progress to end.
+func (s *syncer) awaitRuns(ctx context.Context) {
+	if s.lockRun(ctx) == nil {
+		s.unlockRun()
+	}
+}
+
 // run pushes what ns's counters gained since the last run and, in periodic
 // mode and with fetch set, fetches the store's counts of the keys touched
 // recently.
@@ -246,6 +262,11 @@ func (s *syncer) run(ctx context.Context, ns *Namespace, fetch bool) error {
 		return err
 	}
 	defer s.unlockRun()
+	return s.runLocked(ctx, ns, fetch)
+}
+
+// runLocked is run, with the run lock held.
+func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool) error {
 	start := time.Now()
 	contacted, err := s.pushAndFetch(ctx, ns, fetch && ns.mode == Periodic)
 	metrics.syncDuration.WithLabelValues(s.name).Observe(time.Since(start).Seconds())
