@@ -234,7 +234,9 @@ func (a *App) Stop() error {
 			flush = append(flush, ns)
 		}
 	}
-	a.unflushed = a.flush(flush)
+	ctx, cancel := a.flushContext()
+	defer cancel()
+	a.unflushed = a.flush(ctx, flush)
 	for _, zh := range a.zones {
 		zh.release(a)
 	}
@@ -247,11 +249,9 @@ func handsOver(ns, next *Namespace) bool {
 	return next != nil && next.counters == ns.counters && next.store != nil
 }
 
-// flush pushes what the namespaces have pending, all at once, within
-// flush_timeout, and returns those it could not push.
-func (a *App) flush(namespaces []*Namespace) map[*Namespace]bool {
-	ctx, cancel := context.WithTimeout(context.Background(), a.flushTimeout())
-	defer cancel()
+// flush pushes what the namespaces have pending, all at once, until ctx
+// ends, and returns those it could not push.
+func (a *App) flush(ctx context.Context, namespaces []*Namespace) map[*Namespace]bool {
 	var mu sync.Mutex
 	failed := make(map[*Namespace]bool)
 	var wg sync.WaitGroup
@@ -275,8 +275,9 @@ func (a *App) flush(namespaces []*Namespace) map[*Namespace]bool {
 // Cleanup gives back the pooled objects this config took. Namespaces that
 // no later config took over first push what requests counted after Stop
 // (other apps, such as http, may stop after this one), unless their Stop
-// could not reach the store; then the app cleans up its strategies. The
-// last config to let go of a zone or namespace destroys it.
+// could not reach the store; then, once no sync run uses them, the app
+// cleans up its strategies. The last config to let go of a zone or
+// namespace destroys it.
 func (a *App) Cleanup() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
@@ -285,8 +286,10 @@ func (a *App) Cleanup() error {
 			flush = append(flush, ns)
 		}
 	}
-	a.flush(flush)
-	a.awaitRuns()
+	ctx, cancel := a.flushContext()
+	defer cancel()
+	a.flush(ctx, flush)
+	a.awaitRuns(ctx)
 	for _, st := range a.stores {
 		if err := cleanupStrategy(st); err != nil {
 			a.logger.Error("cleaning up a strategy", zap.Error(err))
@@ -302,12 +305,10 @@ func (a *App) Cleanup() error {
 	return nil
 }
 
-// awaitRuns waits, within flush_timeout, for sync runs that may still use
-// this config's stores: a loop run that began before Stop detached its
+// awaitRuns waits, until ctx ends, for sync runs that may still use this
+// config's stores: a loop run that began before Stop detached its
 // namespace. Later runs skip detached namespaces.
-func (a *App) awaitRuns() {
-	ctx, cancel := context.WithTimeout(context.Background(), a.flushTimeout())
-	defer cancel()
+func (a *App) awaitRuns(ctx context.Context) {
 	for _, ns := range a.namespaces {
 		if ns.store != nil {
 			ns.syncer.awaitRuns(ctx)
@@ -315,11 +316,13 @@ func (a *App) awaitRuns() {
 	}
 }
 
-func (a *App) flushTimeout() time.Duration {
-	if a.FlushTimeout == 0 {
-		return DefaultFlushTimeout
+// flushContext bounds the pushes of a Stop or a Cleanup by flush_timeout.
+func (a *App) flushContext() (context.Context, context.CancelFunc) {
+	timeout := time.Duration(a.FlushTimeout)
+	if timeout == 0 {
+		timeout = DefaultFlushTimeout
 	}
-	return time.Duration(a.FlushTimeout)
+	return context.WithTimeout(context.Background(), timeout)
 }
 
 // Namespace returns the namespace of the given name. An unknown name is an

@@ -174,7 +174,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		s := &Server{t: t, bin: bin, dir: t.TempDir()}
 		s.Port = freePort(t, true)
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
-		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"}
 		s.start()
 		t.Cleanup(s.Kill)
 		c.Servers = append(c.Servers, s)

@@ -1,0 +1,126 @@
+package syncapp
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+func init() {
+	caddy.RegisterModule(new(slowStore))
+}
+
+// slowStore is an in-memory strategy whose pushes take a while, and which
+// records any use after its Cleanup: a config's store must outlive every
+// sync run that uses it.
+type slowStore struct {
+	mu     sync.Mutex
+	closed bool
+	total  *atomic.Int64 // diff values pushed, shared by the test's stores
+	late   *atomic.Int64 // calls after Cleanup
+}
+
+var slowStoreTotal, slowStoreLate atomic.Int64
+
+func (*slowStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  strategyNamespace + ".test_slow",
+		New: func() caddy.Module { return &slowStore{total: &slowStoreTotal, late: &slowStoreLate} },
+	}
+}
+
+func (s *slowStore) use() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		s.late.Add(1)
+	}
+}
+
+func (s *slowStore) PushDiffs(ctx context.Context, b strategy.Batch) error {
+	s.use()
+	time.Sleep(20 * time.Millisecond)
+	s.use()
+	for _, d := range b.Diffs {
+		s.total.Add(int64(d.Value))
+	}
+	return nil
+}
+
+func (s *slowStore) GetCounters(context.Context, string, []string, []time.Duration, time.Time) ([]window.Count, error) {
+	s.use()
+	return nil, nil
+}
+
+func (s *slowStore) GetWindow(context.Context, string, string, time.Duration, int64) (float64, error) {
+	s.use()
+	return 0, nil
+}
+
+func (s *slowStore) Hit(context.Context, string, string, string, []strategy.WindowHit, bool) ([]strategy.WindowCounts, int, error) {
+	s.use()
+	return nil, -1, strategy.ErrNotSent
+}
+
+func (s *slowStore) Cleanup() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// TestStoresOutliveTheirRuns reloads a fast-syncing namespace over and
+// over while hits go on, with pushes slow enough that a reload often lands
+// during one: no config's store is used after its Cleanup, and every hit
+// is pushed once.
+func TestStoresOutliveTheirRuns(t *testing.T) {
+	slowStoreTotal.Store(0)
+	slowStoreLate.Store(0)
+	cfg := `{"namespaces": {"api": {"sync_rate": "5ms", "window_sizes": ["1h"], "strategy": {"module": "test_slow"}}}}`
+	pool := caddy.NewUsagePool()
+	cur := start(t, pool, cfg)
+	var hits atomic.Int64
+	var counting sync.Mutex // held while a hit counts on the current config
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			counting.Lock()
+			cur.ns("api").Increment(context.Background(), "k", time.Hour, 1)
+			hits.Add(1)
+			counting.Unlock()
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	for range 30 {
+		next := start(t, pool, cfg)
+		counting.Lock()
+		old := cur
+		cur = next
+		counting.Unlock()
+		old.stop()
+		time.Sleep(7 * time.Millisecond)
+	}
+	close(stop)
+	<-done
+	cur.stop()
+	if n := slowStoreLate.Load(); n != 0 {
+		t.Errorf("stores were used %d times after their Cleanup", n)
+	}
+	if got, want := slowStoreTotal.Load(), hits.Load(); got != want {
+		t.Errorf("pushed %d hits, want every one of the %d, once", got, want)
+	}
+}
