@@ -42,6 +42,9 @@ const (
 type syncer struct {
 	name   string
 	logger *zap.Logger
+	// logEvery is the least time between two logs of store failures:
+	// minLogInterval, or longer in tests that count the logs.
+	logEvery time.Duration
 
 	mu       sync.Mutex
 	attached []*Namespace
@@ -93,6 +96,7 @@ func newSyncer(name string, logger *zap.Logger) *syncer {
 	return &syncer{
 		name:      name,
 		logger:    logger,
+		logEvery:  minLogInterval,
 		runSem:    make(chan struct{}, 1),
 		fetch:     make(map[string]struct{}),
 		fetchPrev: make(map[string]struct{}),
@@ -515,7 +519,7 @@ func (s *syncer) failed(ns *Namespace, err error) {
 	defer s.failingMu.Unlock()
 	s.failures++
 	s.unlogged++
-	interval := minLogInterval
+	interval := s.logEvery
 	if ns.mode == Periodic {
 		interval = max(interval, ns.rate)
 	}

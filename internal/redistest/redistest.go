@@ -9,7 +9,9 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -50,7 +52,10 @@ type Server struct {
 	dir  string
 	conf string // a config file to start with, for a sentinel
 	args []string
-	cmd  *exec.Cmd
+	bus  bool // a cluster node: port+10000 must be free too
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
 }
 
 // Start starts a redis-server with nothing persisted, plus the given
@@ -59,15 +64,37 @@ type Server struct {
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: Require(t), dir: t.TempDir(), args: args}
-	s.Port = freePort(t, false)
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
-	s.start()
-	t.Cleanup(s.Kill)
+	s.startOnFreePort()
 	return s
 }
 
-func (s *Server) start() {
+// errPortTaken reports that another process took the port between the
+// check that it was free and the server's bind.
+var errPortTaken = errors.New("port taken")
+
+// startOnFreePort starts the server on a free port, trying another one if
+// the port is taken meanwhile (another test process may have picked it),
+// and kills it when the test ends.
+func (s *Server) startOnFreePort() {
 	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		s.Port = freePort(s.t, s.bus)
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		err := s.launch()
+		if err == nil {
+			s.t.Cleanup(s.Kill)
+			return
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			s.t.Fatal(err)
+		}
+	}
+}
+
+// launch starts redis-server on s.Port and waits until it answers.
+func (s *Server) launch() error {
+	logfile := filepath.Join(s.dir, "redis.log")
+	_ = os.Remove(logfile) // the log tells why this launch failed
 	var args []string
 	if s.conf != "" {
 		args = append(args, s.conf, "--sentinel")
@@ -76,7 +103,7 @@ func (s *Server) start() {
 		"--port", strconv.Itoa(s.Port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"))
+		"--logfile", logfile)
 	if s.conf == "" { // a sentinel refuses these
 		args = append(args, "--save", "", "--appendonly", "no")
 	}
@@ -84,19 +111,38 @@ func (s *Server) start() {
 	cmd := exec.Command(s.bin, args...)
 	setDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("starting redis-server: %v", err)
+		return fmt.Errorf("starting redis-server: %v", err)
 	}
-	s.cmd = cmd
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited = cmd, exited
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		select {
+		case <-exited:
+			s.cmd = nil
+			log, _ := os.ReadFile(logfile)
+			if strings.Contains(string(log), "Address already in use") {
+				return fmt.Errorf("redis-server on %s: %w", s.Addr, errPortTaken)
+			}
+			return fmt.Errorf("redis-server on %s exited at start:\n%s", s.Addr, log)
+		default:
+		}
 		conn, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
 		if err == nil {
 			conn.Close()
-			return
+			if listensOn(cmd.Process.Pid, s.Port) {
+				return nil
+			}
+			err = fmt.Errorf("another process listens on %s", s.Addr)
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redis-server on %s did not start: %v\n%s", s.Addr, err, log)
+			s.Kill()
+			log, _ := os.ReadFile(logfile)
+			return fmt.Errorf("redis-server on %s did not start: %v\n%s", s.Addr, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -109,18 +155,29 @@ func (s *Server) Kill() {
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
 // Restart starts the server again, empty, on the same port. The server
-// must have been killed.
+// must have been killed. While the port is briefly taken (a client's
+// outgoing connection may hold it as its local port), it tries again.
 func (s *Server) Restart() {
 	s.t.Helper()
 	if s.cmd != nil {
 		s.t.Fatal("redistest: Restart of a running server")
 	}
-	s.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.launch()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || time.Now().After(deadline) {
+			s.t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Pause freezes the server with SIGSTOP: connections stay open and
@@ -171,12 +228,9 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 	}
 	c := &Cluster{}
 	for range masters {
-		s := &Server{t: t, bin: bin, dir: t.TempDir()}
-		s.Port = freePort(t, true)
-		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
 		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"}
-		s.start()
-		t.Cleanup(s.Kill)
+		s.startOnFreePort()
 		c.Servers = append(c.Servers, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
@@ -206,29 +260,62 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 }
 
 // freePort returns a loopback TCP port nobody listens on; with bus, port
-// +10000 (a cluster node's bus port) is free too.
+// +10000 (a cluster node's bus port) is free too. Ports are picked at
+// random below the kernel's ephemeral range, where outgoing connections
+// and other processes asking the kernel for a port do not land.
 func freePort(t testing.TB, bus bool) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("finding a free port: %v", err)
+	lo, hi := 10000, ephemeralStart()
+	if bus {
+		hi -= 10000
+	}
+	for range 1000 {
+		port := lo + rand.IntN(max(hi-lo, 1))
+		if hi-lo < 1000 { // an unusual range: let the kernel choose
+			port = listenable(0)
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !bus {
-			return port
-		}
-		if port+10000 > 65535 {
-			continue
-		}
-		if bl, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
-			bl.Close()
+		if port > 0 && listenable(port) > 0 && (!bus || port+10000 <= 65535 && listenable(port+10000) > 0) {
 			return port
 		}
 	}
-	t.Fatal("no free port with a free cluster bus port")
+	t.Fatal("redistest: no free port")
 	return 0
+}
+
+// FreePort returns a free loopback port, picked as Start picks a server's:
+// for a second listener of a server, such as its --tls-port.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return freePort(t, false)
+}
+
+// listenable listens on a loopback port (0: any) and closes it again,
+// returning the port, or 0 when it is taken.
+func listenable(port int) int {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralStart returns the first port of the kernel's ephemeral range,
+// or Linux's default where it cannot be read.
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 // StartSentinel starts a Redis Sentinel that monitors master under the
@@ -236,8 +323,6 @@ func freePort(t testing.TB, bus bool) int {
 func StartSentinel(t testing.TB, master *Server, name string) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: Require(t), dir: t.TempDir()}
-	s.Port = freePort(t, false)
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
 	// Sentinel rewrites its config file, so it must be a file of its own.
 	conf := filepath.Join(s.dir, "sentinel.conf")
 	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n", name, master.Port, name)
@@ -245,8 +330,7 @@ func StartSentinel(t testing.TB, master *Server, name string) *Server {
 		t.Fatal(err)
 	}
 	s.conf = conf
-	s.start()
-	t.Cleanup(s.Kill)
+	s.startOnFreePort()
 	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)

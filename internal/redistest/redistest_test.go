@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"context"
+	"net"
 	"testing"
+	"time"
 )
 
 func TestServerLifecycle(t *testing.T) {
@@ -26,5 +28,21 @@ func TestCluster(t *testing.T) {
 	c := StartCluster(t, 3)
 	if len(c.Addrs) != 3 {
 		t.Fatalf("%d nodes", len(c.Addrs))
+	}
+}
+
+// TestRestartWaitsForItsPort restarts a server whose port another process
+// holds for a moment: the restart waits for it instead of failing.
+func TestRestartWaitsForItsPort(t *testing.T) {
+	s := Start(t)
+	s.Kill()
+	l, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { l.Close() })
+	s.Restart()
+	if err := s.Client("").Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("the restarted server does not answer: %v", err)
 	}
 }

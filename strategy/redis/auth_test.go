@@ -178,12 +178,7 @@ func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	p := newPKI(t, dir)
 	other := newPKI(t, t.TempDir()) // a CA that did not sign the server
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	tlsPort := redistest.FreePort(t)
 	redistest.Start(t, "--tls-port", strconv.Itoa(tlsPort),
 		"--tls-cert-file", p.serverCert, "--tls-key-file", p.serverKey,
 		"--tls-ca-cert-file", p.ca, "--tls-auth-clients", "yes")

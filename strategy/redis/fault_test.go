@@ -170,7 +170,7 @@ func TestPushReplyLost(t *testing.T) {
 	c := srv.Client("")
 	r := open(t, &Redis{
 		Addresses:   []string{srv.Addr},
-		ReadTimeout: caddy.Duration(300 * time.Millisecond),
+		ReadTimeout: caddy.Duration(time.Second),
 	})
 	size := time.Hour
 	start := window.Start(time.Now().UnixNano(), size)
@@ -322,7 +322,7 @@ func TestHitNotSent(t *testing.T) {
 			t.Fatal(err) // so the next hit is written at once, not dialed
 		}
 		srv.Pause()
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // the server is paused: it times out
 		_, _, err := r.Hit(ctx, "ns", "k", "", windows, false)
 		cancel()
 		srv.Resume()
@@ -371,7 +371,7 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 
 	id := newID()
 	srv.Pause()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // the server is paused: it times out
 	_, _, err := r.Hit(ctx, "paused", "k", id, windows, false)
 	cancel()
 	srv.Resume()

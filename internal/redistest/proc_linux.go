@@ -1,0 +1,51 @@
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// setDeathSignal has the kernel kill the server if the test process dies
+// first, so that no redis-server outlives a crashed test.
+func setDeathSignal(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// listensOn reports whether process pid holds a listening TCP socket on
+// port: that a dial succeeds proves only that somebody listens there.
+func listensOn(pid, port int) bool {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	inodes := make(map[string]bool)
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		if inode, ok := strings.CutPrefix(link, "socket:["); err == nil && ok {
+			inodes[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	local := fmt.Sprintf(":%04X", port)
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(table)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// sl local_address rem_address st ... inode; st 0A is LISTEN.
+			fields := strings.Fields(sc.Text())
+			if len(fields) > 9 && strings.HasSuffix(fields[1], local) && fields[3] == "0A" && inodes[fields[9]] {
+				f.Close()
+				return true
+			}
+		}
+		f.Close()
+	}
+	return false
+}
