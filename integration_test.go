@@ -152,6 +152,7 @@ func TestHeaders(t *testing.T) {
 		respond "ok"
 	}`)
 	key := uniqueKey(t)
+	clearOfWindowEnds(time.Minute, 90*time.Second, time.Hour)
 	get(t, tester, "/limited", key)
 	resp, _ := get(t, tester, "/limited", key)
 	for name, want := range map[string]string{
@@ -247,6 +248,26 @@ func TestFixedAndSliding(t *testing.T) {
 }
 
 // count reads a key's current count in a namespace from the running app.
+// clearOfWindowEnds waits, if need be, until no window of the given sizes
+// ends within the next few seconds, so that a test's requests and the
+// counts it reads fall in one window of each size.
+func clearOfWindowEnds(sizes ...time.Duration) {
+	const margin = 3 * time.Second
+	for {
+		now := time.Now().UnixNano()
+		var wait time.Duration
+		for _, size := range sizes {
+			if left := size - time.Duration(now%int64(size)); left < margin {
+				wait = max(wait, left)
+			}
+		}
+		if wait == 0 {
+			return
+		}
+		time.Sleep(wait + 10*time.Millisecond)
+	}
+}
+
 func count(t *testing.T, namespace, key string, size time.Duration) float64 {
 	t.Helper()
 	app, err := caddy.ActiveContext().App("rate_limit")
@@ -275,6 +296,7 @@ func TestDisablePenalty(t *testing.T) {
 		respond "ok"
 	}`)
 	key := uniqueKey(t)
+	clearOfWindowEnds(time.Hour)
 	countAdmitted(t, tester, "/penalty", key, 5)
 	countAdmitted(t, tester, "/nopenalty", key, 5)
 	if got := count(t, "default", "penalty-"+key, time.Hour); got != 5 {
@@ -596,6 +618,7 @@ func TestKongOrder(t *testing.T) {
 		respond "ok"
 	}`)
 	key := uniqueKey(t)
+	clearOfWindowEnds(time.Minute, time.Hour)
 	if got := countAdmitted(t, tester, "/penalty", key, 4); got != 2 {
 		t.Fatalf("admitted %d of 4, want 2", got)
 	}

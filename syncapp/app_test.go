@@ -87,16 +87,16 @@ func TestDefaultNamespaceNeedsNoConfig(t *testing.T) {
 		t.Fatalf("default namespace mode = %v, want local", ns.Mode())
 	}
 	for range 3 {
-		ns.Increment(context.Background(), "k", time.Minute, 1)
+		ns.Increment(context.Background(), "k", time.Hour, 1)
 	}
-	if got := ns.SlidingWindow("k", time.Minute, nil).Current; got != 3 {
+	if got := ns.SlidingWindow("k", time.Hour, nil).Current; got != 3 {
 		t.Fatalf("count = %v, want 3", got)
 	}
 	diff := 10.0
-	if got := ns.SlidingWindow("k", time.Minute, &diff).Current; got != 10 {
+	if got := ns.SlidingWindow("k", time.Hour, &diff).Current; got != 10 {
 		t.Fatalf("count with cur_diff 10 = %v, want 10", got)
 	}
-	if s, err := n.app.Increment(context.Background(), "default", "k", time.Minute, 2); err != nil || s.Current != 5 {
+	if s, err := n.app.Increment(context.Background(), "default", "k", time.Hour, 2); err != nil || s.Current != 5 {
 		t.Fatalf("App.Increment = %+v, %v; want current 5", s, err)
 	}
 	if err := n.app.Sync(context.Background(), "default"); err != nil {
@@ -188,13 +188,13 @@ func TestReloadKeepsLocalCounters(t *testing.T) {
 	ctx := context.Background()
 	old := start(t, pool, `{"zones": {"default": {"max_keys": 1000}}}`)
 	for range 7 {
-		old.ns("default").Increment(ctx, "k", time.Minute, 1)
+		old.ns("default").Increment(ctx, "k", time.Hour, 1)
 	}
 	refs := func(kind, name string) int {
 		n, _ := pool.References(poolKey{kind, name})
 		return n
 	}
-	next := start(t, pool, `{"zones": {"default": {"max_keys": 2000}}, "namespaces": {"default": {"window_sizes": ["1m"]}}}`)
+	next := start(t, pool, `{"zones": {"default": {"max_keys": 2000}}, "namespaces": {"default": {"window_sizes": ["1h"]}}}`)
 	if refs("zone", "default") != 2 || refs("namespace", "default") != 2 {
 		t.Fatalf("during the overlap: zone refs %d, namespace refs %d, want 2 and 2", refs("zone", "default"), refs("namespace", "default"))
 	}
@@ -202,7 +202,7 @@ func TestReloadKeepsLocalCounters(t *testing.T) {
 	if refs("zone", "default") != 1 {
 		t.Fatalf("after the old config's cleanup: %d zone refs, want 1", refs("zone", "default"))
 	}
-	if got := next.ns("default").SlidingWindow("k", time.Minute, nil).Current; got != 7 {
+	if got := next.ns("default").SlidingWindow("k", time.Hour, nil).Current; got != 7 {
 		t.Fatalf("after reload: %v, want 7", got)
 	}
 	if got := next.app.zones["default"].zone.Capacity(); got != 2000 {

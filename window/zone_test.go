@@ -127,7 +127,7 @@ func TestCapacityUnderFlood(t *testing.T) {
 }
 
 func TestResize(t *testing.T) {
-	z := mustZone(t, 1000, nil)
+	z := mustZone(t, 1000, newFakeClock(base))
 	ns := mustNamespace(t, z, "r")
 	for i := range 1000 {
 		ns.Increment(strconv.Itoa(i), time.Minute, 1)
