@@ -319,13 +319,16 @@ func ephemeralStart() int {
 }
 
 // StartSentinel starts a Redis Sentinel that monitors master under the
-// given name, and waits until it reports the master's address.
-func StartSentinel(t testing.TB, master *Server, name string) *Server {
+// given name, deems it down after downAfter without an answer, and waits
+// until it reports the master's address. Alone, it is a quorum: it fails
+// over to a replica once the master is down.
+func StartSentinel(t testing.TB, master *Server, name string, downAfter time.Duration) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: Require(t), dir: t.TempDir()}
 	// Sentinel rewrites its config file, so it must be a file of its own.
 	conf := filepath.Join(s.dir, "sentinel.conf")
-	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n", name, master.Port, name)
+	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s %d\n",
+		name, master.Port, name, downAfter.Milliseconds())
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
