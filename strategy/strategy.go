@@ -50,9 +50,9 @@ type Strategy interface {
 	//
 	// id, unless empty, names the hit: the store records it, for at least
 	// a minute (the Redis strategy: at most two), as if it were a Batch of
-	// that ID pushed to the key's counters. A caller whose hit failed after it may have been applied
-	// pushes the hit's diffs later as a Batch with that ID, which the store
-	// applies only if the hit was not.
+	// that ID pushed to the key's counters. A caller whose hit failed after
+	// it may have been applied pushes the hit's diffs later as a Batch with
+	// that ID, which the store applies only if the hit was not.
 	//
 	// It returns each window's counts after the hit, in the order given,
 	// and the index of the window that rejected the hit, or -1. An error
@@ -63,9 +63,9 @@ type Strategy interface {
 
 // WindowHit is one window of a Hit.
 type WindowHit struct {
-	// Size is the window size; Start the start of the current window, in
-	// Unix nanoseconds.
-	Size  time.Duration
+	// Size is the window size.
+	Size time.Duration
+	// Start is the start of the current window, in Unix nanoseconds.
 	Start int64
 	// Value is added to the current window's count.
 	Value float64

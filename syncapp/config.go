@@ -59,6 +59,7 @@ const (
 	Periodic
 )
 
+// String returns the mode's name: local, synchronous or periodic.
 func (m Mode) String() string {
 	switch m {
 	case Synchronous:

@@ -88,17 +88,25 @@ func (s Sample) Rate(fixed bool) float64 {
 // or that a store should apply: Value added to Key's window of Size that
 // starts at Start (Unix nanoseconds).
 type Diff struct {
-	Key   string
-	Size  time.Duration
+	// Key is the client key, any bytes.
+	Key string
+	// Size is the window size.
+	Size time.Duration
+	// Start is the window's start, in Unix nanoseconds.
 	Start int64
+	// Value is the change, fractional or negative.
 	Value float64
 }
 
 // Count is a counter's total as a store reports it: the count of Key's window
 // of Size that starts at Start (Unix nanoseconds).
 type Count struct {
-	Key   string
-	Size  time.Duration
+	// Key is the client key, any bytes.
+	Key string
+	// Size is the window size.
+	Size time.Duration
+	// Start is the window's start, in Unix nanoseconds.
 	Start int64
+	// Value is the store's total for the window.
 	Value float64
 }
