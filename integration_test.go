@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy/redis"
 	"github.com/ratesync/caddy-ratelimit/syncapp"
@@ -556,19 +557,10 @@ func TestSynchronousNamespaceOnRedis(t *testing.T) {
 	defer store.Cleanup()
 	start := time.Now().Truncate(time.Hour).UnixNano()
 	// A hit that timed out on a loaded machine reaches the store on retry.
-	var got float64
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		var err error
-		if got, err = store.GetWindow(context.Background(), "strict", key, time.Hour, start); err != nil {
-			t.Fatal(err)
-		}
-		if got == 7 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if got != 7 {
-		t.Fatalf("the store counts %v hits, want all 7 (rejected ones count without disable_penalty)", got)
-	}
+	poll.Until(t, 10*time.Second, "the store to count all 7 hits (rejected ones count without disable_penalty)", func() bool {
+		got, err := store.GetWindow(context.Background(), "strict", key, time.Hour, start)
+		return err == nil && got == 7
+	})
 }
 
 // TestJSONLoadErrors sends bad handler and app JSON through /load: each is

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy/redis"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -63,19 +64,7 @@ func warmUp(t *testing.T, ns *Namespace) {
 	}
 	ns.Increment(context.Background(), "warm-up", time.Hour, 1)
 	// Had that hit timed out anyway, the store would be skipped a moment.
-	eventually(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.storeDown() })
-}
-
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.storeDown() })
 }
 
 // TestTwoNodesConverge runs two nodes (apps with pools of their own) on one
@@ -101,7 +90,7 @@ func TestTwoNodesConverge(t *testing.T) {
 	}
 	stopped := time.Now()
 	rate := func(ns *Namespace) float64 { return ns.SlidingWindow("client", time.Hour, nil).Sliding() }
-	eventually(t, 10*time.Second, "both nodes to see 50 hits", func() bool {
+	poll.Until(t, 10*time.Second, "both nodes to see 50 hits", func() bool {
 		return rate(a) == 50 && rate(b) == 50
 	})
 	took := time.Since(stopped)
@@ -135,7 +124,7 @@ func TestReloadKeepsCountersAndPendingDiffs(t *testing.T) {
 	if got := next.ns("api").SlidingWindow("k", time.Hour, nil).Current; got != 15 {
 		t.Fatalf("after reload: %v, want 15", got)
 	}
-	eventually(t, 5*time.Second, "the store to hold 15 hits", func() bool {
+	poll.Until(t, 5*time.Second, "the store to hold 15 hits", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 15
 	})
 	// A few more runs must not push anything twice.
@@ -184,7 +173,7 @@ func TestPausedStoreLosesNothing(t *testing.T) {
 		}
 		return sum
 	}
-	eventually(t, 30*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
+	poll.Until(t, 30*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
 		return total() == float64(hits)
 	})
 	time.Sleep(300 * time.Millisecond)
@@ -214,7 +203,7 @@ func TestRestartedStoreGetsNewHits(t *testing.T) {
 		t.Fatalf("local count while the store is down: %v, want 65", got)
 	}
 	srv.Restart()
-	eventually(t, 40*time.Second, "the new server to hold the 25 hits since the kill", func() bool {
+	poll.Until(t, 40*time.Second, "the new server to hold the 25 hits since the kill", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 25
 	})
 }
@@ -276,7 +265,7 @@ func TestSynchronousModeFallsBackToLocal(t *testing.T) {
 		t.Fatalf("answer while the store is down: %v, want 7 (3 from the store, 4 local)", s.Current)
 	}
 	srv.Restart()
-	eventually(t, 40*time.Second, "the 4 local hits to reach the new server", func() bool {
+	poll.Until(t, 40*time.Second, "the 4 local hits to reach the new server", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 4
 	})
 }
@@ -304,7 +293,7 @@ func TestValidateNeverDials(t *testing.T) {
 	}
 	// Goroutines that a closed client or an earlier test ends take a
 	// moment to exit; one the config left behind would never go.
-	eventually(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", goroutines), func() bool {
+	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", goroutines), func() bool {
 		return runtime.NumGoroutine() <= goroutines
 	})
 }
@@ -327,7 +316,7 @@ func TestReloadsLeaveNoGoroutine(t *testing.T) {
 		cur = next
 	}
 	cur.stop()
-	eventually(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", baseline), func() bool {
+	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", baseline), func() bool {
 		return runtime.NumGoroutine() <= baseline
 	})
 	if got := storeTotal(t, srv.Addr, "k", time.Minute); got != 50 {
@@ -369,7 +358,7 @@ func TestStoreOutageIsLoggedRarely(t *testing.T) {
 		t.Fatalf("200 failed hits logged %d times, want once", got)
 	}
 	srv.Restart()
-	eventually(t, 30*time.Second, "the recovery to be logged", func() bool {
+	poll.Until(t, 30*time.Second, "the recovery to be logged", func() bool {
 		return logs.FilterMessageSnippet("reachable again").Len() == 1
 	})
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 200 {
@@ -459,7 +448,7 @@ func TestSynchronousAnswersCountHitsOnTheirWay(t *testing.T) {
 		ns.Increment(ctx, "k", time.Hour, 1)
 	}
 	// Let a retry run take the 5 hits and fail with them.
-	eventually(t, 10*time.Second, "a failed retry run", func() bool {
+	poll.Until(t, 10*time.Second, "a failed retry run", func() bool {
 		return ns.syncer.pendingDiffs() == 1 && ns.counters.Pending() == 0
 	})
 	srv.Restart()
@@ -468,7 +457,7 @@ func TestSynchronousAnswersCountHitsOnTheirWay(t *testing.T) {
 	if s.Current != 6 {
 		t.Fatalf("first answer after recovery: %v, want 6 (5 on their way, 1 now)", s.Current)
 	}
-	eventually(t, 10*time.Second, "the store to hold 6", func() bool {
+	poll.Until(t, 10*time.Second, "the store to hold 6", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 6
 	})
 }
@@ -490,7 +479,7 @@ func TestSynchronousPauseCountsOnce(t *testing.T) {
 		ns.Increment(ctx, "k", time.Hour, 1) // the store is marked down: local
 	}
 	srv.Resume()
-	eventually(t, 15*time.Second, "the store to hold 7", func() bool {
+	poll.Until(t, 15*time.Second, "the store to hold 7", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 7
 	})
 	time.Sleep(2 * retryInterval)
@@ -598,13 +587,13 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 	ns.Increment(ctx, "k", time.Hour, 1)
 	// The hits that timed out are pushed again under their own IDs, which
 	// Redis skips: it ran them when it resumed.
-	eventually(t, 20*time.Second, "the store to hold 5", func() bool {
+	poll.Until(t, 20*time.Second, "the store to hold 5", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 5
 	})
-	eventually(t, 20*time.Second, "the recovery to be logged", func() bool {
+	poll.Until(t, 20*time.Second, "the recovery to be logged", func() bool {
 		return logs.FilterMessageSnippet("reachable again").Len() == 1
 	})
-	eventually(t, 20*time.Second, "the retries to be pushed", func() bool {
+	poll.Until(t, 20*time.Second, "the retries to be pushed", func() bool {
 		return ns.syncer.pendingDiffs() == 0
 	})
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 5 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -399,17 +400,10 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 // waitForWindow waits until a window holds want.
 func waitForWindow(t *testing.T, r *Redis, ns, key string, size time.Duration, start int64, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	poll.Until(t, 20*time.Second, fmt.Sprintf("the window to hold %v", want), func() bool {
 		v, err := r.GetWindow(testCtx(t), ns, key, size, start)
-		if err == nil && v == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the window holds %v (%v), want %v", v, err, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && v == want
+	})
 }
 
 // replyDropper is a TCP proxy in front of a Redis server that, once armed,

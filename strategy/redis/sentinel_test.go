@@ -9,6 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -50,14 +51,14 @@ func TestSentinelFailover(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
 	rc := replica.Client("")
-	waitFor(t, 20*time.Second, "the replica to sync", func() bool {
+	poll.Until(t, 20*time.Second, "the replica to sync", func() bool {
 		info, err := rc.Info(context.Background(), "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	sentinel := redistest.StartSentinel(t, primary, "mymaster", time.Second)
 	sc := goredis.NewSentinelClient(&goredis.Options{Addr: sentinel.Addr})
 	defer sc.Close()
-	waitFor(t, 20*time.Second, "the sentinel to find the replica", func() bool {
+	poll.Until(t, 20*time.Second, "the sentinel to find the replica", func() bool {
 		replicas, err := sc.Replicas(context.Background(), "mymaster").Result()
 		return err == nil && len(replicas) == 1
 	})
@@ -79,7 +80,7 @@ func TestSentinelFailover(t *testing.T) {
 
 	batch := strategy.Batch{ID: newID(), Namespace: "ns", Diffs: []window.Diff{{Key: "k", Size: size, Start: start, Value: 1}}}
 	failures := 0
-	waitFor(t, 60*time.Second, "a push to succeed after the failover", func() bool {
+	poll.Until(t, 60*time.Second, "a push to succeed after the failover", func() bool {
 		pushCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		if err := r.PushDiffs(pushCtx, batch); err != nil {
@@ -99,17 +100,5 @@ func TestSentinelFailover(t *testing.T) {
 	direct := open(t, &Redis{Addresses: []string{replica.Addr}})
 	if got, err := direct.GetWindow(ctx, "ns", "k", size, start); err != nil || got != 5 {
 		t.Fatalf("the promoted replica holds %v, %v; want 5", got, err)
-	}
-}
-
-// waitFor polls cond until it holds, or fails the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
