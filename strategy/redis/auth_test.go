@@ -28,7 +28,7 @@ func roundTrip(t *testing.T, r *Redis) error {
 	t.Helper()
 	ctx := testCtx(t)
 	size := time.Minute
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	key := newID()
 	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "auth", Diffs: []window.Diff{
 		{Key: key, Size: size, Start: start, Value: 2},

@@ -26,7 +26,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("several addresses made a %T, want a cluster client", r.client)
 	}
 	ctx := testCtx(t)
-	now := time.Now()
+	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
 	const ns = "api"

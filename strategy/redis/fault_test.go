@@ -101,7 +101,7 @@ func TestPushServerKilledMidway(t *testing.T) {
 		ReadTimeout: caddy.Duration(5 * time.Second),
 	})
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	warmUp(t, r, size, start)
 	r.client.AddHook(&killHook{kill: srv.Kill})
 	batch := bigBatch("killed", 5000, size, start) // five pipelines
@@ -140,7 +140,7 @@ func TestPushServerDown(t *testing.T) {
 	c := srv.Client("")
 	r := open(t, &Redis{Addresses: []string{srv.Addr}, DialTimeout: caddy.Duration(500 * time.Millisecond)})
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	batch := bigBatch("down", 2000, size, start)
 	if _, _, err := hitOne(testCtx(t), r, "down", "warm", size, start, 1); err != nil {
 		t.Fatal(err) // a pooled connection that will break
@@ -174,7 +174,7 @@ func TestPushReplyLost(t *testing.T) {
 		ReadTimeout: caddy.Duration(time.Second),
 	})
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	batch := bigBatch("lost", 100, size, start)
 	warmUp(t, r, size, start) // so the push is written at once, not dialed
 
@@ -212,7 +212,7 @@ func TestPushSameBatchTwice(t *testing.T) {
 	c := srv.Client("")
 	ctx := testCtx(t)
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	for _, n := range []int{1, 300, 2500} { // one script; a split bucket; several pipelines
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			batch := bigBatch(fmt.Sprintf("twice-%d", n), n, size, start)
@@ -259,7 +259,7 @@ func TestScriptsReloaded(t *testing.T) {
 	c := srv.Client("")
 	ctx := testCtx(t)
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	for i := range 3 {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
@@ -286,9 +286,9 @@ func TestScriptsReloaded(t *testing.T) {
 // have reached it does not.
 func TestHitNotSent(t *testing.T) {
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	windows := []strategy.WindowHit{
-		{Size: time.Minute, Start: window.Start(time.Now().UnixNano(), time.Minute), Value: 1, Max: 100},
+		{Size: time.Minute, Start: window.Start(steadyNow().UnixNano(), time.Minute), Value: 1, Max: 100},
 		{Size: size, Start: start, Value: 1, Max: 1000},
 	}
 
@@ -356,8 +356,8 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 	c := srv.Client("")
 	r := open(t, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(5 * time.Second)})
 	windows := []strategy.WindowHit{
-		{Size: time.Minute, Start: window.Start(time.Now().UnixNano(), time.Minute), Value: 1, Max: 100},
-		{Size: time.Hour, Start: window.Start(time.Now().UnixNano(), time.Hour), Value: 1, Max: 1000},
+		{Size: time.Minute, Start: window.Start(steadyNow().UnixNano(), time.Minute), Value: 1, Max: 100},
+		{Size: time.Hour, Start: window.Start(steadyNow().UnixNano(), time.Hour), Value: 1, Max: 1000},
 	}
 	// Load both scripts and open a connection, so that the hit is written
 	// at once and each call is one EVALSHA.
@@ -483,7 +483,7 @@ func TestHitReplyLostCountsOnce(t *testing.T) {
 	p := newReplyDropper(t, srv.Addr)
 	r := open(t, &Redis{Addresses: []string{p.addr}, ReadTimeout: caddy.Duration(5 * time.Second)})
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	windows := []strategy.WindowHit{{Size: size, Start: start, Value: 1, Max: math.Inf(1)}}
 	ctx := testCtx(t)
 	if _, _, err := r.Hit(ctx, "lost", "k", "", windows, false); err != nil {

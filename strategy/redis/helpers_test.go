@@ -195,3 +195,18 @@ func hitOne(ctx context.Context, r *Redis, ns, key string, size time.Duration, s
 	}
 	return counts[0].Current, counts[0].Previous, nil
 }
+
+// steadyNow returns the middle of the current or the next minute,
+// whichever is nearer, for tests to count at. The windows of a minute or
+// more that hold it, and those before them, stay in Redis for at least
+// half a minute from now, and no minute ends around it: a test that takes
+// a few seconds cannot see its counters expire or be skipped as ended.
+func steadyNow() time.Time {
+	const minute = int64(time.Minute)
+	now := time.Now().UnixNano()
+	start := window.Start(now, time.Minute)
+	if now-start >= minute/2 {
+		start += minute
+	}
+	return time.Unix(0, start+minute/2)
+}

@@ -71,7 +71,7 @@ func TestHitOneWindow(t *testing.T) {
 	srv, r := startStandalone(t)
 	ctx := testCtx(t)
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "ns", Diffs: []window.Diff{
 		{Key: "k", Size: size, Start: start - int64(size), Value: 40},
 	}}); err != nil {
@@ -182,7 +182,7 @@ func TestHitWeight(t *testing.T) {
 	_, r := startStandalone(t)
 	ctx := testCtx(t)
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "w", Diffs: []window.Diff{
 		{Key: "k", Size: size, Start: start - int64(size), Value: 40},
 	}}); err != nil {
@@ -213,7 +213,7 @@ func TestHitRefused(t *testing.T) {
 	srv, r := startStandalone(t)
 	ctx := testCtx(t)
 	size := time.Minute
-	good := strategy.WindowHit{Size: size, Start: window.Start(time.Now().UnixNano(), size), Value: 1, Max: 10, Weight: 0.5}
+	good := strategy.WindowHit{Size: size, Start: window.Start(steadyNow().UnixNano(), size), Value: 1, Max: 10, Weight: 0.5}
 	with := func(f func(*strategy.WindowHit)) []strategy.WindowHit {
 		w := good
 		f(&w)

@@ -107,7 +107,7 @@ func TestHostileKeys(t *testing.T) {
 	srv, r := startStandalone(t)
 	ctx := testCtx(t)
 	c := srv.Client("")
-	now := time.Now()
+	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
 	keys := hostileKeys()
@@ -144,7 +144,7 @@ func TestHostileKeys(t *testing.T) {
 func TestNoCollisions(t *testing.T) {
 	_, r := startStandalone(t)
 	ctx := testCtx(t)
-	now := time.Now()
+	now := steadyNow()
 	size := time.Minute
 	start := window.Start(now.UnixNano(), size)
 	// Pairs that naive "namespace:key" concatenation would merge.
@@ -192,7 +192,7 @@ func TestNoCollisions(t *testing.T) {
 func TestPushPlanIgnoresOrder(t *testing.T) {
 	r := &Redis{layout: newLayout("rl")}
 	size := time.Minute
-	now := time.Now().UnixNano()
+	now := steadyNow().UnixNano()
 	start := window.Start(now, size)
 	var diffs []window.Diff
 	for i := 0; len(diffs) < 3*maxScriptKeys+10; i++ { // one bucket, four runs

@@ -18,7 +18,7 @@ func TestHitIsOneRoundTrip(t *testing.T) {
 	ctx := testCtx(t)
 	h := new(hookCounts)
 	r.client.AddHook(h)
-	now := time.Now().UnixNano()
+	now := steadyNow().UnixNano()
 	var windows []strategy.WindowHit
 	for _, size := range []time.Duration{time.Second, time.Minute, time.Hour} {
 		windows = append(windows, strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: 1e9, Weight: 0.5})
@@ -68,7 +68,7 @@ func TestPushCommandsFollowKeysNotHits(t *testing.T) {
 	h := new(hookCounts)
 	r.client.AddHook(h)
 	size := time.Minute
-	now := time.Now()
+	now := steadyNow()
 	warmUp(t, r, size, window.Start(now.UnixNano(), size))
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -176,14 +176,15 @@ func TestCommandsPerThousandHits(t *testing.T) {
 	c := srv.Client("")
 	ctx := testCtx(t)
 	size := time.Minute
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	warmUp(t, r, size, start)
 	if _, _, err := hitOne(ctx, r, "warm-up", "k", size, start, 1); err != nil {
 		t.Fatal(err)
 	}
 
-	// Periodic: 1,000 hits over 100 keys, then one sync (push and fetch).
-	zone, err := window.NewZone(1000, nil)
+	// Periodic: 1,000 hits over 100 keys, then one sync (push and fetch),
+	// all in the window that starts at start.
+	zone, err := window.NewZone(1000, func() int64 { return start })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestCommandsPerThousandHits(t *testing.T) {
 	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "periodic", Diffs: diffs}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.GetCounters(ctx, "periodic", keys, []time.Duration{size}, time.Now()); err != nil {
+	if _, err := r.GetCounters(ctx, "periodic", keys, []time.Duration{size}, time.Unix(0, start)); err != nil {
 		t.Fatal(err)
 	}
 	periodic := serverCalls(t, c)

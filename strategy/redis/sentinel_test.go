@@ -25,7 +25,7 @@ func TestSentinel(t *testing.T) {
 	}
 	defer r.Cleanup()
 	ctx := context.Background()
-	start := time.Now().Truncate(time.Minute).UnixNano()
+	start := window.Start(steadyNow().UnixNano(), time.Minute)
 	for range 3 {
 		if _, _, err := hitOne(ctx, r, "ns", "k", time.Minute, start, 1); err != nil {
 			t.Fatalf("hit through the sentinel: %v", err)
@@ -66,7 +66,7 @@ func TestSentinelFailover(t *testing.T) {
 	r := open(t, &Redis{Addresses: []string{sentinel.Addr}, MasterName: "mymaster"})
 	ctx := testCtx(t)
 	size := time.Hour
-	start := window.Start(time.Now().UnixNano(), size)
+	start := window.Start(steadyNow().UnixNano(), size)
 	for range 3 {
 		if _, _, err := hitOne(ctx, r, "ns", "k", size, start, 1); err != nil {
 			t.Fatalf("hit through the sentinel: %v", err)

@@ -18,7 +18,7 @@ import (
 func TestPushThenFetch(t *testing.T) {
 	_, r := startStandalone(t)
 	ctx := testCtx(t)
-	now := time.Now()
+	now := steadyNow()
 	const ns = "api"
 	minute, hour := time.Minute, time.Hour
 	curM := window.Start(now.UnixNano(), minute)
@@ -100,7 +100,7 @@ func TestPushThenFetch(t *testing.T) {
 func TestFractionalValues(t *testing.T) {
 	_, r := startStandalone(t)
 	ctx := testCtx(t)
-	now := time.Now()
+	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
 	values := []float64{0.5, 10.25, 0.1, 1e-3, 123456.789, -2.5, 1.0 / 3, 1e15 + 0.5, 7}
@@ -143,7 +143,8 @@ func TestDroppedAndInvalidDiffs(t *testing.T) {
 	srv, r := startStandalone(t)
 	ctx := testCtx(t)
 	c := srv.Client("")
-	now := time.Now()
+	now := steadyNow()
+	r.now = func() time.Time { return now } // pushes skip windows ended at now
 	size := time.Minute
 	start := window.Start(now.UnixNano(), size)
 
@@ -244,7 +245,7 @@ func TestConcurrentPushesFromSeveralNodes(t *testing.T) {
 		keys      = 50
 		namespace = "shared"
 	)
-	now := time.Now()
+	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
 	var rs []*Redis
@@ -306,7 +307,7 @@ func TestExpiry(t *testing.T) {
 	c := srv.Client("")
 
 	t.Run("every counter expires at start + 2*size + 1s", func(t *testing.T) {
-		now := time.Now()
+		now := steadyNow()
 		var diffs []window.Diff
 		for _, size := range []time.Duration{time.Second, time.Minute, time.Hour} {
 			start := window.Start(now.UnixNano(), size)
@@ -357,7 +358,7 @@ func TestExpiry(t *testing.T) {
 
 	t.Run("a hit sets the expiry", func(t *testing.T) {
 		size := time.Minute
-		start := window.Start(time.Now().UnixNano(), size)
+		start := window.Start(steadyNow().UnixNano(), size)
 		if _, _, err := hitOne(ctx, r, "e", "hit", size, start, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -403,7 +404,7 @@ func TestExpiry(t *testing.T) {
 func TestFetchMany(t *testing.T) {
 	_, r := startStandalone(t)
 	ctx := testCtx(t)
-	now := time.Now()
+	now := steadyNow()
 	sizes := []time.Duration{time.Minute, time.Hour}
 	var keys []string
 	for i := 0; len(keys) < 600; i++ {
