@@ -311,7 +311,7 @@ func (a *App) Cleanup() error {
 func (a *App) awaitRuns(ctx context.Context) {
 	for _, ns := range a.namespaces {
 		if ns.store != nil {
-			ns.syncer.awaitRuns(ctx)
+			ns.syncer.awaitRun(ctx, ns)
 		}
 	}
 }

@@ -54,6 +54,9 @@ type syncer struct {
 	// channel so that waiting for it can give up at a deadline.
 	runSem  chan struct{}
 	pending *strategy.Batch // a batch whose push failed, retried as is
+	// running is the namespace the loop's run in progress works for, if
+	// any: Cleanup waits for that run before it closes the store.
+	running atomic.Pointer[Namespace]
 	// retries are synchronous hits that failed after they may have been
 	// applied, each to be pushed as a batch of the hit's own ID.
 	retriesMu sync.Mutex
@@ -231,6 +234,10 @@ func (s *syncer) runSafely(ctx context.Context, ns *Namespace) {
 		return
 	}
 	defer s.unlockRun()
+	// Published before the check, so that awaitRun either sees this run
+	// or this run sees ns detached.
+	s.running.Store(ns)
+	defer s.running.Store(nil)
 	if s.current() == ns {
 		_ = s.runLocked(ctx, ns, true)
 	}
@@ -248,9 +255,11 @@ func (s *syncer) lockRun(ctx context.Context) error {
 
 func (s *syncer) unlockRun() { <-s.runSem }
 
-// awaitRuns waits, up to ctx's end, for the run in progress to end.
-func (s *syncer) awaitRuns(ctx context.Context) {
-	if s.lockRun(ctx) == nil {
+// awaitRun waits, until ctx ends, for a loop run for the detached ns that
+// is still in progress. A run for another config's namespace does not
+// hold it up.
+func (s *syncer) awaitRun(ctx context.Context, ns *Namespace) {
+	if s.running.Load() == ns && s.lockRun(ctx) == nil {
 		s.unlockRun()
 	}
 }
