@@ -88,6 +88,8 @@ func (s *Server) startOnFreePort() {
 		if !errors.Is(err, errPortTaken) || attempt == 5 {
 			s.t.Fatal(err)
 		}
+		// A cluster node may have written its port into its config.
+		_ = os.Remove(filepath.Join(s.dir, "nodes.conf"))
 	}
 }
 
