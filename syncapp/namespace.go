@@ -104,7 +104,7 @@ func (n *Namespace) hitLocal(key string, limits []Limit, value float64, fixed, u
 // hitStore is Hit in one round trip to the store. It reports false when
 // the hit must be counted locally as a pending diff instead.
 func (n *Namespace) hitStore(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) (int, bool) {
-	now := time.Now().UnixNano()
+	now := window.SystemClock()
 	windows := make([]strategy.WindowHit, len(limits))
 	for i, l := range limits {
 		windows[i] = strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}

@@ -16,13 +16,6 @@ import (
 	"time"
 )
 
-// Clock returns the current time in Unix nanoseconds. Zones read it on every
-// operation; tests inject their own to control time.
-type Clock func() int64
-
-// SystemClock reads the wall clock. It is the clock of production zones.
-func SystemClock() int64 { return time.Now().UnixNano() }
-
 // ValidateSize reports whether size can be a window size: it must be positive.
 func ValidateSize(size time.Duration) error {
 	if size <= 0 {
