@@ -17,22 +17,24 @@ func init() {
 	caddy.RegisterModule(new(slowStore))
 }
 
-// slowStore is an in-memory strategy whose pushes take a while, and which
-// records any use after its Cleanup: a config's store must outlive every
-// sync run that uses it.
+// slowStore is a strategy whose pushes take a while, and which records
+// any use after its Cleanup: a config's store must outlive every sync run
+// that uses it. Every instance adds to the same totals, as several configs
+// share one store.
 type slowStore struct {
 	mu     sync.Mutex
 	closed bool
-	total  *atomic.Int64 // diff values pushed, shared by the test's stores
-	late   *atomic.Int64 // calls after Cleanup
 }
 
-var slowStoreTotal, slowStoreLate atomic.Int64
+var (
+	slowStoreTotal atomic.Int64 // diff values pushed
+	slowStoreLate  atomic.Int64 // calls after a Cleanup
+)
 
 func (*slowStore) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  strategyNamespace + ".test_slow",
-		New: func() caddy.Module { return &slowStore{total: &slowStoreTotal, late: &slowStoreLate} },
+		New: func() caddy.Module { return new(slowStore) },
 	}
 }
 
@@ -40,7 +42,7 @@ func (s *slowStore) use() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		s.late.Add(1)
+		slowStoreLate.Add(1)
 	}
 }
 
@@ -49,7 +51,7 @@ func (s *slowStore) PushDiffs(ctx context.Context, b strategy.Batch) error {
 	time.Sleep(20 * time.Millisecond)
 	s.use()
 	for _, d := range b.Diffs {
-		s.total.Add(int64(d.Value))
+		slowStoreTotal.Add(int64(d.Value))
 	}
 	return nil
 }
