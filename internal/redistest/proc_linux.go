@@ -19,13 +19,14 @@ func setDeathSignal(cmd *exec.Cmd) {
 // listensOn reports whether process pid holds a listening TCP socket on
 // port: that a dial succeeds proves only that somebody listens there.
 func listensOn(pid, port int) bool {
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
 	if err != nil {
 		return false
 	}
 	inodes := make(map[string]bool)
 	for _, fd := range fds {
-		link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		link, err := os.Readlink(filepath.Join(dir, fd.Name()))
 		if inode, ok := strings.CutPrefix(link, "socket:["); err == nil && ok {
 			inodes[strings.TrimSuffix(inode, "]")] = true
 		}

@@ -272,8 +272,10 @@ func freePort(t testing.TB, bus bool) int {
 		hi -= 10000
 	}
 	for range 1000 {
-		port := lo + rand.IntN(max(hi-lo, 1))
-		if hi-lo < 1000 { // an unusual range: let the kernel choose
+		var port int
+		if hi-lo >= 1000 {
+			port = lo + rand.IntN(hi-lo)
+		} else { // an unusual range: let the kernel choose
 			port = listenable(0)
 		}
 		if port > 0 && listenable(port) > 0 && (!bus || port+10000 <= 65535 && listenable(port+10000) > 0) {
@@ -305,19 +307,15 @@ func listenable(port int) int {
 // ephemeralStart returns the first port of the kernel's ephemeral range,
 // or Linux's default where it cannot be read.
 func ephemeralStart() int {
+	var first int
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 32768
 	}
-	fields := strings.Fields(string(b))
-	if len(fields) == 0 {
+	if _, err := fmt.Sscan(string(b), &first); err != nil {
 		return 32768
 	}
-	n, err := strconv.Atoi(fields[0])
-	if err != nil {
-		return 32768
-	}
-	return n
+	return first
 }
 
 // StartSentinel starts a Redis Sentinel that monitors master under the
