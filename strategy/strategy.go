@@ -1,12 +1,18 @@
 // Package strategy defines how a namespace's counters reach a central store,
-// so that several Caddy nodes enforce one shared limit. A strategy is a
-// Caddy module in the rate_limit.strategies namespace; the redis strategy
-// lives in the subpackage of that name.
+// so that several Caddy nodes enforce one shared limit.
 //
-// The interface is the Go form of the strategy functions of Kong's
-// rate-limiting library (push_diffs, get_counters, get_window), plus Hit for
-// the synchronous mode (sync_rate 0), which applies one hit and answers in a
-// single round trip.
+// A Strategy is a store's configuration: a Caddy module in the
+// rate_limit.strategies namespace (redis and postgres live in the
+// subpackages of those names). Loading it checks the settings and connects
+// to nothing. The rate_limit app then opens a Store from it, pooled by the
+// strategy's StoreKey, so that every namespace and every config (the old
+// and the new one during a reload) that names the same settings shares one
+// client and one connection pool.
+//
+// The Store interface is the Go form of the strategy functions of Kong's
+// rate-limiting library (push_diffs, get_counters), plus Reset; the
+// synchronous mode (sync_rate 0) needs the optional Hitter capability,
+// which applies one hit and answers in a single round trip.
 package strategy
 
 import (
@@ -17,27 +23,70 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// Strategy is a central store of window counters. Implementations must be
-// safe for concurrent use. Every counter is identified by (namespace, key,
-// window size, window start); keys are arbitrary bytes and must reach the
-// store only as data.
+// Namespace is the Caddy module namespace of strategies.
+const Namespace = "rate_limit.strategies"
+
+// Strategy is the configuration of a store, loaded as a Caddy module. It
+// must not connect to anything or start goroutines while it is loaded or
+// validated: `caddy validate` provisions modules without starting them.
 type Strategy interface {
-	// PushDiffs adds every diff of the batch to the store's counters. A push
-	// that fails may have been applied in part, in full or not at all; pushing
-	// the same batch again (same ID) must never apply a diff twice, so that a
-	// caller can retry a failed push without counting anything twice.
+	// StoreKey identifies the store these settings open: two strategies
+	// of the same module with the same key share one Store. It holds every
+	// setting that changes what the store connects to or how (addresses,
+	// credentials, timeouts, pool sizes), after placeholders are replaced.
+	// The key is never logged, so it may contain secrets.
+	StoreKey() string
+
+	// OpenStore returns a new store for these settings. It must not block
+	// or connect: the store connects when first used, so that a store
+	// opened by a config that is only validated never reaches its server.
+	OpenStore() (Store, error)
+
+	// ValidateWindow returns an error, naming the size, when the store
+	// cannot keep counters of windows of this size (such as windows that
+	// are not whole milliseconds). It is called when a config loads.
+	ValidateWindow(size time.Duration) error
+}
+
+// Store is a central store of window counters. Implementations must be
+// safe for concurrent use. Every counter is identified by (namespace, key,
+// window size, window start); keys are arbitrary bytes and reach the store
+// only as data. Counters expire on their own once no node can read them
+// (after twice their window size), so a store never grows without bound.
+type Store interface {
+	// PushDiffs adds every diff of the batch to the store's counters, in
+	// one round trip per batch, at a cost in proportion to the number of
+	// diffs. A push that fails may have been applied in part, in full or
+	// not at all; pushing the same batch again (same ID) must never apply
+	// a diff twice, so that a caller can retry a failed push without
+	// counting anything twice.
 	PushDiffs(ctx context.Context, batch Batch) error
 
-	// GetCounters returns the store's counts of the window holding now and of
-	// the one before it, for every window size of every given key. It costs
-	// in proportion to len(keys)*len(sizes), never to the size of the
-	// namespace in the store. Counters the store does not hold are omitted
-	// or reported as zero.
+	// GetCounters returns the store's counts of the window holding now and
+	// of the one before it, for every window size of every given key. It
+	// costs in proportion to len(keys)*len(sizes), never to the size of
+	// the namespace in the store. Counters the store does not hold are
+	// omitted, so that a store that lost its data does not erase what the
+	// caller knows; a counter that was reset is reported as zero.
 	GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error)
 
-	// GetWindow returns one counter: key's window of the given size that
-	// starts at start (Unix nanoseconds). A missing counter is zero.
-	GetWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error)
+	// Reset sets key's counters of the window holding now and of the one
+	// before it, for every given size, to zero, and reports them as zero
+	// (not missing) to later fetches until they expire, so that every node
+	// that fetches the key takes the reset. Diffs pushed after it add to
+	// zero.
+	Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error
+
+	// Close releases the store's connections. Calls made after it fail
+	// with an error that wraps ErrNotSent.
+	Close() error
+}
+
+// Hitter is a Store that can apply synchronous hits: the capability that
+// sync_rate 0 needs. The rate_limit app refuses, when a config loads, a
+// synchronous namespace whose store lacks it.
+type Hitter interface {
+	Store
 
 	// Hit applies one hit to several windows of a key, in one round trip
 	// to the store, deciding the way the rate limiter does (Kong's order):
@@ -48,16 +97,19 @@ type Strategy interface {
 	// undo, the increments of a rejected hit are taken back before the call
 	// returns (disable_penalty).
 	//
-	// id, unless empty, names the hit: the store records it, for at least
-	// a minute (the Redis strategy: at most two), as if it were a Batch of
-	// that ID pushed to the key's counters. A caller whose hit failed after
-	// it may have been applied pushes the hit's diffs later as a Batch with
-	// that ID, which the store applies only if the hit was not.
+	// id, unless empty, names the hit, and the hit ID rule holds: a Hit
+	// and a Batch with the same ID are applied at most once between them,
+	// for as long as any of the hit's counters lives. A caller whose hit
+	// failed after it may have been applied pushes the hit's diffs later as
+	// a Batch with that ID, which the store applies only if the hit was
+	// not. A Hit whose ID was already applied changes nothing and answers
+	// with the counts as they are.
 	//
 	// It returns each window's counts after the hit, in the order given,
 	// and the index of the window that rejected the hit, or -1. An error
 	// wraps ErrNotSent when the request surely never reached the store, so
-	// the caller may count the hit elsewhere without counting it twice.
+	// the caller may count the hit elsewhere without counting it twice, and
+	// ErrRejected when the input can never be accepted.
 	Hit(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) (counts []WindowCounts, rejected int, err error)
 }
 
@@ -96,12 +148,12 @@ type Batch struct {
 	Diffs []window.Diff
 }
 
-// ErrRejected is wrapped by the errors a strategy returns for input it can
-// never accept, such as a window size its layout cannot express. Retrying
-// such a push cannot succeed, so callers drop it instead.
+// ErrRejected is wrapped by the errors a store returns for input it can
+// never accept, such as a window size it cannot express. Retrying such a
+// push cannot succeed, so callers drop it instead.
 var ErrRejected = errors.New("rejected by the strategy")
 
 // ErrNotSent is wrapped by the errors of requests that surely never reached
-// the store (it could not be dialed, or the client is closed). Any other
+// the store (it could not be dialed, or the store is closed). Any other
 // failure may have been applied.
 var ErrNotSent = errors.New("request not sent to the store")
