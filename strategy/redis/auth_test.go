@@ -94,7 +94,12 @@ func TestPasswordPlaceholder(t *testing.T) {
 	if r.Password != "from-env" || r.Addresses[0] != srv.Addr {
 		t.Errorf("placeholders not replaced: password %q, addresses %q", r.Password, r.Addresses)
 	}
-	if err := roundTrip(t, r); err != nil {
+	store, err := r.OpenStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := roundTrip(t, store.(*Redis)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -49,17 +49,42 @@ func TestLoadFromJSON(t *testing.T) {
 		r.ReadTimeout != caddy.Duration(500*time.Millisecond) || r.WriteTimeout != caddy.Duration(time.Second) || r.PoolSize != 4 {
 		t.Errorf("configuration not applied: %+v", r)
 	}
-	if err := roundTrip(t, r); err != nil {
+	if r.client != nil {
+		t.Error("provisioning built a client")
+	}
+	opened, err := s.OpenStore()
+	if err != nil {
+		t.Fatalf("opening the store: %v", err)
+	}
+	store, ok := opened.(*Redis)
+	if !ok {
+		t.Fatalf("the store is a %T, not a *Redis", opened)
+	}
+	if _, ok := opened.(strategy.Hitter); !ok {
+		t.Error("the store is not a strategy.Hitter")
+	}
+	if store == r || store.client == nil || r.client != nil {
+		t.Errorf("OpenStore did not build a client on a copy: store %p (client %v), module %p (client %v)", store, store.client, r, r.client)
+	}
+	if err := roundTrip(t, store); err != nil {
 		t.Fatal(err)
 	}
 	if keys := keysOf(t, srv.Client(""), "*"); len(keys) == 0 || !strings.HasPrefix(keys[0], "edge:{") {
 		t.Errorf("keys %q do not use the key prefix", keys)
 	}
-	// Unloading the config cleans the module up: its client is closed.
+	// Unloading the config cleans the module up, which leaves the store
+	// alone: the rate_limit app closes the stores it opened.
 	cancel()
-	_, err = s.GetWindow(testCtx(t), "auth", "k", time.Minute, 0)
-	if !errors.Is(err, goredis.ErrClosed) {
-		t.Errorf("after the config was unloaded, err = %v, want ErrClosed", err)
+	if err := roundTrip(t, store); err != nil {
+		t.Fatalf("after the config was unloaded: %v", err)
+	}
+	// Closing the store closes its client.
+	if err := opened.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.GetWindow(testCtx(t), "auth", "k", time.Minute, 0)
+	if !errors.Is(err, goredis.ErrClosed) || !errors.Is(err, strategy.ErrNotSent) {
+		t.Errorf("after the store was closed, err = %v, want ErrClosed and ErrNotSent", err)
 	}
 }
 
@@ -103,10 +128,19 @@ func TestProvisionDoesNotDial(t *testing.T) {
 	}()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: testCtx(t)})
 	raw := `{"addresses": ["` + l.Addr().String() + `"], "password": "x"}`
-	if _, err := ctx.LoadModuleByID("rate_limit.strategies.redis", json.RawMessage(raw)); err != nil {
+	mod, err := ctx.LoadModuleByID("rate_limit.strategies.redis", json.RawMessage(raw))
+	if err != nil {
 		t.Fatal(err)
 	}
 	cancel() // Cleanup, as caddy validate does
+	// Opening a store (the app does, in Start) does not dial either.
+	store, err := mod.(strategy.Strategy).OpenStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
 	r := &Redis{Addresses: []string{l.Addr().String()}}
 	if err := r.Open(); err != nil {
 		t.Fatal(err)
@@ -119,7 +153,7 @@ func TestProvisionDoesNotDial(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // let a stray dial arrive
 	if n := accepted.Load(); n != 0 {
-		t.Errorf("provisioning dialed the store %d times", n)
+		t.Errorf("provisioning or opening dialed the store %d times", n)
 	}
 	// The listener itself works, so the test could have seen a dial.
 	c, err := net.Dial("tcp", l.Addr().String())

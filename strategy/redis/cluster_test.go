@@ -207,6 +207,35 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("reset", func(t *testing.T) {
+		// A key's counters of every size share its slot, so one
+		// transaction resets them on a Cluster too.
+		sizes := []time.Duration{time.Minute, size}
+		reset := keys[:len(hostileKeys())+50]
+		for _, k := range reset {
+			if err := r.Reset(ctx, ns, k, sizes, now); err != nil {
+				t.Fatalf("resetting %q: %v", k, err)
+			}
+		}
+		counts, err := r.GetCounters(ctx, ns, reset, sizes, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := countsByWindow(t, counts)
+		if len(got) != 4*len(reset) {
+			t.Errorf("got %d counts, want %d", len(got), 4*len(reset))
+		}
+		for w, v := range got {
+			if v != 0 {
+				t.Errorf("%+v holds %v after the reset, want 0", w, v)
+			}
+		}
+		// The keys after them keep their counts.
+		if v, err := r.GetWindow(ctx, ns, keys[len(reset)], size, start); err != nil || v != float64(len(reset)%7)+0.5 {
+			t.Errorf("a key not reset holds %v, %v; want %v", v, err, float64(len(reset)%7)+0.5)
+		}
+	})
 }
 
 // counterKeyOf returns the Redis key of a counter.

@@ -3,6 +3,19 @@
 // every node in one Redis deployment (a standalone server, a Sentinel-managed
 // primary, or a Redis Cluster) through go-redis.
 //
+// # Settings and stores
+//
+// The module, Redis, is the settings (a strategy.Strategy): provisioning it
+// replaces placeholders, applies defaults, checks the values and reads the
+// TLS files, and holds nothing. StoreKey is every connection setting (and
+// a digest of the TLS files), so that namespaces and configs naming the
+// same Redis share one store. OpenStore returns the store, a copy of the
+// settings with a go-redis client of its own, which dials only when first
+// used; the rate_limit app closes it with Close, and the module's Cleanup
+// leaves it alone. From Go, Open turns a filled-in Redis into a store
+// itself, without Caddy. The store is a strategy.Hitter: it can serve
+// synchronous namespaces.
+//
 // # Layout
 //
 // Every counter is one Redis string, holding a float, under the key
@@ -86,6 +99,16 @@
 // KEYS is ever issued. Counters the store does not hold are omitted, so a
 // store that lost its data does not erase what a node knows.
 //
+// # Resetting a key
+//
+// Reset writes "0" to the current and previous counters of each window size
+// of one (namespace, key), each with the PEXPIREAT of any write of that
+// window, so that every node's next fetch of the key reads zeros and takes
+// the reset, and diffs pushed afterwards add to zero. The counters share the
+// key's bucket, hence one slot, so one MULTI/EXEC carries every SET and
+// PEXPIREAT: one round trip, atomic, on a Cluster too. Dedupe markers are
+// left as they are: a batch pushed before the reset stays applied once.
+//
 // # Synchronous hits
 //
 // Hit applies one hit to every window of a key's limits (up to 16) and
@@ -112,7 +135,7 @@
 // Any other failure leaves the caller not knowing whether the hit was
 // applied: it timed out after it was sent, and Redis may run it later.
 // For that case a hit may carry an ID, which the caller gives every hit
-// (the sync app does). The script then starts with SET NX PX of the hit's
+// (the sync app does), under the hit ID rule of strategy.Hitter. The script then starts with SET NX PX of the hit's
 // marker, <prefix>:{<bucket>}:push:0:<ID>, in the slot of the hit's
 // counters, and applies the hit only if the marker was not there. A caller
 // whose hit failed counts it locally and pushes its diffs later as a batch
@@ -125,7 +148,8 @@
 //
 // The marker lives as long as the latest of the hit's counters, but at
 // least one minute and at most two: a caller retries a failed hit as soon
-// as Redis answers again, well within that. That costs one small key,
+// as Redis answers again, well within that. (For counters that live longer
+// than two minutes, that is shorter than the hit ID rule asks, on purpose.) That costs one small key,
 // holding "1", per synchronous hit with an ID (about 150 bytes of Redis
 // memory with its expiry), and one more SET inside the script: a store
 // taking h such hits a second holds at most 120h markers, about 18 MB at

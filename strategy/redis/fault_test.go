@@ -335,14 +335,14 @@ func TestHitNotSent(t *testing.T) {
 		waitForWindow(t, r, "ns", "k", size, start, 2)
 	})
 
-	t.Run("closed strategy", func(t *testing.T) {
+	t.Run("closed store", func(t *testing.T) {
 		_, r := startStandalone(t)
-		if err := r.Cleanup(); err != nil {
+		if err := r.Close(); err != nil {
 			t.Fatal(err)
 		}
 		_, _, err := r.Hit(testCtx(t), "ns", "k", "", windows, false)
 		if !errors.Is(err, strategy.ErrNotSent) || !errors.Is(err, goredis.ErrClosed) {
-			t.Fatalf("Hit on a closed strategy: err = %v, want ErrNotSent and ErrClosed", err)
+			t.Fatalf("Hit on a closed store: err = %v, want ErrNotSent and ErrClosed", err)
 		}
 	})
 }

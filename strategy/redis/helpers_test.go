@@ -28,21 +28,22 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// open opens r (filled-in configuration) and closes it when the test ends.
+// open opens r (filled-in configuration) as a store and closes it when the
+// test ends.
 func open(t testing.TB, r *Redis) *Redis {
 	t.Helper()
 	if err := r.Open(); err != nil {
-		t.Fatalf("opening the strategy: %v", err)
+		t.Fatalf("opening the store: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := r.Cleanup(); err != nil {
-			t.Errorf("cleanup: %v", err)
+		if err := r.Close(); err != nil {
+			t.Errorf("closing the store: %v", err)
 		}
 	})
 	return r
 }
 
-// startStandalone starts a redis-server and returns a strategy using it.
+// startStandalone starts a redis-server and returns a store using it.
 func startStandalone(t testing.TB) (*redistest.Server, *Redis) {
 	t.Helper()
 	srv := redistest.Start(t)

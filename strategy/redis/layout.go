@@ -25,8 +25,9 @@ const (
 	minDedupeTTL = 5 * time.Second
 
 	// minHitMarkerTTL and maxHitMarkerTTL bound the life of a synchronous
-	// hit's marker: strategy.Strategy.Hit promises that the store records a
-	// hit's ID for at least a minute, and one marker per synchronous hit
+	// hit's marker, which otherwise lives as long as the hit's counters
+	// (the hit ID rule of strategy.Hitter): a minute covers any prompt
+	// retry of a short window's hit, and one marker per synchronous hit
 	// must not fill Redis with long windows.
 	minHitMarkerTTL = time.Minute
 	maxHitMarkerTTL = 2 * time.Minute

@@ -1,13 +1,17 @@
 package redis
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -111,10 +115,16 @@ type Redis struct {
 	// '}', which would choose the Cluster slot. Default: "rl".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
+	// The checked settings, made by Provision or Open.
+	tlsConfig *tls.Config
+	tlsDigest string // of the TLS files' contents
+	layout    *layout
+	now       func() time.Time
+	logger    *zap.Logger
+
+	// The store's state, made by Open or OpenStore (on a copy).
 	client goredis.UniversalClient
-	layout *layout
-	now    func() time.Time
-	logger *zap.Logger
+	closed *atomic.Bool // set by Close
 }
 
 // TLSConfig configures TLS for the connections to Redis.
@@ -149,9 +159,10 @@ func (Redis) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision replaces placeholders, applies defaults, checks the result
-// (as Validate does) and builds the client. It does not dial: connections
-// are opened when first used.
+// Provision replaces placeholders, applies defaults and checks the result
+// (as Validate does), reading the TLS files it names. It holds nothing: the
+// rate_limit app opens the store (OpenStore), which connects when first
+// used.
 func (r *Redis) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
 	if err := r.setup(); err != nil {
@@ -166,21 +177,59 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Open prepares r for use outside Caddy, from Go code or tests: it does
-// what Provision and Validate do (placeholders, defaults, checks, building
-// the client), without dialing Redis. Fill in the configuration fields
-// first, and call Cleanup when done:
+// Open prepares r for use as a store outside Caddy, from Go code or tests:
+// it does what Provision and Validate do (placeholders, defaults, checks)
+// and builds r's own client, without dialing Redis. Fill in the
+// configuration fields first, and call Close when done:
 //
 //	r := &redis.Redis{Addresses: []string{"10.0.0.5:6379"}, Password: "secret"}
 //	if err := r.Open(); err != nil { ... }
-//	defer r.Cleanup()
+//	defer r.Close()
 func (r *Redis) Open() error {
 	if r.logger == nil {
 		r.logger = zap.NewNop()
 	}
 	if err := r.setup(); err != nil {
-		_ = r.Cleanup()
 		return err
+	}
+	r.connect()
+	return nil
+}
+
+// OpenStore returns a new store for r's settings (see strategy.Strategy): a
+// copy of r with a client of its own, which the caller closes with Close.
+// It does not dial: connections are opened when first used. r must be
+// provisioned (or opened).
+func (r *Redis) OpenStore() (strategy.Store, error) {
+	if r.layout == nil {
+		return nil, errors.New("redis strategy: opening a store of settings that were not provisioned")
+	}
+	s := *r
+	s.connect()
+	return &s, nil
+}
+
+// StoreKey identifies the store that r's settings open (see
+// strategy.Strategy): every setting, after placeholders and defaults, and
+// a digest of the TLS files' contents, so that a reload after a
+// certificate changed opens a new store. It holds the passwords.
+func (r *Redis) StoreKey() string {
+	b, err := json.Marshal(struct {
+		Settings *Redis `json:"settings"`
+		TLSFiles string `json:"tls_files,omitempty"`
+	}{r, r.tlsDigest})
+	if err != nil { // a struct of strings, numbers and bools always encodes
+		panic(fmt.Sprintf("redis strategy: encoding the store key: %v", err))
+	}
+	return string(b)
+}
+
+// ValidateWindow refuses a window size that the key layout cannot express:
+// one that is not a positive whole number of milliseconds. The error names
+// the size and wraps ErrInvalidWindow.
+func (r *Redis) ValidateWindow(size time.Duration) error {
+	if _, _, err := windowMs(size, 0); err != nil {
+		return fmt.Errorf("redis strategy: %w", err)
 	}
 	return nil
 }
@@ -219,19 +268,26 @@ func (r *Redis) setup() error {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	// Check before building the client: go-redis panics on some bad
-	// values, such as a negative pool size.
+	// Check before a client is built: go-redis panics on some bad values,
+	// such as a negative pool size.
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	r.layout = newLayout(r.KeyPrefix)
-
-	var tlsConfig *tls.Config
 	if r.TLS != nil {
 		var err error
-		if tlsConfig, err = r.TLS.build(expand); err != nil {
+		if r.tlsConfig, r.tlsDigest, err = r.TLS.build(expand); err != nil {
 			return fmt.Errorf("redis strategy: %w", err)
 		}
+	}
+	r.layout = newLayout(r.KeyPrefix)
+	return nil
+}
+
+// connect builds r's client from its checked settings. It does not dial.
+func (r *Redis) connect() {
+	var tlsConfig *tls.Config
+	if r.tlsConfig != nil {
+		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
 	}
 	r.client = goredis.NewUniversalClient(&goredis.UniversalOptions{
 		Addrs:            r.Addresses,
@@ -255,44 +311,59 @@ func (r *Redis) setup() error {
 		// Give up on a cancelled or timed-out sync at once.
 		ContextTimeoutEnabled: true,
 	})
-	return nil
+	r.closed = new(atomic.Bool)
 }
 
-// build makes the tls.Config, reading the files it names.
-func (t *TLSConfig) build(expand func(string) string) (*tls.Config, error) {
+// build makes the tls.Config, reading the files it names. It returns too
+// a digest of the files' contents, for the store key.
+func (t *TLSConfig) build(expand func(string) string) (*tls.Config, string, error) {
 	t.CA, t.Cert, t.Key = expand(t.CA), expand(t.Cert), expand(t.Key)
 	t.ServerName = expand(t.ServerName)
+	digest := sha256.New()
+	read := func(path string) ([]byte, error) {
+		b, err := os.ReadFile(path)
+		fmt.Fprintf(digest, "%d:", len(b))
+		digest.Write(b)
+		return b, err
+	}
 	c := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,
 		InsecureSkipVerify: t.InsecureSkipVerify,
 	}
 	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
+		pem, err := read(t.CA)
 		if err != nil {
-			return nil, fmt.Errorf("tls.ca: reading %s: %w", t.CA, err)
+			return nil, "", fmt.Errorf("tls.ca: reading %s: %w", t.CA, err)
 		}
 		c.RootCAs = x509.NewCertPool()
 		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls.ca: no PEM certificate in %s", t.CA)
+			return nil, "", fmt.Errorf("tls.ca: no PEM certificate in %s", t.CA)
 		}
 	}
 	if (t.Cert == "") != (t.Key == "") {
-		return nil, fmt.Errorf("tls: cert %q and key %q must be set together", t.Cert, t.Key)
+		return nil, "", fmt.Errorf("tls: cert %q and key %q must be set together", t.Cert, t.Key)
 	}
 	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		cert, err := read(t.Cert)
 		if err != nil {
-			return nil, fmt.Errorf("tls.cert, tls.key: loading %s and %s: %w", t.Cert, t.Key, err)
+			return nil, "", fmt.Errorf("tls.cert: reading %s: %w", t.Cert, err)
+		}
+		key, err := read(t.Key)
+		if err != nil {
+			return nil, "", fmt.Errorf("tls.key: reading %s: %w", t.Key, err)
+		}
+		pair, err := tls.X509KeyPair(cert, key)
+		if err != nil {
+			return nil, "", fmt.Errorf("tls.cert, tls.key: loading %s and %s: %w", t.Cert, t.Key, err)
 		}
 		c.Certificates = []tls.Certificate{pair}
 	}
-	return c, nil
+	return c, hex.EncodeToString(digest.Sum(nil)), nil
 }
 
 // Validate checks the configuration, with errors that name the field and
-// the value. It never dials Redis. Provision runs it too, before building
-// the client.
+// the value. It never dials Redis. Provision runs it too.
 func (r *Redis) Validate() error {
 	var errs []error
 	for i, a := range r.Addresses {
@@ -333,17 +404,27 @@ func (r *Redis) Validate() error {
 	return nil
 }
 
-// Cleanup closes the client and its connections. It copes with a strategy
-// that was never fully provisioned, and with being called twice. Calls
-// made after it fail with go-redis's ErrClosed.
-func (r *Redis) Cleanup() error {
+// Close closes the store's client and its connections (see
+// strategy.Store). It copes with being called twice, and with a value that
+// has no client. Calls made after it fail with an error that wraps
+// strategy.ErrNotSent and go-redis's ErrClosed.
+func (r *Redis) Close() error {
 	if r.client == nil {
 		return nil
 	}
+	r.closed.Store(true)
 	if err := r.client.Close(); err != nil && !errors.Is(err, goredis.ErrClosed) {
 		return fmt.Errorf("closing redis client: %w", err)
 	}
 	return nil
+}
+
+// Cleanup releases what the module holds when its config is unloaded. A
+// provisioned module holds nothing (the rate_limit app closes the stores it
+// opened), so it only closes a client that Open built on this value. It
+// copes with a module that was never fully provisioned.
+func (r *Redis) Cleanup() error {
+	return r.Close()
 }
 
 // Interface guards
@@ -353,4 +434,5 @@ var (
 	_ caddy.CleanerUpper    = (*Redis)(nil)
 	_ caddyfile.Unmarshaler = (*Redis)(nil)
 	_ strategy.Strategy     = (*Redis)(nil)
+	_ strategy.Hitter       = (*Redis)(nil)
 )

@@ -38,9 +38,14 @@ const (
 // pushing it again with the same ID applies only what is missing. It never
 // wraps strategy.ErrNotSent: go-redis resends a pipeline after a network
 // error, so a push that ends failing to dial may have been applied by an
-// earlier attempt, and only its ID keeps it from counting twice.
+// earlier attempt, and only its ID keeps it from counting twice; only a
+// push made after Close, which sends nothing, wraps it.
 func (r *Redis) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := r.pushDiffs(ctx, b); err != nil {
+	err := r.checkOpen()
+	if err == nil {
+		err = r.pushDiffs(ctx, b)
+	}
+	if err != nil {
 		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
 	}
 	return nil
@@ -301,9 +306,59 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 	return counts, nil
 }
 
+// Reset sets key's counters of the window holding now and of the one
+// before it, for every given size, to "0", each with the expiry that a
+// write of that window sets (see the package documentation), so that
+// GetCounters reports them as zero, not missing, until they expire, and
+// diffs pushed later add to zero. The counters of one (namespace, key)
+// share a bucket, hence a Cluster slot, so one MULTI/EXEC of a SET and a
+// PEXPIREAT per counter does it, atomically, in one round trip. Sizes must
+// be valid for the layout (ErrInvalidWindow); with none, nothing is sent.
+//
+// A reset after Close fails with an error that wraps strategy.ErrNotSent.
+// Other errors never do: go-redis resends the transaction after a network
+// error, so a reset that ends failing to dial may have been applied by an
+// earlier attempt (a reset applied twice is the same reset, unless diffs
+// pushed in between are lost with it).
+func (r *Redis) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	err := r.checkOpen()
+	if err == nil {
+		err = r.reset(ctx, namespace, key, sizes, now)
+	}
+	if err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
+	}
+	return nil
+}
+
+func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	k, nsp := bucketOf(namespace, key), nsPart(namespace)
+	var buf []byte
+	pipe := r.client.TxPipeline()
+	for _, size := range sizes {
+		sizeMs, _, err := windowMs(size, 0)
+		if err != nil {
+			return err
+		}
+		curMs := window.Start(now.UnixNano(), size) / int64(time.Millisecond)
+		for _, startMs := range [2]int64{curMs, curMs - sizeMs} {
+			var counter string
+			counter, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
+			pipe.Set(ctx, counter, "0", 0)
+			pipe.PExpireAt(ctx, counter, time.UnixMilli(expireAtMs(sizeMs, startMs)))
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
 // GetWindow returns the count of key's window of the given size that
 // starts at start (Unix nanoseconds), with one GET. A missing counter is 0.
-// An error wraps strategy.ErrNotSent as GetCounters' do.
+// An error wraps strategy.ErrNotSent as GetCounters' do. It is not part of
+// strategy.Store: tests and Go callers use it to read one counter.
 func (r *Redis) GetWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
 	v, err := r.getWindow(ctx, namespace, key, size, start)
 	if err != nil {
@@ -337,8 +392,8 @@ func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.
 const maxHitWindows = 16
 
 // Hit applies one synchronous hit to several windows of a key and decides
-// it, in one script run: one round trip (see strategy.Strategy.Hit for the
-// contract). In the order given, each window's current counter is
+// it, in one script run: one round trip (see strategy.Hitter for the
+// contract, and the hit ID rule). In the order given, each window's current counter is
 // incremented by its Value, unless an earlier window rejected the hit,
 // and the first window whose rate, current + previous*Weight, exceeds its
 // Max rejects it; with undo, its increments are taken back in the same
@@ -492,6 +547,16 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		}
 	}
 	return counts, rejected, nil
+}
+
+// checkOpen returns an error that wraps strategy.ErrNotSent and go-redis's
+// ErrClosed once Close was called, for the calls whose own errors cannot
+// tell a closed client from a resend that failed.
+func (r *Redis) checkOpen() error {
+	if r.closed != nil && r.closed.Load() {
+		return fmt.Errorf("%w: %w", strategy.ErrNotSent, goredis.ErrClosed)
+	}
+	return nil
 }
 
 // notSent wraps err with strategy.ErrNotSent when it shows that a command
