@@ -4,8 +4,28 @@
 // Redis Cluster, PostgreSQL), and so can a third-party one:
 //
 //	func TestConformance(t *testing.T) {
-//		strategytest.Run(t, strategytest.Harness{Open: openMyStore})
+//		strategytest.Run(t, strategytest.Harness{Open: openMyStore, Counters: countMine})
 //	}
+//
+// Run checks, each in a subtest of its own: that pushed diffs add up and a
+// fetch returns the current and previous windows of the keys asked,
+// omitting what the store does not hold (PushFetch); that a batch pushed
+// again under its ID counts once, in any order (RetriedBatch), also after
+// a first attempt that failed part way (PartialFailure); that large batches
+// land whole (ManyDiffs) and concurrent ones too (ConcurrentPushes); that no
+// key or namespace, however odd, shares a counter with another
+// (HostileKeys); Reset (Reset); that counters expire on their own (Expiry);
+// that a fetch costs in proportion to the keys asked (FetchCost); that
+// impossible windows are refused with strategy.ErrRejected
+// (InvalidWindows); a Hitter's order, weight, undo, infinite limit, hit ID
+// rule, atomicity and input checks (Hit, skipped with a log line for a
+// store that is not a Hitter); and that calls on a closed store fail with
+// strategy.ErrNotSent (Close).
+//
+// The tests choose their windows from the real clock, with sizes of an hour
+// or more wherever they check counts, and expect the store to expire
+// counters by the real clock too. Counts are binary fractions, which every
+// store adds exactly, so the checks are exact.
 package strategytest
 
 import (
@@ -17,19 +37,24 @@ import (
 // Harness tells the suite how to reach the store under test.
 type Harness struct {
 	// Open returns a store to test, connected to a server the test owns.
-	// Every call may return a store on the same server: the suite gives
-	// each test its own namespaces. The suite closes the stores it opens.
+	// It is required. Every call may return a store on the same server, or
+	// in the same data set: the suite gives each test namespaces of its
+	// own, named strategytest-<test>-<random hex>, so that runs never see
+	// each other's counters. The suite closes the stores it opens.
 	Open func(t *testing.T) strategy.Store
 
 	// Counters returns how many counters the store holds for a namespace,
 	// after dropping the expired ones (a store that purges on a timer
-	// purges first). The expiry test needs it.
+	// purges first). It is required: the expiry test needs it, to show
+	// that the store never grows without bound.
 	Counters func(t *testing.T, s strategy.Store, namespace string) int
 
 	// Cost, if set, returns a running total of the work the store's
 	// server did to read counters (for Redis, keyspace hits plus misses),
 	// for the test that a fetch costs in proportion to the keys asked,
-	// not to the namespace's size. Without it that test checks what a
+	// not to the namespace's size. The suite runs its tests one after the
+	// other, so the total may cover the whole server, as long as nothing
+	// but the suite uses it meanwhile. Without it that test checks what a
 	// fetch returns only.
 	Cost func(t *testing.T) int64
 }

@@ -1,0 +1,373 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// Limits kept as Redis keeps them, so that input one store refuses the
+// other refuses too.
+const (
+	// maxHitWindows is the most windows one Hit takes.
+	maxHitWindows = 16
+	// maxIDLen is the most bytes of a hit's ID.
+	maxIDLen = 256
+)
+
+// How long ID markers live, as in Redis. A batch's marker lives as long as
+// the counters it wrote, and at least minBatchMarkerLife, so that a prompt
+// retry is recognised even for the shortest windows. A hit's marker lives
+// as long as its counters too, but at least minHitMarkerLife, so that the
+// batch that carries a failed hit's diffs finds it, and at most
+// maxHitMarkerLife, so that one marker per synchronous hit does not fill
+// memory with long windows.
+const (
+	minBatchMarkerLife = 5 * time.Second
+	minHitMarkerLife   = time.Minute
+	maxHitMarkerLife   = 2 * time.Minute
+)
+
+// ErrInvalidWindow is wrapped by the errors of operations given a window
+// the store does not take: a size that is not a positive whole number of
+// milliseconds, or a start that is not a multiple of the size. It wraps
+// strategy.ErrRejected, as such a request can never succeed.
+var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+
+// errClosed is returned by the calls made on a closed store.
+var errClosed = fmt.Errorf("%w: the memory store is closed", strategy.ErrNotSent)
+
+// Store is a store of the counters of one in-memory data set. It
+// implements strategy.Hitter. Stores of the same data set (opened from
+// strategies of the same name) see the same counters, and each can be
+// closed on its own. It is safe for concurrent use.
+type Store struct {
+	data   *data
+	closed atomic.Bool
+	// now is the clock that expires counters and markers, as a Redis
+	// server's clock does; tests replace it. The now of GetCounters and
+	// Reset, and the starts of diffs and hits, only choose windows.
+	now func() time.Time
+}
+
+// New returns a store of a fresh data set that no other store shares, for
+// Go tests that need a store of their own.
+func New() *Store { return newStore(newData()) }
+
+func newStore(d *data) *Store { return &Store{data: d, now: time.Now} }
+
+// check returns why a call cannot be served: the store is closed or the
+// context is done. Either way nothing was applied, so the error wraps
+// strategy.ErrNotSent, as a network store's does when it sent nothing.
+func (s *Store) check(ctx context.Context) error {
+	if s.closed.Load() {
+		return errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+	}
+	return nil
+}
+
+// PushDiffs adds the diffs of a batch to their counters, at most once per
+// batch ID and namespace: a batch whose ID was applied before (pushed
+// before, or a synchronous hit of that ID) applies nothing and succeeds.
+// The batch is applied all at once or not at all. Diffs with a zero or
+// non-finite value add nothing and are dropped, and diffs of windows that
+// have expired are skipped; a batch of which nothing is left records no ID.
+// A batch without an ID, or with a window that is not valid, is refused
+// whole with an error that wraps strategy.ErrRejected.
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
+	if err := s.pushDiffs(ctx, b); err != nil {
+		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	if b.ID == "" {
+		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
+	}
+	for i := range b.Diffs {
+		if err := checkWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
+			return fmt.Errorf("diffs[%d]: %w", i, err)
+		}
+	}
+	now := s.now().UnixNano()
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(now)
+	m := marker{b.Namespace, b.ID}
+	if d.marked(m, now) {
+		return nil // applied before: a retry, or the diffs of a hit
+	}
+	last := int64(math.MinInt64) // the latest expiry of the counters written
+	for i := range b.Diffs {
+		df := &b.Diffs[i]
+		c := cell{df.Key, df.Size, df.Start}
+		if df.Value == 0 || !finite(df.Value) || c.expiresAt() <= now {
+			continue
+		}
+		d.add(b.Namespace, c, df.Value, now)
+		last = max(last, c.expiresAt())
+	}
+	if last != math.MinInt64 {
+		d.mark(m, max(last, now+int64(minBatchMarkerLife)))
+	}
+	return nil
+}
+
+// GetCounters returns the counts of the current and previous windows, at
+// now, of every size of every key, leaving out the counters the data set
+// does not hold (never written, or expired). A counter that was reset is
+// held, with the value zero. It looks up 2*len(keys)*len(sizes) counters,
+// whatever the size of the namespace. A size that is not valid is refused
+// with an error that wraps strategy.ErrRejected.
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
+	if err != nil {
+		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
+	}
+	return counts, nil
+}
+
+func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	for j, size := range sizes {
+		if err := checkSize(size); err != nil {
+			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
+		}
+	}
+	if len(keys) == 0 || len(sizes) == 0 {
+		return nil, nil
+	}
+	at, clock := now.UnixNano(), s.now().UnixNano()
+	d := s.data
+	d.lookups.Add(int64(2 * len(keys) * len(sizes)))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var counts []window.Count
+	for _, key := range keys {
+		for _, size := range sizes {
+			cur := window.Start(at, size)
+			for _, start := range [2]int64{cur, cur - int64(size)} {
+				if v, ok := d.get(namespace, cell{key, size, start}, clock); ok {
+					counts = append(counts, window.Count{Key: key, Size: size, Start: start, Value: v})
+				}
+			}
+		}
+	}
+	return counts, nil
+}
+
+// Reset sets key's counters of the window holding now and of the one
+// before it, of every given size, to zero: they are then held, and fetched
+// as zero, until they expire, and diffs pushed later add to zero. A size
+// that is not valid is refused, before anything is reset, with an error
+// that wraps strategy.ErrRejected.
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	for j, size := range sizes {
+		if err := checkSize(size); err != nil {
+			return fmt.Errorf("sizes[%d]: %w", j, err)
+		}
+	}
+	at, clock := now.UnixNano(), s.now().UnixNano()
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(clock)
+	for _, size := range sizes {
+		cur := window.Start(at, size)
+		d.put(namespace, cell{key, size, cur}, 0, clock)
+		d.put(namespace, cell{key, size, cur - int64(size)}, 0, clock)
+	}
+	return nil
+}
+
+// Hit applies one synchronous hit to the windows of a key and decides it,
+// atomically (see strategy.Hitter for the contract). In the order given,
+// each window's current count is incremented by its Value, unless an
+// earlier window rejected the hit, and the first window whose rate,
+// current + previous*Weight, exceeds its Max rejects it (math.Inf(1) never
+// does); with undo, the increments of a rejected hit are taken back before
+// Hit returns.
+//
+// A non-empty id names the hit and shares its marker with a batch of the
+// same ID and namespace, so the two are applied at most once between them.
+// A hit whose ID was applied before increments and undoes nothing: it
+// decides on the counts as they are, as a hit whose every Value is 0 would.
+// The marker lives as long as the hit's counters, but at least a minute
+// and at most two, as in Redis.
+//
+// It takes 1 to 16 windows, each of a size that is a positive whole number
+// of milliseconds and a start that is a multiple of it, with a finite
+// Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
+// most 256 bytes; other input is refused, before anything is applied, with
+// an error that wraps strategy.ErrRejected.
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
+	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
+	if err != nil {
+		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
+	}
+	return counts, rejected, nil
+}
+
+func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, -1, err
+	}
+	if err := checkHit(id, windows); err != nil {
+		return nil, -1, err
+	}
+	now := s.now().UnixNano()
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(now)
+	apply := true
+	if id != "" {
+		m := marker{namespace, id}
+		if d.marked(m, now) {
+			apply = false // the same hit again, or its batch came first
+		} else {
+			last := int64(math.MinInt64)
+			for _, w := range windows {
+				last = max(last, cell{key, w.Size, w.Start}.expiresAt())
+			}
+			life := min(max(last-now, int64(minHitMarkerLife)), int64(maxHitMarkerLife))
+			d.mark(m, now+life)
+		}
+	}
+
+	counts := make([]strategy.WindowCounts, len(windows))
+	rejected := -1
+	for i, w := range windows {
+		cur := cell{key, w.Size, w.Start}
+		c := &counts[i]
+		if apply && rejected < 0 && w.Value != 0 {
+			c.Current = d.add(namespace, cur, w.Value, now)
+		} else {
+			c.Current, _ = d.get(namespace, cur, now)
+		}
+		c.Previous, _ = d.get(namespace, cell{key, w.Size, w.Start - int64(w.Size)}, now)
+		if rejected < 0 && exceeds(c.Current+c.Previous*w.Weight, w.Max) {
+			rejected = i
+		}
+	}
+	if apply && undo && rejected >= 0 {
+		// Every window up to the one that rejected was incremented.
+		for i, w := range windows[:rejected+1] {
+			if w.Value != 0 {
+				counts[i].Current = d.add(namespace, cell{key, w.Size, w.Start}, -w.Value, now)
+			}
+		}
+	}
+	return counts, rejected, nil
+}
+
+// exceeds reports whether a rate exceeds a limit: +Inf never is exceeded
+// and -Inf always is, whatever the rate, as in Redis.
+func exceeds(rate, limit float64) bool {
+	switch {
+	case math.IsInf(limit, 1):
+		return false
+	case math.IsInf(limit, -1):
+		return true
+	}
+	return rate > limit
+}
+
+// checkHit checks the input of a Hit.
+func checkHit(id string, windows []strategy.WindowHit) error {
+	if n := len(windows); n == 0 || n > maxHitWindows {
+		return fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
+	}
+	if len(id) > maxIDLen {
+		return fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
+	}
+	for i, w := range windows {
+		if err := checkWindow(w.Size, w.Start); err != nil {
+			return fmt.Errorf("windows[%d]: %w", i, err)
+		}
+		if !finite(w.Value) {
+			return fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
+		}
+		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
+			return fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
+		}
+		if math.IsNaN(w.Max) {
+			return fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
+		}
+	}
+	return nil
+}
+
+// Close marks the store closed: its later calls fail with an error that
+// wraps strategy.ErrNotSent. The data set, and the other stores that share
+// it, are not affected. Closing it again does nothing.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// Counters returns how many counters the data set holds for a namespace,
+// after dropping the expired ones.
+func (s *Store) Counters(namespace string) int {
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(s.now().UnixNano())
+	return len(d.spaces[namespace])
+}
+
+// Lookups returns how many counters GetCounters has looked up in the data
+// set so far, through any of its stores: a running total of the work
+// fetches did, for strategytest.Harness.Cost.
+func (s *Store) Lookups() int64 { return s.data.lookups.Load() }
+
+// checkSize checks a window size: a positive whole number of milliseconds,
+// as Redis keys hold them.
+func checkSize(size time.Duration) error {
+	if size <= 0 || size%time.Millisecond != 0 {
+		return fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
+	}
+	return nil
+}
+
+// checkWindow checks a window's size and start.
+func checkWindow(size time.Duration, start int64) error {
+	if err := checkSize(size); err != nil {
+		return err
+	}
+	if start%int64(size) != 0 {
+		return fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
+	}
+	return nil
+}
+
+// finite reports whether v can be added to a counter.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// Interface guards
+var _ strategy.Hitter = (*Store)(nil)
