@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -59,7 +58,6 @@ type App struct {
 	zones      map[string]*zoneHolder
 	maxKeys    map[string]int
 	acquired   []poolKey
-	stores     []strategy.Strategy // to clean up after the last push
 	unflushed  map[*Namespace]bool // whose push at Stop failed
 	pool       *caddy.UsagePool
 	logger     *zap.Logger
@@ -73,9 +71,10 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision checks the config, takes the zones and namespaces it names
-// from the pool (creating those that are new) and loads the strategies.
-// It starts nothing and dials nothing: that waits for Start.
+// Provision checks the config, takes the zones, namespaces and stores it
+// names from the pool (creating those that are new) and loads the
+// strategies. It starts nothing and dials nothing: that waits for Start
+// and the first sync.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	if a.pool == nil {
@@ -163,11 +162,6 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if ns.mode == Periodic {
 		ns.rate = time.Duration(*cfg.SyncRate)
 	}
-	for _, d := range cfg.WindowSizes {
-		if err := ns.AddWindowSizes(time.Duration(d)); err != nil {
-			return nil, fmt.Errorf("window_sizes: %v", err)
-		}
-	}
 	counters, err := zh.zone.Namespace(name)
 	if err != nil {
 		return nil, err
@@ -180,23 +174,25 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	case ns.mode != Local && cfg.StrategyRaw == nil:
 		return nil, fmt.Errorf("sync_rate %v needs a strategy, such as redis", cfg.SyncRate)
 	case ns.mode != Local:
-		st, err := loadStrategy(ctx, cfg.StrategyRaw)
-		if err != nil {
+		if err := a.openStore(ctx, ns, cfg); err != nil {
 			return nil, err
 		}
-		ns.store = st
-		a.stores = append(a.stores, st)
 	}
 
 	key := poolKey{"namespace", name}
 	v, _, err := a.pool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newSyncer(name, a.logger.Named("sync")), nil
+		return newSyncer(name, a.logger.Named("sync"), a.pool), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	a.acquired = append(a.acquired, key)
 	ns.syncer = v.(*syncer)
+	for _, d := range cfg.WindowSizes {
+		if err := ns.AddWindowSizes(time.Duration(d)); err != nil {
+			return nil, fmt.Errorf("window_sizes: %v", err)
+		}
+	}
 	return ns, nil
 }
 
@@ -230,7 +226,7 @@ func (a *App) Stop() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		if next := ns.syncer.detach(ns); !handsOver(ns, next) {
+		if ns.syncer.detach(ns) {
 			flush = append(flush, ns)
 		}
 	}
@@ -241,12 +237,6 @@ func (a *App) Stop() error {
 		zh.release(a)
 	}
 	return nil
-}
-
-// handsOver reports whether next, the namespace's config that runs after
-// ns's, takes over what ns has pending.
-func handsOver(ns, next *Namespace) bool {
-	return next != nil && next.counters == ns.counters && next.store != nil
 }
 
 // flush pushes what the namespaces have pending, all at once, until ctx
@@ -275,27 +265,20 @@ func (a *App) flush(ctx context.Context, namespaces []*Namespace) map[*Namespace
 // Cleanup gives back the pooled objects this config took. Namespaces that
 // no later config took over first push what requests counted after Stop
 // (other apps, such as http, may stop after this one), unless their Stop
-// could not reach the store; then, once no sync run uses them, the app
-// cleans up its strategies. The last config to let go of a zone or
-// namespace destroys it.
+// could not reach the store. The last reference to a zone, a namespace's
+// sync loop or a store destroys it: a store closes its connections once
+// neither a config nor a sync loop uses it.
 func (a *App) Cleanup() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		if !a.unflushed[ns] && !handsOver(ns, ns.syncer.current()) && ns.syncer.hasPending(ns) {
+		if !a.unflushed[ns] && ns.syncer.mustFlush(ns) && ns.syncer.hasPending(ns) {
 			flush = append(flush, ns)
 		}
 	}
 	ctx, cancel := a.flushContext()
 	defer cancel()
 	a.flush(ctx, flush)
-	a.awaitRuns(ctx)
-	for _, st := range a.stores {
-		if err := cleanupStrategy(st); err != nil {
-			a.logger.Error("cleaning up a strategy", zap.Error(err))
-		}
-	}
-	a.stores = nil
 	for _, key := range a.acquired {
 		if _, err := a.pool.Delete(key); err != nil {
 			a.logger.Error("releasing "+key.kind, zap.String("name", key.name), zap.Error(err))
@@ -303,17 +286,6 @@ func (a *App) Cleanup() error {
 	}
 	a.acquired = nil
 	return nil
-}
-
-// awaitRuns waits, until ctx ends, for sync runs that may still use this
-// config's stores: a loop run that began before Stop detached its
-// namespace. Later runs skip detached namespaces.
-func (a *App) awaitRuns(ctx context.Context) {
-	for _, ns := range a.namespaces {
-		if ns.store != nil {
-			ns.syncer.awaitRun(ctx, ns)
-		}
-	}
 }
 
 // flushContext bounds the pushes of a Stop or a Cleanup by flush_timeout.

@@ -122,11 +122,13 @@ func TestBadConfig(t *testing.T) {
 		{`{"namespaces": {"api": {"sync_rate": "500us", "strategy": {"module": "redis"}}}}`, `namespace "api": sync_rate: 500µs is too short`},
 		{`{"namespaces": {"api": {"sync_rate": "100ms"}}}`, `namespace "api": sync_rate 100ms needs a strategy`},
 		{`{"namespaces": {"api": {"sync_rate": "0"}}}`, `namespace "api": sync_rate 0 needs a strategy`},
-		{`{"namespaces": {"api": {"sync_rate": "1s", "strategy": {"module": "nosuch"}}}}`, `namespace "api": strategy: unknown module rate_limit.strategies.nosuch`},
+		{`{"namespaces": {"api": {"sync_rate": "1s", "strategy": {"module": "nosuch"}}}}`, `namespace "api": strategy: loading module 'nosuch': unknown module: rate_limit.strategies.nosuch`},
 		{`{"namespaces": {"api": {"window_sizes": [-1000000000]}}}`, `namespace "api": window_sizes: window size must be positive, got -1s`},
 		{`{"flush_timeout": -1}`, `flush_timeout: must not be negative`},
+		{`{"namespaces": {"api": {"sync_rate": "0", "strategy": {"module": "test_slow"}}}}`,
+			`namespace "api": sync_rate 0: the test_slow store cannot apply synchronous hits`},
 		{`{"namespaces": {"api": {"sync_rate": "1s", "window_sizes": ["1500us"], "strategy": {"module": "redis"}}}}`,
-			`namespace "api": window_sizes: window 1.5ms: namespace "api" syncs with a store, which keeps windows in whole milliseconds`},
+			`namespace "api": window_sizes: window 1.5ms: namespace "api" syncs with the redis store: `},
 	} {
 		pool := caddy.NewUsagePool()
 		_, err := provision(t, pool, tc.cfg)

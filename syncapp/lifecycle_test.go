@@ -14,13 +14,27 @@ import (
 )
 
 func init() {
-	caddy.RegisterModule(new(slowStore))
+	caddy.RegisterModule(new(slowStrategy))
 }
 
-// slowStore is a strategy whose pushes take a while, and which records
-// any use after its Cleanup: a config's store must outlive every sync run
-// that uses it. Every instance adds to the same totals, as several configs
-// share one store.
+// slowStrategy opens a slowStore. Every load of it opens a store of its
+// own (its StoreKey is new each time), so that every config's store is
+// closed when that config and the sync runs that used it are done.
+type slowStrategy struct{ key string }
+
+func (*slowStrategy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  strategy.Namespace + ".test_slow",
+		New: func() caddy.Module { return &slowStrategy{key: newBatchID()} },
+	}
+}
+
+func (s *slowStrategy) StoreKey() string                     { return s.key }
+func (s *slowStrategy) OpenStore() (strategy.Store, error)   { return new(slowStore), nil }
+func (s *slowStrategy) ValidateWindow(d time.Duration) error { return nil }
+
+// slowStore is a store whose pushes take a while, and which records any
+// use after it was closed. Every instance adds to the same totals.
 type slowStore struct {
 	mu     sync.Mutex
 	closed bool
@@ -28,15 +42,8 @@ type slowStore struct {
 
 var (
 	slowStoreTotal atomic.Int64 // diff values pushed
-	slowStoreLate  atomic.Int64 // calls after a Cleanup
+	slowStoreLate  atomic.Int64 // calls after a Close
 )
-
-func (*slowStore) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  strategyNamespace + ".test_slow",
-		New: func() caddy.Module { return new(slowStore) },
-	}
-}
 
 func (s *slowStore) use() {
 	s.mu.Lock()
@@ -61,17 +68,12 @@ func (s *slowStore) GetCounters(context.Context, string, []string, []time.Durati
 	return nil, nil
 }
 
-func (s *slowStore) GetWindow(context.Context, string, string, time.Duration, int64) (float64, error) {
+func (s *slowStore) Reset(context.Context, string, string, []time.Duration, time.Time) error {
 	s.use()
-	return 0, nil
+	return nil
 }
 
-func (s *slowStore) Hit(context.Context, string, string, string, []strategy.WindowHit, bool) ([]strategy.WindowCounts, int, error) {
-	s.use()
-	return nil, -1, strategy.ErrNotSent
-}
-
-func (s *slowStore) Cleanup() error {
+func (s *slowStore) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
@@ -80,7 +82,7 @@ func (s *slowStore) Cleanup() error {
 
 // TestStoresOutliveTheirRuns reloads a fast-syncing namespace over and
 // over while hits go on, with pushes slow enough that a reload often lands
-// during one: no config's store is used after its Cleanup, and every hit
+// during one: no store is used after it was closed, and every hit
 // is pushed once.
 func TestStoresOutliveTheirRuns(t *testing.T) {
 	slowStoreTotal.Store(0)
@@ -120,7 +122,7 @@ func TestStoresOutliveTheirRuns(t *testing.T) {
 	<-done
 	cur.stop()
 	if n := slowStoreLate.Load(); n != 0 {
-		t.Errorf("stores were used %d times after their Cleanup", n)
+		t.Errorf("stores were used %d times after they were closed", n)
 	}
 	if got, want := slowStoreTotal.Load(), hits.Load(); got != want {
 		t.Errorf("pushed %d hits, want every one of the %d, once", got, want)

@@ -2,7 +2,6 @@ package syncapp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -27,8 +26,16 @@ type Namespace struct {
 	mode     Mode
 	rate     time.Duration
 	counters *window.Namespace
-	store    strategy.Strategy
 	syncer   *syncer
+
+	// The store, unless the namespace is local: shared through the pool
+	// by storeKey; hitter is the same store when it can apply synchronous
+	// hits (checked at load for a synchronous namespace).
+	store       strategy.Store
+	hitter      strategy.Hitter
+	storeKey    poolKey
+	storeModule string
+	validWindow func(time.Duration) error
 
 	sizesMu sync.Mutex
 	sizes   []time.Duration
@@ -67,8 +74,8 @@ func (n *Namespace) Mode() Mode { return n.mode }
 // store for a second, so that an unreachable store does not slow every
 // request. ctx bounds the round trip.
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
-	if n.mode == Synchronous && !n.syncer.storeDown() {
-		if rejected, ok := n.hitStore(ctx, key, limits, value, fixed, undo, out); ok {
+	if n.mode == Synchronous && !n.syncer.health.down() {
+		if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out); ok {
 			return rejected
 		}
 	}
@@ -99,47 +106,6 @@ func (n *Namespace) hitLocal(key string, limits []Limit, value float64, fixed, u
 		}
 	}
 	return rejected
-}
-
-// hitStore is Hit in one round trip to the store. It reports false when
-// the hit must be counted locally as a pending diff instead.
-func (n *Namespace) hitStore(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) (int, bool) {
-	now := window.SystemClock()
-	windows := make([]strategy.WindowHit, len(limits))
-	for i, l := range limits {
-		windows[i] = strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
-		if !fixed {
-			windows[i].Weight = window.Weight(now, l.Size)
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
-	defer cancel()
-	id := newBatchID()
-	counts, rejected, err := n.store.Hit(ctx, n.name, key, id, windows, undo)
-	switch {
-	case err == nil:
-	case errors.Is(err, strategy.ErrRejected):
-		return 0, false // the store is fine; the windows are not
-	case errors.Is(err, strategy.ErrNotSent):
-		n.syncer.failed(n, err)
-		return 0, false
-	default:
-		// The store may have applied the hit. Count it here as the store's,
-		// and push it later under the hit's ID, which the store skips if
-		// it did.
-		n.syncer.failed(n, err)
-		rejected := n.hitLocal(key, limits, value, fixed, undo, true, out)
-		n.syncer.retryHit(n.name, id, key, windows, rejected, undo)
-		return rejected, true
-	}
-	n.syncer.succeeded()
-	for i, w := range windows {
-		// Diffs on their way to the store are not in its counts yet.
-		cur := counts[i].Current + n.syncer.inflightFor(key, w.Size, w.Start)
-		prev := counts[i].Previous + n.syncer.inflightFor(key, w.Size, w.Start-int64(w.Size))
-		out[i] = n.counters.Observe(key, w.Size, w.Start, cur, prev)
-	}
-	return rejected, true
 }
 
 // Increment adds value (fractional and negative values are allowed) to
@@ -195,8 +161,8 @@ func (n *Namespace) Fetch(ctx context.Context, keys []string) error {
 
 // AddWindowSizes merges window sizes into the namespace's: handlers call it
 // when they are provisioned, so that the sizes their limits use are the
-// ones synced. A namespace that syncs with a store needs whole
-// milliseconds, the precision stores keep.
+// ones synced. A namespace that syncs with a store takes only the sizes
+// its store can keep.
 func (n *Namespace) AddWindowSizes(sizes ...time.Duration) error {
 	n.sizesMu.Lock()
 	defer n.sizesMu.Unlock()
@@ -204,8 +170,10 @@ func (n *Namespace) AddWindowSizes(sizes ...time.Duration) error {
 		if err := window.ValidateSize(s); err != nil {
 			return err
 		}
-		if n.mode != Local && s%time.Millisecond != 0 {
-			return fmt.Errorf("window %v: namespace %q syncs with a store, which keeps windows in whole milliseconds", s, n.name)
+		if n.validWindow != nil {
+			if err := n.validWindow(s); err != nil {
+				return fmt.Errorf("window %v: namespace %q syncs with the %s store: %w", s, n.name, n.storeModule, err)
+			}
 		}
 		if !slices.Contains(n.sizes, s) {
 			n.sizes = append(n.sizes, s)
@@ -220,6 +188,16 @@ func (n *Namespace) WindowSizes() []time.Duration {
 	n.sizesMu.Lock()
 	defer n.sizesMu.Unlock()
 	return slices.Clone(n.sizes)
+}
+
+// runInterval is the time between two runs of the namespace's loop: its
+// sync_rate, or for a synchronous namespace the retry interval of hits that
+// failed.
+func (n *Namespace) runInterval() time.Duration {
+	if n.mode == Periodic {
+		return n.rate
+	}
+	return retryInterval
 }
 
 // runTimeout bounds one sync run of the loop: two sync intervals, within

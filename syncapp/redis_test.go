@@ -59,12 +59,12 @@ func storeTotal(t *testing.T, addr, key string, size time.Duration) float64 {
 // hits a test counts do not pay for that within the hit timeout.
 func warmUp(t *testing.T, ns *Namespace) {
 	t.Helper()
-	if _, err := ns.store.GetWindow(context.Background(), ns.name, "warm-up", time.Hour, 0); err != nil {
+	if _, err := ns.store.(*redis.Redis).GetWindow(context.Background(), ns.name, "warm-up", time.Hour, 0); err != nil {
 		t.Fatalf("warming up: %v", err)
 	}
 	ns.Increment(context.Background(), "warm-up", time.Hour, 1)
 	// Had that hit timed out anyway, the store would be skipped a moment.
-	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.storeDown() })
+	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.health.down() })
 }
 
 // TestTwoNodesConverge runs two nodes (apps with pools of their own) on one
@@ -345,7 +345,7 @@ func TestStoreOutageIsLoggedRarely(t *testing.T) {
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	ns := n.ns("api")
-	ns.syncer.logger = zap.New(core)
+	ns.syncer.health.logger = zap.New(core)
 	if err := n.app.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -563,10 +563,10 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	ns := n.ns("api")
-	ns.syncer.logger = zap.New(core)
+	ns.syncer.health.logger = zap.New(core)
 	// The paused hits below take about 7s; a slow machine must not stretch
 	// them past the log interval.
-	ns.syncer.logEvery = time.Minute
+	ns.syncer.health.logEvery = time.Minute
 	if err := n.app.Start(); err != nil {
 		t.Fatal(err)
 	}

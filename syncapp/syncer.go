@@ -6,10 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -17,18 +18,6 @@ import (
 )
 
 const (
-	// retryInterval is how often a synchronous namespace retries pushing
-	// the hits its store could not take, and how long hits skip a store
-	// that just failed.
-	retryInterval = time.Second
-	// maxBackoff caps how far apart failing periodic runs get.
-	maxBackoff = 10 * time.Second
-	// minLogInterval is the least time between two logs of store failures
-	// of one namespace.
-	minLogInterval = 10 * time.Second
-	// maxRetries bounds the synchronous hits kept for a retry; past it the
-	// oldest are dropped (they still count locally).
-	maxRetries = 10_000
 	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
 	minRunTimeout = 5 * time.Second
 	maxRunTimeout = 30 * time.Second
@@ -39,82 +28,69 @@ const (
 // stop; the loop always works for the most recently attached one, so that
 // while an old and a new config overlap only one loop pushes, and a new
 // config that fails to start hands the loop back to the old one.
+//
+// Its parts each have one job: health (store failures, backoff and their
+// logs), retries (synchronous hits to push again), inflight (diffs on
+// their way to the store); the syncer itself runs the pushes and fetches
+// and decides who pushes what on a reload.
 type syncer struct {
 	name   string
 	logger *zap.Logger
-	// logEvery is the least time between two logs of store failures:
-	// minLogInterval, or longer in tests that count the logs.
-	logEvery time.Duration
+	pool   *caddy.UsagePool
+
+	health   *health
+	retries  retryQueue
+	inflight inflight
 
 	mu       sync.Mutex
 	attached []*Namespace
+	// held are the pool keys of the stores the loop holds a reference to:
+	// those of the attached namespaces, and of namespaces detached since
+	// the last run ended. A store so outlives every run that uses it.
+	held []poolKey
 
 	// runSem serializes runs (the loop's, Sync and Fetch calls, the flushes
 	// at stop): a batch is never pushed by two runs at once. It is a
 	// channel so that waiting for it can give up at a deadline.
 	runSem  chan struct{}
 	pending *strategy.Batch // a batch whose push failed, retried as is
-	// running is the namespace the loop's run in progress works for, if
-	// any: Cleanup waits for that run before it closes the store.
-	running atomic.Pointer[Namespace]
-	// retries are synchronous hits that failed after they may have been
-	// applied, each to be pushed as a batch of the hit's own ID.
-	retriesMu sync.Mutex
-	retries   []strategy.Batch
 	// Keys to fetch: those touched since the last fetch, and those touched
 	// before it. Keeping a key for a second run lets a node see the diffs
 	// other nodes pushed in the same aligned run as its own fetch.
 	fetch, fetchPrev map[string]struct{}
-	// inflight sums, per counter, the diffs taken from the zone and not yet
-	// in the store, for synchronous answers, which take the store's counts.
-	inflight atomic.Pointer[map[counterID]float64]
-
-	failingMu   sync.Mutex
-	runFailures int // consecutive failed runs: they space runs out
-	failures    int // failed runs and hits since the store last worked
-	lastLog     time.Time
-	unlogged    int // failures since the last log
-
-	// While the store is known to be down, synchronous hits count locally
-	// without trying it, so that requests do not each wait for a timeout.
-	// A hit tries again once downUntil (Unix nanoseconds) has passed.
-	downUntil atomic.Int64
-	failing   atomic.Bool
 
 	startOnce sync.Once
 	wake      chan struct{} // the attached namespace changed
-	kick      chan struct{} // run now: the store is back
 	stop      chan struct{}
 	done      chan struct{}
 }
 
-// counterID names one counter of a namespace.
-type counterID struct {
-	key   string
-	size  time.Duration
-	start int64
-}
-
-func newSyncer(name string, logger *zap.Logger) *syncer {
+func newSyncer(name string, logger *zap.Logger, pool *caddy.UsagePool) *syncer {
 	return &syncer{
 		name:      name,
 		logger:    logger,
-		logEvery:  minLogInterval,
+		pool:      pool,
+		health:    newHealth(name, logger),
 		runSem:    make(chan struct{}, 1),
 		fetch:     make(map[string]struct{}),
 		fetchPrev: make(map[string]struct{}),
 		wake:      make(chan struct{}, 1),
-		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 }
 
-// attach makes ns the namespace the loop works for, and starts the loop the
-// first time a namespace needs one.
+// attach makes ns the namespace the loop works for, takes a reference to
+// its store, and starts the loop the first time a namespace needs one.
 func (s *syncer) attach(ns *Namespace) {
 	s.mu.Lock()
 	s.attached = append(s.attached, ns)
+	if ns.store != nil && !slices.Contains(s.held, ns.storeKey) {
+		// ns's config holds the store, so this only counts a reference.
+		if _, loaded, _ := s.pool.LoadOrNew(ns.storeKey, noNewStore); loaded {
+			s.held = append(s.held, ns.storeKey)
+		}
+	}
 	s.mu.Unlock()
 	ns.counters.SetTracked(ns.mode != Local)
 	if ns.mode != Local {
@@ -123,15 +99,20 @@ func (s *syncer) attach(ns *Namespace) {
 	signal(s.wake)
 }
 
-// detach forgets ns, and returns the namespace the loop works for now, or
-// nil when no config holds the namespace any more.
-func (s *syncer) detach(ns *Namespace) *Namespace {
+// noNewStore is the constructor of a pool look-up that only takes a
+// reference to a store that is there.
+func noNewStore() (caddy.Destructor, error) {
+	return nil, errors.New("the store is not open")
+}
+
+// detach forgets ns, whose config is stopping. It reports whether ns must
+// push what it has pending through its own store: unless the namespace
+// now attached (the next config's, or on a failed reload the one that
+// keeps running) counts in the same zone and syncs, and so takes over.
+func (s *syncer) detach(ns *Namespace) (flush bool) {
 	s.mu.Lock()
-	for i, a := range s.attached {
-		if a == ns {
-			s.attached = append(s.attached[:i], s.attached[i+1:]...)
-			break
-		}
+	if i := slices.Index(s.attached, ns); i >= 0 {
+		s.attached = slices.Delete(s.attached, i, i+1)
 	}
 	var cur *Namespace
 	if n := len(s.attached); n > 0 {
@@ -140,7 +121,19 @@ func (s *syncer) detach(ns *Namespace) *Namespace {
 	}
 	s.mu.Unlock()
 	signal(s.wake)
-	return cur
+	return !takesOver(cur, ns)
+}
+
+// takesOver reports whether next, the namespace that runs after ns, pushes
+// what ns has pending: it counts in the same zone and syncs with a store.
+func takesOver(next, ns *Namespace) bool {
+	return next != nil && next.counters == ns.counters && next.store != nil
+}
+
+// mustFlush reports whether ns, detached, still has to push what it counts
+// itself: no attached namespace takes it over.
+func (s *syncer) mustFlush(ns *Namespace) bool {
+	return !takesOver(s.current(), ns)
 }
 
 func (s *syncer) current() *Namespace {
@@ -150,6 +143,27 @@ func (s *syncer) current() *Namespace {
 		return s.attached[n-1]
 	}
 	return nil
+}
+
+// releaseStores gives back the references to stores that no attached
+// namespace uses any more (all of them when all is set). The caller holds
+// the run lock, or the loop has ended, so no run uses them.
+func (s *syncer) releaseStores(all bool) {
+	s.mu.Lock()
+	var release []poolKey
+	s.held = slices.DeleteFunc(s.held, func(k poolKey) bool {
+		used := !all && slices.ContainsFunc(s.attached, func(ns *Namespace) bool { return ns.storeKey == k })
+		if !used {
+			release = append(release, k)
+		}
+		return !used
+	})
+	s.mu.Unlock()
+	for _, k := range release {
+		if _, err := s.pool.Delete(k); err != nil {
+			s.logger.Error("releasing a store", zap.String("namespace", s.name), zap.Error(err))
+		}
+	}
 }
 
 func signal(ch chan struct{}) {
@@ -175,14 +189,15 @@ func (s *syncer) loop() {
 		var timer *time.Timer
 		var wait <-chan time.Time
 		if ns != nil && ns.mode != Local {
-			timer = time.NewTimer(s.delay(ns, time.Now()))
+			timer = time.NewTimer(s.health.delay(ns.runInterval(), time.Now()))
 			wait = timer.C
 		}
-		run := false
+		run, woken := false, false
 		select {
 		case <-s.stop:
 		case <-s.wake:
-		case <-s.kick:
+			woken = true
+		case <-s.health.recovered:
 			run = ns != nil && ns.mode != Local
 		case <-wait:
 			run = true
@@ -195,6 +210,10 @@ func (s *syncer) loop() {
 			return
 		default:
 		}
+		if woken && s.lockRun(ctx) == nil {
+			s.releaseStores(false)
+			s.unlockRun()
+		}
 		if run {
 			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
 			s.runSafely(runCtx, ns)
@@ -203,41 +222,14 @@ func (s *syncer) loop() {
 	}
 }
 
-// delay returns how long to wait for the next run: until the next multiple
-// of sync_rate, pushed back exponentially while the store keeps failing.
-func (s *syncer) delay(ns *Namespace, now time.Time) time.Duration {
-	interval := retryInterval
-	if ns.mode == Periodic {
-		interval = ns.rate
-	}
-	s.failingMu.Lock()
-	failures := s.runFailures
-	s.failingMu.Unlock()
-	earliest := now.UnixNano()
-	if failures > 0 {
-		backoff := max(maxBackoff, interval)
-		if shift := min(failures, 16); interval <= backoff>>shift {
-			backoff = interval << shift
-		}
-		earliest += int64(backoff)
-	}
-	next := (earliest/int64(interval) + 1) * int64(interval)
-	return time.Duration(next - now.UnixNano())
-}
-
 // runSafely is the loop's run for ns. It does nothing once ns is
-// detached: from then on its config's Stop and Cleanup push for it, and
-// Cleanup closes its store after the last run that used it.
+// detached: from then on its config's Stop and Cleanup push for it.
 func (s *syncer) runSafely(ctx context.Context, ns *Namespace) {
 	defer recoverAndLog(s.logger, "syncing namespace")
 	if ns.store == nil || s.lockRun(ctx) != nil {
 		return
 	}
 	defer s.unlockRun()
-	// Published before the check, so that awaitRun either sees this run
-	// or this run sees ns detached.
-	s.running.Store(ns)
-	defer s.running.Store(nil)
 	if s.current() == ns {
 		_ = s.runLocked(ctx, ns, true)
 	}
@@ -254,15 +246,6 @@ func (s *syncer) lockRun(ctx context.Context) error {
 }
 
 func (s *syncer) unlockRun() { <-s.runSem }
-
-// awaitRun waits, until ctx ends, for a loop run for the detached ns that
-// is still in progress. A run for another config's namespace does not
-// hold it up.
-func (s *syncer) awaitRun(ctx context.Context, ns *Namespace) {
-	if s.running.Load() == ns && s.lockRun(ctx) == nil {
-		s.unlockRun()
-	}
-}
 
 // run pushes what ns's counters gained since the last run and, in periodic
 // mode and with fetch set, fetches the store's counts of the keys touched
@@ -285,12 +268,9 @@ func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool) error
 	metrics.syncDuration.WithLabelValues(s.name).Observe(time.Since(start).Seconds())
 	switch {
 	case err != nil:
-		s.failingMu.Lock()
-		s.runFailures++
-		s.failingMu.Unlock()
-		s.failed(ns, err)
+		s.health.failedRun(err, ns.rate)
 	case contacted: // a run with nothing to do says nothing of the store
-		s.succeeded()
+		s.health.succeeded()
 	}
 	return err
 }
@@ -299,7 +279,7 @@ func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool) error
 // anything.
 func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (contacted bool, err error) {
 	diffs, keys := ns.counters.Take()
-	diffs = s.storable(diffs)
+	diffs = s.storable(ns, diffs)
 	if fetch {
 		for _, k := range keys {
 			if len(s.fetch) >= ns.counters.Zone().Capacity() {
@@ -312,14 +292,14 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 	if len(diffs) > 0 {
 		batch = &strategy.Batch{ID: newBatchID(), Namespace: s.name, Diffs: diffs}
 	}
-	retries := s.takeRetries()
+	retries := s.retries.take()
 	if ns.mode == Synchronous || len(retries) > 0 {
-		s.setInflight(retries, s.pending, batch)
-		defer func() { s.setInflight(s.unpushedRetries(), s.pending) }()
+		s.inflight.set(retries, s.pending, batch)
+		defer func() { s.inflight.set(s.retries.queued(), s.pending) }()
 	}
 	for i, r := range retries {
 		if err := s.push(ctx, ns, r); err != nil {
-			s.putBackRetries(retries[i:])
+			s.retries.putBack(retries[i:])
 			if batch != nil {
 				ns.counters.Restore(batch.Diffs)
 			}
@@ -367,99 +347,17 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 	return true, nil
 }
 
-// setInflight records the diffs of the given batches as on their way to
-// the store.
-func (s *syncer) setInflight(retries []strategy.Batch, batches ...*strategy.Batch) {
-	m := make(map[counterID]float64)
-	add := func(b strategy.Batch) {
-		for _, d := range b.Diffs {
-			m[counterID{d.Key, d.Size, d.Start}] += d.Value
-		}
-	}
-	for _, b := range retries {
-		add(b)
-	}
-	for _, b := range batches {
-		if b != nil {
-			add(*b)
-		}
-	}
-	if len(m) == 0 {
-		s.inflight.Store(nil)
-		return
-	}
-	s.inflight.Store(&m)
-}
-
-// retryHit keeps a synchronous hit that failed after it may have been
-// applied, to be pushed as a batch of the hit's ID: the increments the
-// local decision made (nothing, if undo took them back).
-func (s *syncer) retryHit(namespace, id, key string, windows []strategy.WindowHit, rejected int, undo bool) {
-	b := strategy.Batch{ID: id, Namespace: namespace}
-	if rejected < 0 || !undo {
-		for i, w := range windows {
-			if rejected >= 0 && i > rejected {
-				break
-			}
-			b.Diffs = append(b.Diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
-		}
-	}
-	if len(b.Diffs) == 0 {
-		return
-	}
-	s.retriesMu.Lock()
-	defer s.retriesMu.Unlock()
-	if len(s.retries) >= maxRetries {
-		s.retries = s.retries[1:]
-	}
-	s.retries = append(s.retries, b)
-}
-
-func (s *syncer) takeRetries() []strategy.Batch {
-	s.retriesMu.Lock()
-	defer s.retriesMu.Unlock()
-	r := s.retries
-	s.retries = nil
-	return r
-}
-
-// putBackRetries returns hits whose push failed, ahead of newer ones.
-func (s *syncer) putBackRetries(r []strategy.Batch) {
-	s.retriesMu.Lock()
-	defer s.retriesMu.Unlock()
-	s.retries = append(r[:len(r):len(r)], s.retries...)
-	if n := len(s.retries); n > maxRetries {
-		s.retries = s.retries[n-maxRetries:]
-	}
-}
-
-// unpushedRetries returns the hits waiting for a retry.
-func (s *syncer) unpushedRetries() []strategy.Batch {
-	s.retriesMu.Lock()
-	defer s.retriesMu.Unlock()
-	return s.retries
-}
-
-// inflightFor returns the diffs of one counter on their way to the store.
-func (s *syncer) inflightFor(key string, size time.Duration, start int64) float64 {
-	if m := s.inflight.Load(); m != nil {
-		return (*m)[counterID{key, size, start}]
-	}
-	return 0
-}
-
-// storable drops diffs of windows a store cannot keep (not whole
-// milliseconds), which only the Go API can create: AddWindowSizes refuses
-// them in configs.
-func (s *syncer) storable(diffs []window.Diff) []window.Diff {
+// storable drops diffs of windows the store cannot keep, which only the
+// Go API can create: AddWindowSizes refuses them in configs.
+func (s *syncer) storable(ns *Namespace, diffs []window.Diff) []window.Diff {
 	kept := diffs[:0]
 	for _, d := range diffs {
-		if d.Size%time.Millisecond == 0 {
+		if ns.validWindow == nil || ns.validWindow(d.Size) == nil {
 			kept = append(kept, d)
 		}
 	}
 	if dropped := len(diffs) - len(kept); dropped > 0 {
-		s.logger.Warn("dropping diffs of windows that are not whole milliseconds",
+		s.logger.Warn("dropping diffs of windows the store cannot keep",
 			zap.String("namespace", s.name), zap.Int("diffs", dropped))
 	}
 	return kept
@@ -493,17 +391,12 @@ func (s *syncer) pendingDiffs() int {
 		s.unlockRun()
 	default: // a run is busy with them
 	}
-	s.retriesMu.Lock()
-	for _, b := range s.retries {
-		n += len(b.Diffs)
-	}
-	s.retriesMu.Unlock()
-	return n
+	return n + s.retries.diffs()
 }
 
 // hasPending reports whether a run for ns would have anything to push.
 func (s *syncer) hasPending(ns *Namespace) bool {
-	if ns.counters.Pending() > 0 || len(s.unpushedRetries()) > 0 {
+	if ns.counters.Pending() > 0 || len(s.retries.queued()) > 0 {
 		return true
 	}
 	select {
@@ -515,58 +408,9 @@ func (s *syncer) hasPending(ns *Namespace) bool {
 	}
 }
 
-// failed counts a failure of a run or a hit, marks the store down for a
-// moment, and logs, at most once per log interval.
-func (s *syncer) failed(ns *Namespace, err error) {
-	metrics.syncErrors.WithLabelValues(s.name).Inc()
-	if errors.Is(err, context.Canceled) {
-		return
-	}
-	s.downUntil.Store(time.Now().Add(retryInterval).UnixNano())
-	s.failing.Store(true)
-	s.failingMu.Lock()
-	defer s.failingMu.Unlock()
-	s.failures++
-	s.unlogged++
-	interval := s.logEvery
-	if ns.mode == Periodic {
-		interval = max(interval, ns.rate)
-	}
-	if time.Since(s.lastLog) < interval {
-		return
-	}
-	s.logger.Error("store unreachable: limits are enforced on local counts and hits are kept for later",
-		zap.String("namespace", s.name),
-		zap.Int("failures_since_last_log", s.unlogged),
-		zap.Error(err))
-	s.lastLog = time.Now()
-	s.unlogged = 0
-}
-
-// storeDown reports whether synchronous hits should skip the store for now.
-func (s *syncer) storeDown() bool {
-	return s.downUntil.Load() > time.Now().UnixNano()
-}
-
-// succeeded records that the store worked. The first success after
-// failures is logged, and has the loop push what waited at once.
-func (s *syncer) succeeded() {
-	if !s.failing.Load() {
-		return
-	}
-	s.failingMu.Lock()
-	defer s.failingMu.Unlock()
-	if s.failing.Swap(false) {
-		s.logger.Info("store reachable again", zap.String("namespace", s.name), zap.Int("failures", s.failures))
-		signal(s.kick)
-	}
-	s.runFailures, s.failures, s.unlogged = 0, 0, 0
-	s.lastLog = time.Time{}
-	s.downUntil.Store(0)
-}
-
 // Destruct stops the loop when the last config that names the namespace is
-// gone; that config's cleanup already pushed what was pending.
+// gone (that config's cleanup already pushed what was pending), and gives
+// back the loop's references to stores.
 func (s *syncer) Destruct() error {
 	close(s.stop)
 	started := true
@@ -574,6 +418,7 @@ func (s *syncer) Destruct() error {
 	if started {
 		<-s.done
 	}
+	s.releaseStores(true)
 	return nil
 }
 

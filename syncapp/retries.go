@@ -1,0 +1,87 @@
+package syncapp
+
+import (
+	"sync"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// maxRetries bounds the synchronous hits kept for a retry; past it the
+// oldest are dropped (they still count locally).
+const maxRetries = 10_000
+
+// retryQueue holds the synchronous hits that failed after they may have
+// been applied, each to be pushed as a batch of the hit's own ID, which
+// the store skips if it applied the hit (the hit ID rule).
+type retryQueue struct {
+	mu    sync.Mutex
+	items []strategy.Batch
+}
+
+// hitBatch returns the batch that carries a failed synchronous hit: the
+// increments the local decision made (none, if undo took them back).
+func hitBatch(namespace, id, key string, windows []strategy.WindowHit, rejected int, undo bool) strategy.Batch {
+	b := strategy.Batch{ID: id, Namespace: namespace}
+	if rejected >= 0 && undo {
+		return b
+	}
+	for i, w := range windows {
+		if rejected >= 0 && i > rejected {
+			break
+		}
+		b.Diffs = append(b.Diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
+	}
+	return b
+}
+
+// add queues a batch, dropping the oldest past maxRetries.
+func (q *retryQueue) add(b strategy.Batch) {
+	if len(b.Diffs) == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) >= maxRetries {
+		q.items = q.items[1:]
+	}
+	q.items = append(q.items, b)
+}
+
+// take empties the queue and returns what it held.
+func (q *retryQueue) take() []strategy.Batch {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	r := q.items
+	q.items = nil
+	return r
+}
+
+// putBack returns batches whose push failed, ahead of newer ones.
+func (q *retryQueue) putBack(r []strategy.Batch) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.items = append(r[:len(r):len(r)], q.items...)
+	if n := len(q.items); n > maxRetries {
+		q.items = q.items[n-maxRetries:]
+	}
+}
+
+// queued returns the batches waiting for a retry. The caller must not
+// change them.
+func (q *retryQueue) queued() []strategy.Batch {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.items
+}
+
+// diffs returns how many diffs wait in the queue.
+func (q *retryQueue) diffs() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, b := range q.items {
+		n += len(b.Diffs)
+	}
+	return n
+}
