@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
@@ -137,4 +139,140 @@ func TestReloadsUnderLoadShareTheStore(t *testing.T) {
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != float64(hits) {
 		t.Fatalf("store holds %v, want every one of the %d hits, once", got, hits)
 	}
+}
+
+// backendPIDs returns a function that adds to seen the process IDs of the
+// client connections to database db of a PostgreSQL server: one process
+// per connection, so the set grows with every connection opened.
+func backendPIDs(t *testing.T, srv *pgtest.Server, db string) (sample func(), seen map[int32]bool) {
+	conn := srv.Conn(t, "postgres")
+	seen = make(map[int32]bool)
+	sample = func() {
+		t.Helper()
+		rows, err := conn.Query(context.Background(),
+			`SELECT pid FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'`, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pids {
+			seen[p] = true
+		}
+	}
+	return sample, seen
+}
+
+// TestPostgresNamespacesShareAPool gives two namespaces the same
+// PostgreSQL settings: one connection pool serves both.
+func TestPostgresNamespacesShareAPool(t *testing.T) {
+	srv := pgtest.Start(t)
+	dsn := srv.CreateDB(t, "rl")
+	cfg := fmt.Sprintf(`{"namespaces": {
+		"api": {"sync_rate": "1h", "window_sizes": ["1h"], "strategy": {"module": "postgres", "dsn": %q}},
+		"web": {"sync_rate": "1h", "window_sizes": ["1h"], "strategy": {"module": "postgres", "dsn": %q}}}}`, dsn, dsn)
+	n := start(t, caddy.NewUsagePool(), cfg)
+	if n.ns("api").store != n.ns("web").store {
+		t.Fatal("namespaces with the same store settings have stores of their own")
+	}
+	sample, seen := backendPIDs(t, srv, "rl")
+	ctx := context.Background()
+	for _, name := range []string{"api", "web", "api", "web"} {
+		n.ns(name).Increment(ctx, "k", time.Hour, 1)
+		if err := n.ns(name).Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sample()
+	}
+	if len(seen) != 1 {
+		t.Fatalf("two namespaces syncing one after the other used %d connections, want 1", len(seen))
+	}
+}
+
+// TestPostgresReloadsUnderLoadShareThePool reloads fifty times while hits
+// go on: every config uses the first one's pool, so the server never sees
+// more connections than max_conns, and no goroutine is left at the end.
+func TestPostgresReloadsUnderLoadShareThePool(t *testing.T) {
+	srv := pgtest.Start(t)
+	const maxConns = 3
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "10ms", "window_sizes": ["1h"],
+		"strategy": {"module": "postgres", "dsn": %q, "max_conns": %d}}}}`, srv.CreateDB(t, "rl"), maxConns)
+	sample, seen := backendPIDs(t, srv, "rl")
+	baseline := runtime.NumGoroutine()
+	pool := caddy.NewUsagePool()
+	var (
+		mu   sync.Mutex
+		cur  = start(t, pool, cfg)
+		hits int
+		stop = make(chan struct{})
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			mu.Lock()
+			cur.ns("api").Increment(context.Background(), "k", time.Hour, 1)
+			hits++
+			mu.Unlock()
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	for range 50 {
+		next := start(t, pool, cfg)
+		mu.Lock()
+		old := cur
+		cur = next
+		mu.Unlock()
+		old.stop()
+		sample()
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	<-done
+	sample()
+	if len(seen) == 0 || len(seen) > maxConns {
+		t.Errorf("50 reloads used %d connections, want 1 to max_conns (%d)", len(seen), maxConns)
+	}
+	cur.stop()
+	pool.Range(func(k, _ any) bool {
+		t.Errorf("%v still pooled after the last config stopped", k)
+		return true
+	})
+	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", baseline), func() bool {
+		return runtime.NumGoroutine() <= baseline
+	})
+	if got := (fleetStore{strategy: fmt.Sprintf(`{"module": "postgres", "dsn": %q}`, srv.DSN("rl"))}).total(t, "k", time.Hour); got != float64(hits) {
+		t.Fatalf("store holds %v, want every one of the %d hits, once", got, hits)
+	}
+}
+
+// TestPostgresValidateNeverConnects provisions and cleans up a config with
+// a postgres namespace, as caddy validate does: the server sees no
+// connection and no goroutine is left.
+func TestPostgresValidateNeverConnects(t *testing.T) {
+	srv := pgtest.Start(t)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "0", "window_sizes": ["1m"],
+		"strategy": {"module": "postgres", "dsn": %q}}}}`, srv.CreateDB(t, "rl"))
+	sample, seen := backendPIDs(t, srv, "rl")
+	goroutines := runtime.NumGoroutine()
+	n, err := provision(t, caddy.NewUsagePool(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample()
+	n.cleanup()
+	sample()
+	if len(seen) != 0 {
+		t.Fatalf("validating a config connected to PostgreSQL %d times", len(seen))
+	}
+	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", goroutines), func() bool {
+		return runtime.NumGoroutine() <= goroutines
+	})
 }

@@ -1,0 +1,215 @@
+package syncapp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	_ "github.com/ratesync/caddy-ratelimit/strategy/postgres"
+)
+
+// fleetStore is a real store server that a test owns, shared by the nodes
+// of a fleet: the same tests run on every kind of store.
+type fleetStore struct {
+	// strategy is the JSON of the strategy that reaches the server.
+	strategy string
+	// down and up take the server away and bring it back, data kept.
+	down, up func()
+}
+
+// fleetStores starts one server of each kind of store.
+func fleetStores(t *testing.T) map[string]func(t *testing.T) fleetStore {
+	return map[string]func(t *testing.T) fleetStore{
+		"redis": func(t *testing.T) fleetStore {
+			srv := redistest.Start(t)
+			return fleetStore{
+				strategy: fmt.Sprintf(`{"module": "redis", "addresses": [%q]}`, srv.Addr),
+				down:     srv.Pause,
+				up:       srv.Resume,
+			}
+		},
+		"postgres": func(t *testing.T) fleetStore {
+			srv := pgtest.Start(t)
+			return fleetStore{
+				strategy: fmt.Sprintf(`{"module": "postgres", "dsn": %q}`, srv.CreateDB(t, "rl")),
+				down:     srv.Stop,
+				up:       srv.Start,
+			}
+		},
+	}
+}
+
+// config is the app config of one namespace "api" on the store.
+func (s fleetStore) config(syncRate string, windows ...string) string {
+	sizes, _ := json.Marshal(windows)
+	return fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": %q, "window_sizes": %s, "strategy": %s}}}`,
+		syncRate, sizes, s.strategy)
+}
+
+// total reads the store's counts of key's current and previous windows of
+// the given size in namespace api, through a store of its own.
+func (s fleetStore) total(t *testing.T, key string, size time.Duration) float64 {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	var mod struct {
+		Raw json.RawMessage `json:"strategy" caddy:"namespace=rate_limit.strategies inline_key=module"`
+	}
+	mod.Raw = json.RawMessage(s.strategy)
+	m, err := ctx.LoadModule(&mod, "Raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := m.(strategy.Strategy).OpenStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	counts, err := store.GetCounters(rctx, "api", []string{key}, []time.Duration{size}, time.Now())
+	if err != nil {
+		t.Fatalf("reading the store: %v", err)
+	}
+	sum := 0.0
+	for _, c := range counts {
+		sum += c.Value
+	}
+	return sum
+}
+
+// eachStore runs a test once per kind of store.
+func eachStore(t *testing.T, test func(t *testing.T, s fleetStore)) {
+	for name, start := range fleetStores(t) {
+		t.Run(name, func(t *testing.T) { test(t, start(t)) })
+	}
+}
+
+// TestFleetSynchronousAdmitsExactlyTheLimit hits one key concurrently
+// through three nodes in synchronous mode: exactly the limit is admitted,
+// and the store counts every try once.
+func TestFleetSynchronousAdmitsExactlyTheLimit(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := s.config("0", "1h")
+		var nodes []*Namespace
+		for range 3 {
+			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+			ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
+			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.health.down() })
+			nodes = append(nodes, ns)
+		}
+		const limit, tries, workers = 200, 450, 15
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range workers {
+			wg.Go(func() {
+				ns := nodes[g%3]
+				for range tries / workers {
+					if ns.Increment(context.Background(), "k", time.Hour, 1).Rate(true) <= limit {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if admitted.Load() != limit {
+			t.Fatalf("admitted %d of %d, want exactly %d", admitted.Load(), tries, limit)
+		}
+		if got := s.total(t, "k", time.Hour); got != tries {
+			t.Fatalf("store holds %v, want %d", got, tries)
+		}
+	})
+}
+
+// TestFleetConvergesWithinTwoIntervals runs two nodes at sync_rate 100ms:
+// each sees the other's hits within two sync intervals.
+func TestFleetConvergesWithinTwoIntervals(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		const interval = 100 * time.Millisecond
+		cfg := s.config(interval.String(), "1h")
+		a := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		b := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		ctx := context.Background()
+		for _, ns := range []*Namespace{a, b} { // connect first
+			ns.Increment(ctx, "warm-up", time.Hour, 1)
+			if err := ns.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 30 {
+			a.Increment(ctx, "client", time.Hour, 1)
+		}
+		for range 20 {
+			b.Increment(ctx, "client", time.Hour, 1)
+		}
+		stopped := time.Now()
+		rate := func(ns *Namespace) float64 { return ns.SlidingWindow("client", time.Hour, nil).Sliding() }
+		poll.Until(t, 10*time.Second, "both nodes to see 50 hits", func() bool {
+			return rate(a) == 50 && rate(b) == 50
+		})
+		took := time.Since(stopped)
+		t.Logf("converged in %v (sync_rate %v)", took, interval)
+		// Two intervals, with room for a loaded machine's scheduler.
+		if took > 2*interval+200*time.Millisecond {
+			t.Errorf("converged in %v, want within two sync intervals (%v)", took, 2*interval)
+		}
+		if got := s.total(t, "client", time.Hour); got != 50 {
+			t.Errorf("store holds %v, want 50", got)
+		}
+	})
+}
+
+// TestFleetOutageLosesNothing takes the store away for five seconds while
+// two nodes hit on, then brings it back: the store ends up with every
+// hit, once.
+func TestFleetOutageLosesNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := s.config("50ms", "1h")
+		nodes := []*Namespace{
+			start(t, caddy.NewUsagePool(), cfg).ns("api"),
+			start(t, caddy.NewUsagePool(), cfg).ns("api"),
+		}
+		ctx := context.Background()
+		hits := 0
+		hit := func(n int) {
+			for i := range n {
+				nodes[i%2].Increment(ctx, "k"+strconv.Itoa(i%7), time.Hour, 1)
+				hits++
+			}
+		}
+		hit(100)
+		time.Sleep(200 * time.Millisecond)
+		s.down()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			hit(3)
+			time.Sleep(20 * time.Millisecond)
+		}
+		s.up()
+		hit(50)
+		total := func() float64 {
+			sum := 0.0
+			for i := range 7 {
+				sum += s.total(t, "k"+strconv.Itoa(i), time.Hour)
+			}
+			return sum
+		}
+		poll.Until(t, 40*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
+			return total() == float64(hits)
+		})
+		time.Sleep(300 * time.Millisecond)
+		if got := total(); got != float64(hits) {
+			t.Fatalf("store holds %v, want %d: a hit was pushed twice", got, hits)
+		}
+	})
+}
