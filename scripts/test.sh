@@ -13,6 +13,16 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 fi
 
+# Tests that need PostgreSQL run their own servers (internal/pgtest), from
+# initdb and postgres on PATH or in Debian's /usr/lib/postgresql/*/bin.
+if ! command -v initdb >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+	echo "initdb not found: installing Debian's postgresql" >&2
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+fi
+
 echo "== go vet"
 go vet ./...
 

@@ -255,7 +255,7 @@ func TestPostgresReloadsUnderLoadShareThePool(t *testing.T) {
 
 // TestPostgresValidateNeverConnects provisions and cleans up a config with
 // a postgres namespace, as caddy validate does: the server sees no
-// connection and no goroutine is left.
+// connection, no table is created and no goroutine is left.
 func TestPostgresValidateNeverConnects(t *testing.T) {
 	srv := pgtest.Start(t)
 	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "0", "window_sizes": ["1m"],
@@ -271,6 +271,14 @@ func TestPostgresValidateNeverConnects(t *testing.T) {
 	sample()
 	if len(seen) != 0 {
 		t.Fatalf("validating a config connected to PostgreSQL %d times", len(seen))
+	}
+	// A connection that came and went would have created the table.
+	var table *string
+	if err := srv.Conn(t, "rl").QueryRow(context.Background(), `SELECT to_regclass('rate_limit_counters')::text`).Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	if table != nil {
+		t.Fatalf("validating a config created the table %s", *table)
 	}
 	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", goroutines), func() bool {
 		return runtime.NumGoroutine() <= goroutines
