@@ -1,0 +1,444 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// Limits of the input, kept as the Redis and memory stores keep them, so
+// that input one store refuses the others refuse too.
+const (
+	// maxHitWindows is the most windows one Hit takes.
+	maxHitWindows = 16
+	// maxIDLen is the most bytes of a hit's ID.
+	maxIDLen = 256
+)
+
+// How long ID records live, as in Redis: a batch's as long as the
+// counters it wrote, and at least minBatchIDLife, so that a prompt retry
+// is recognised even for the shortest windows; a hit's as long as its
+// counters too, but at least minHitIDLife, so that the batch that carries
+// a failed hit's diffs finds it, and at most maxHitIDLife, so that one row
+// per synchronous hit does not fill the table with long windows. A record
+// outlives its expiry until the next purge.
+const (
+	minBatchIDLife = 5 * time.Second
+	minHitIDLife   = time.Minute
+	maxHitIDLife   = 2 * time.Minute
+)
+
+// Bounds of the bytes stored in the tables' primary keys: a B-tree entry
+// must fit in a third of a page (about 2,700 bytes). Longer namespaces,
+// keys and IDs are stored as their first bytes followed by their SHA-256,
+// one byte longer than the bound (see stored).
+const (
+	maxStoredNamespace = 256
+	maxStoredKey       = 1024
+	maxStoredID        = 256
+)
+
+// ErrInvalidWindow is wrapped by the errors of operations given a window
+// the store does not take: a size that is not a positive whole number of
+// milliseconds, or a start that is not a multiple of the size. It wraps
+// strategy.ErrRejected, as such a request can never succeed.
+var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+
+// PushDiffs adds the diffs of a batch to their counters, at most once per
+// batch ID and namespace: a batch whose ID was applied before (pushed
+// before, or a synchronous hit of that ID) applies nothing and succeeds.
+// It is one statement, so one round trip (plus, once per pooled
+// connection, one to prepare it), applied all at once or not at all,
+// whatever the number of diffs. Diffs with a zero or non-finite value add
+// nothing and are dropped, and diffs of windows that have expired (start
+// + 2*size <= now) are skipped; a batch of which nothing is left sends
+// nothing and records no ID. A batch without an ID, or with a window that
+// is not valid, is refused whole with an error that wraps
+// strategy.ErrRejected.
+//
+// An error wraps strategy.ErrNotSent when the batch surely never reached
+// the server. Any other error may come after PostgreSQL applied it:
+// pushing it again with the same ID applies it only if it was not.
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
+	if err := s.pushDiffs(ctx, b); err != nil {
+		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
+	if b.ID == "" {
+		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
+	}
+	for i := range b.Diffs {
+		if err := checkWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
+			return fmt.Errorf("diffs[%d]: %w", i, err)
+		}
+	}
+	now := s.now()
+	nowNs := now.UnixNano()
+	// The diffs to send, sorted by counter, so that the diffs of one
+	// counter are neighbours, to be summed (an upsert may not touch a row
+	// twice), and the rows are locked in a set order (see pushSQL).
+	order := make([]int32, 0, len(b.Diffs))
+	keyBytes := 0
+	for i := range b.Diffs {
+		d := &b.Diffs[i]
+		if keep(d, nowNs) {
+			order = append(order, int32(i))
+			keyBytes += min(len(d.Key), maxStoredKey+1)
+		}
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	slices.SortFunc(order, func(i, j int32) int {
+		x, y := &b.Diffs[i], &b.Diffs[j]
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start))
+	})
+	n := len(order)
+	var (
+		keys   = make([][]byte, 0, n)
+		sizes  = make([]int64, 0, n)
+		starts = make([]int64, 0, n)
+		values = make([]float64, 0, n)
+		// One buffer holds every key: one allocation, not one per key. It
+		// is never nil, so that an empty key is not sent as NULL.
+		buf  = make([]byte, 0, keyBytes)
+		last = int64(math.MinInt64) // the latest expiry of the counters
+	)
+	var prev *window.Diff
+	for _, i := range order {
+		d := &b.Diffs[i]
+		if prev != nil && d.Key == prev.Key && d.Size == prev.Size && d.Start == prev.Start {
+			values[len(values)-1] += d.Value
+			continue
+		}
+		prev = d
+		at := len(buf)
+		buf = appendStored(buf, d.Key, maxStoredKey)
+		keys = append(keys, buf[at:len(buf):len(buf)])
+		sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+		sizes = append(sizes, sizeMs)
+		starts = append(starts, startMs)
+		values = append(values, d.Value)
+		last = max(last, expiresAtMs(sizeMs, startMs))
+	}
+	idExpires := max(last, now.Add(minBatchIDLife).UnixMilli())
+
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Exec(ctx, s.sql.push,
+		stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires,
+		keys, sizes, starts, values)
+	return s.sent(err)
+}
+
+// keep reports whether a diff of a valid window is pushed at now (Unix
+// nanoseconds): it adds something, to a window that has not expired.
+func keep(d *window.Diff, now int64) bool {
+	return d.Value != 0 && finite(d.Value) && d.Start+2*int64(d.Size) > now
+}
+
+// GetCounters returns the counts of the current and previous windows, at
+// now, of every size of every key, leaving out the counters the table does
+// not hold (never written, or purged). A counter that was reset is held,
+// with the value zero. It is one query, one round trip, that looks up
+// 2*len(keys)*len(sizes) rows by primary key, whatever the size of the
+// table. A size that is not valid is refused with an error that wraps
+// strategy.ErrRejected. An error wraps strategy.ErrNotSent when the query
+// surely never reached the server; a read changes nothing anyway.
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
+	if err != nil {
+		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
+	}
+	return counts, nil
+}
+
+func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+	for j, size := range sizes {
+		if err := checkSize(size); err != nil {
+			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
+		}
+	}
+	if len(keys) == 0 || len(sizes) == 0 {
+		return nil, nil
+	}
+	// The windows: the current and the previous one of each size, in the
+	// order of sizes.
+	at := now.UnixNano()
+	winSizes := make([]int64, 0, 2*len(sizes))
+	winStarts := make([]int64, 0, 2*len(sizes))
+	for _, size := range sizes {
+		cur := window.Start(at, size)
+		sizeMs := int64(size / time.Millisecond)
+		winSizes = append(winSizes, sizeMs, sizeMs)
+		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
+	}
+	keyBytes := 0
+	for _, k := range keys {
+		keyBytes += min(len(k), maxStoredKey+1)
+	}
+	buf := make([]byte, 0, keyBytes)
+	args := make([][]byte, len(keys))
+	for i, k := range keys {
+		at := len(buf)
+		buf = appendStored(buf, k, maxStoredKey)
+		args[i] = buf[at:len(buf):len(buf)]
+	}
+
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), args, winSizes, winStarts)
+	if err != nil {
+		return nil, s.sent(err)
+	}
+	defer rows.Close()
+	var (
+		counts             []window.Count
+		i, sizeMs, startMs int64
+		v                  float64
+	)
+	for rows.Next() {
+		if err := rows.Scan(&i, &sizeMs, &startMs, &v); err != nil {
+			return nil, err
+		}
+		if i < 1 || int(i) > len(keys) {
+			return nil, fmt.Errorf("the fetch query returned the key index %d, out of range", i)
+		}
+		// Which window asked for is it? Few are asked: a loop will do.
+		j := 0
+		for j < len(winSizes) && (winSizes[j] != sizeMs || winStarts[j] != startMs) {
+			j++
+		}
+		if j == len(winSizes) {
+			continue // a size of one window with the start of another
+		}
+		counts = append(counts, window.Count{
+			Key:   keys[i-1],
+			Size:  sizes[j/2],
+			Start: startMs * int64(time.Millisecond),
+			Value: v,
+		})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.sent(err)
+	}
+	return counts, nil
+}
+
+// Reset sets key's counters of the window holding now and of the one
+// before it, of every given size, to zero: they are then held, and fetched
+// as zero, until they expire, and diffs pushed later add to zero. It is
+// one statement, one round trip. A size that is not valid is refused,
+// before anything is reset, with an error that wraps strategy.ErrRejected.
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+	for j, size := range sizes {
+		if err := checkSize(size); err != nil {
+			return fmt.Errorf("sizes[%d]: %w", j, err)
+		}
+	}
+	// Each size once: an upsert may not touch a row twice.
+	sizes = slices.Clone(sizes)
+	slices.Sort(sizes)
+	sizes = slices.Compact(sizes)
+	if len(sizes) == 0 {
+		return nil
+	}
+	at := now.UnixNano()
+	winSizes := make([]int64, 0, 2*len(sizes))
+	winStarts := make([]int64, 0, 2*len(sizes))
+	for _, size := range sizes {
+		cur := window.Start(at, size)
+		sizeMs := int64(size / time.Millisecond)
+		winSizes = append(winSizes, sizeMs, sizeMs)
+		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
+	}
+
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Exec(ctx, s.sql.reset,
+		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), winSizes, winStarts)
+	return s.sent(err)
+}
+
+// Hit applies one synchronous hit to the windows of a key and decides it,
+// atomically, in one call of the table's hit function: one round trip
+// (plus, once per pooled connection, one to prepare the call). See
+// strategy.Hitter for the contract and hitFunctionSQL for how: in the
+// order given, each window's current count is incremented by its Value,
+// unless an earlier window rejected the hit, and the first window whose
+// rate, current + previous*Weight, exceeds its Max rejects it
+// (math.Inf(1) never does, math.Inf(-1) always does); with undo, the
+// increments of a rejected hit are taken back in the same transaction.
+//
+// A non-empty id names the hit and shares its record with a batch of the
+// same ID and namespace, so the two are applied at most once between them.
+// A hit whose ID was applied before increments and undoes nothing: it
+// decides on the counts as they are, as a hit whose every Value is 0 would.
+// The record lives as long as the hit's counters, but at least a minute
+// and at most two, as in Redis.
+//
+// It takes 1 to 16 windows, each of a size that is a positive whole number
+// of milliseconds and a start that is a multiple of it, with a finite
+// Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
+// most 256 bytes; other input is refused, before anything is sent, with
+// an error that wraps strategy.ErrRejected.
+//
+// The hit is sent at most once: pgx never resends a query. An error wraps
+// strategy.ErrNotSent when the hit surely never reached the server (no
+// connection could be made or had, or the store is closed); any other
+// error leaves the caller not knowing whether it was applied, which a
+// batch of the hit's ID settles.
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
+	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
+	if err != nil {
+		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
+	}
+	return counts, rejected, nil
+}
+
+func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	if err := checkHit(id, windows); err != nil {
+		return nil, -1, err
+	}
+	n := len(windows)
+	sizes := make([]int64, n)
+	starts := make([]int64, n)
+	values := make([]float64, n)
+	maxes := make([]float64, n)
+	weights := make([]float64, n)
+	last := int64(math.MinInt64)
+	for i, w := range windows {
+		sizes[i], starts[i] = int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
+		values[i], maxes[i], weights[i] = w.Value, w.Max, w.Weight
+		last = max(last, expiresAtMs(sizes[i], starts[i]))
+	}
+	var idArg []byte // NULL: no ID
+	var idExpires int64
+	if id != "" {
+		nowMs := s.now().UnixMilli()
+		idArg = stored(id, maxStoredID)
+		idExpires = nowMs + min(max(last-nowMs, minHitIDLife.Milliseconds()), maxHitIDLife.Milliseconds())
+	}
+
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, -1, err
+	}
+	defer conn.Release()
+	var (
+		rej        int32
+		cur, prevs []float64
+	)
+	err = conn.QueryRow(ctx, s.sql.hit,
+		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), idArg, idExpires, undo,
+		sizes, starts, values, maxes, weights).Scan(&rej, &cur, &prevs)
+	if err != nil {
+		return nil, -1, s.sent(err)
+	}
+	if len(cur) != n || len(prevs) != n || rej < -1 || int(rej) >= n {
+		return nil, -1, fmt.Errorf("the hit function returned %d and %d counts and window %d, for %d windows", len(cur), len(prevs), rej, n)
+	}
+	counts := make([]strategy.WindowCounts, n)
+	for i := range counts {
+		counts[i] = strategy.WindowCounts{Current: cur[i], Previous: prevs[i]}
+	}
+	return counts, int(rej), nil
+}
+
+// checkHit checks the input of a Hit.
+func checkHit(id string, windows []strategy.WindowHit) error {
+	if n := len(windows); n == 0 || n > maxHitWindows {
+		return fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
+	}
+	if len(id) > maxIDLen {
+		return fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
+	}
+	for i, w := range windows {
+		if err := checkWindow(w.Size, w.Start); err != nil {
+			return fmt.Errorf("windows[%d]: %w", i, err)
+		}
+		if !finite(w.Value) {
+			return fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
+		}
+		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
+			return fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
+		}
+		if math.IsNaN(w.Max) {
+			return fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
+		}
+	}
+	return nil
+}
+
+// checkSize checks a window size: a positive whole number of milliseconds,
+// as the table holds them.
+func checkSize(size time.Duration) error {
+	if size <= 0 || size%time.Millisecond != 0 {
+		return fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
+	}
+	return nil
+}
+
+// checkWindow checks a window's size and start.
+func checkWindow(size time.Duration, start int64) error {
+	if err := checkSize(size); err != nil {
+		return err
+	}
+	if start%int64(size) != 0 {
+		return fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
+	}
+	return nil
+}
+
+// expiresAtMs returns when a counter of a window expires, in Unix
+// milliseconds: once it can no longer be the previous window, plus a
+// margin. pushSQL and the hit function compute the same in SQL.
+func expiresAtMs(sizeMs, startMs int64) int64 {
+	return startMs + 2*sizeMs + expiryMarginMs
+}
+
+// stored returns s as the tables hold it, in a slice of its own that is
+// never nil (nil would be NULL): see appendStored.
+func stored(s string, bound int) []byte {
+	return appendStored(make([]byte, 0, min(len(s), bound+1)), s, bound)
+}
+
+// appendStored appends s as the tables hold it: s itself, up to bound
+// bytes; a longer s as its first bound+1-32 bytes followed by its SHA-256,
+// bound+1 bytes in all. So a long value never equals a short one, and two
+// long values share one only if SHA-256 collides.
+func appendStored(buf []byte, s string, bound int) []byte {
+	if len(s) <= bound {
+		return append(buf, s...)
+	}
+	buf = append(buf, s[:bound+1-sha256.Size]...)
+	sum := sha256.Sum256([]byte(s))
+	return append(buf, sum[:]...)
+}

@@ -1,0 +1,117 @@
+// Package postgres is the PostgreSQL storage strategy of the rate limiter:
+// the Caddy module rate_limit.strategies.postgres. It keeps the shared
+// window counters of every node in one table of a PostgreSQL database
+// (version 13 or later), through a pgx connection pool.
+//
+// # Configuration
+//
+//	strategy postgres {
+//		dsn postgres://rl:secret@db.internal:5432/ratelimit?sslmode=verify-full
+//		table rate_limit_counters
+//		max_conns 10
+//	}
+//
+// The DSN is a URL or keyword/value pairs, as libpq and pgx take them,
+// and may be a placeholder such as {env.DATABASE_URL}. TLS is chosen by
+// sslmode (and sslrootcert, sslcert, sslkey): pgx does it. A DSN that does
+// not parse is refused when the config loads, with an error that shows the
+// DSN with its password replaced by xxxxx. Loading, validating or opening
+// a store never connects: the pool is made, and the first connection
+// opened, by the store's first call.
+//
+// # Schema
+//
+// On its first call a store creates, when they are missing, in one
+// transaction that holds an advisory lock, so that nodes starting together
+// take turns (and a unique violation from one that does not lock means the
+// objects are there: it tries again):
+//
+//	<table> (namespace bytea, key bytea, size_ms bigint, start_ms bigint,
+//	         value double precision, expires_at bigint,
+//	         PRIMARY KEY (namespace, key, size_ms, start_ms))
+//	<table>_exp ON <table> (expires_at)
+//	<table>_ids (namespace bytea, id bytea, expires_at bigint,
+//	             PRIMARY KEY (namespace, id))
+//	<table>_ids_exp ON <table>_ids (expires_at)
+//	FUNCTION <table>_hit(...)
+//
+// Sizes and starts are in milliseconds, so window sizes must be whole
+// milliseconds; expires_at is in Unix milliseconds. Namespaces, keys and
+// IDs are bytea: any bytes, with no encoding to get wrong, and they only
+// ever travel as bound parameters. One longer than a B-tree entry may be
+// (a namespace or an ID of over 256 bytes, a key of over 1,024) is stored
+// as its first bytes followed by its SHA-256, which keeps it distinct. The
+// table name is a plain identifier, optionally schema-qualified, quoted
+// wherever it is used. Should someone drop the objects, the call that
+// finds them missing fails and the next creates them again.
+//
+// # Pushing diffs
+//
+// PushDiffs is one statement, so one round trip (plus, the first time on
+// each pooled connection, one to prepare it), whatever the number of
+// diffs: a CTE inserts the batch's ID into <table>_ids with ON CONFLICT DO
+// NOTHING, and only if that inserted a row does the upsert of the diffs,
+// from unnest() of four arrays, add them to their counters (INSERT ... ON
+// CONFLICT DO UPDATE SET value = value + excluded.value). The statement is
+// atomic, so a batch pushed again under its ID (a retry after a timeout,
+// whose first attempt may have been applied with its reply lost) is never
+// counted twice, and a failed one leaves no ID behind. The client sums the
+// diffs of one counter (an upsert may not touch a row twice) and sorts
+// them, so that concurrent pushes lock shared rows in the same order and
+// do not deadlock, and drops diffs with a zero or non-finite value and
+// those of windows that have expired (start + 2*size <= now). The ID's
+// record lives as long as the latest counter of the batch, and at least
+// five seconds.
+//
+// # Fetching counters
+//
+// GetCounters is one query, one round trip: for each key asked (an
+// unnest() of the keys), a LATERAL primary key lookup of that key's rows
+// in the windows asked, fenced with OFFSET 0 so that the planner cannot
+// turn it into a join that scans a namespace or a window, whatever its
+// statistics say. Its cost grows with the keys asked, never with the size
+// of the table or of the namespace. Counters the table does not hold are
+// omitted; a counter that was reset holds 0 and is reported as 0. Reset is
+// one upsert of 0 into the current and previous windows of each size.
+//
+// # Synchronous hits
+//
+// Hit is one call of the PL/pgSQL function <table>_hit: one round trip
+// per hit, whatever the number of windows (up to 16). The function does
+// what the Redis hit script does, in one transaction: with an ID, it
+// first records it in <table>_ids, the table that batches use, so that a
+// hit and a batch of the same ID and namespace are applied at most once
+// between them; an ID already there means that the hit only reads, and
+// decides on the counts as they are. Then, window by window in the order
+// given, it upserts the hit into the current counter (which locks it, so
+// concurrent hits of a key take turns) until a window rejects, reads the
+// previous counter, and the first window whose rate, current + previous *
+// weight, exceeds its limit rejects the hit (a limit of +Inf never does,
+// -Inf always does); the windows after it are only read. With undo
+// (disable_penalty), it takes the rejected hit's increments back before
+// it commits, so no other client ever sees them. A hit's ID record lives
+// as long as its counters, but at least one minute and at most two.
+//
+// pgx never resends a query, so a hit is sent at most once. Errors wrap
+// strategy.ErrNotSent when the request surely never reached the server:
+// no connection could be made or acquired (including a context that ended
+// first), the tables could not be created, pgx reports that nothing was
+// written (pgconn.SafeToRetry), or the store is closed. Any other error,
+// such as a timeout after the query was sent, may come after PostgreSQL
+// applied the request; for pushes the batch ID, and for hits the hit ID,
+// make the retry safe.
+//
+// # Expiry
+//
+// A counter expires when it can no longer be a previous window, plus a
+// second for clock skew: start + 2*size + 1s. Rows are deleted by a purge
+// that each store in use runs every 30 seconds (first at a random point of
+// the first interval, so that nodes spread out), in a goroutine that the
+// first call starts and Close stops. A purge deletes expired counters and
+// ID records in chunks of 10,000 rows (found through the expires_at
+// indexes and deleted by ctid), each chunk in a short transaction that
+// holds a transaction-level advisory lock taken with
+// pg_try_advisory_xact_lock: while one node purges, the others skip their
+// turn. A run stops after 100 chunks; the rest waits for the next run.
+// Store.Purge purges at once, waiting for the lock, for tests and tools.
+package postgres

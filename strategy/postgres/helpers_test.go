@@ -1,0 +1,70 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// testDB is the database the tests' stores use on their servers.
+const testDB = "ratelimit"
+
+// startServer starts a PostgreSQL server that the test owns, with an empty
+// database testDB, and returns it and the database's DSN.
+func startServer(t testing.TB) (*pgtest.Server, string) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	return srv, srv.CreateDB(t, testDB)
+}
+
+// open opens a store of p's settings and closes it when the test ends.
+func open(t testing.TB, p *Postgres) *Store {
+	t.Helper()
+	s, err := p.Open()
+	if err != nil {
+		t.Fatalf("opening the store: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("closing the store: %v", err)
+		}
+	})
+	return s
+}
+
+// counters purges s's expired rows and returns how many counters of a
+// namespace its table holds.
+func counters(t testing.TB, srv *pgtest.Server, s *Store, namespace string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.Purge(ctx); err != nil {
+		t.Fatalf("purging: %v", err)
+	}
+	return count(t, srv, "SELECT count(*) FROM "+s.names.counters+" WHERE namespace = $1", stored(namespace, maxStoredNamespace))
+}
+
+// count runs a query of one integer in testDB, as the superuser.
+func count(t testing.TB, srv *pgtest.Server, query string, args ...any) int {
+	t.Helper()
+	conn := srv.Conn(t, testDB)
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// ctxT returns a context for a test's calls, cancelled when it ends.
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// asHitter is s as the strategy.Hitter the app sees.
+func asHitter(s *Store) strategy.Hitter { return s }

@@ -1,0 +1,307 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// Purging of expired rows.
+const (
+	// purgeEvery is how often each store purges expired rows, when no
+	// other node is purging the table at the time.
+	purgeEvery = 30 * time.Second
+	// purgeChunk is the most rows one purge statement deletes, so that a
+	// purge holds its locks briefly and never bloats one transaction.
+	purgeChunk = 10000
+	// maxPurgeChunks bounds one periodic purge: what is left waits for the
+	// next one.
+	maxPurgeChunks = 100
+)
+
+// errClosed is returned by the calls made on a closed store.
+var errClosed = fmt.Errorf("%w: the postgres store is closed", strategy.ErrNotSent)
+
+// Store is a store of window counters in one PostgreSQL table. It
+// implements strategy.Hitter, and is safe for concurrent use.
+//
+// It connects when first used, not before: the first call makes the
+// connection pool, starts the purge goroutine, and creates the tables and
+// the hit function if they are missing. Close undoes it.
+type Store struct {
+	config *pgxpool.Config
+	names  *names
+	sql    *statements
+	logger *zap.Logger
+	// now is the clock that decides which diffs have expired and when rows
+	// expire; tests replace it. The now of GetCounters and Reset, and the
+	// starts of diffs and hits, only choose windows.
+	now func() time.Time
+	// purgeEvery is how often the purge goroutine runs; tests shorten it.
+	purgeEvery time.Duration
+
+	mu        sync.Mutex
+	pool      *pgxpool.Pool // made at first use
+	closed    bool
+	stopPurge context.CancelFunc // stops the purge goroutine
+	purgeDone chan struct{}      // closed when it has stopped
+
+	// schemaMu serializes the creation of the schema, which schemaReady
+	// records.
+	schemaMu    sync.Mutex
+	schemaReady atomic.Bool
+}
+
+func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
+	return &Store{
+		config:     cfg,
+		names:      n,
+		sql:        newStatements(n),
+		logger:     logger,
+		now:        time.Now,
+		purgeEvery: purgeEvery,
+	}
+}
+
+// getPool returns the store's pool, making it (and starting the purge
+// goroutine) on first use.
+func (s *Store) getPool() (*pgxpool.Pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if s.pool != nil {
+		return s.pool, nil
+	}
+	// It connects to nothing (the pool's minimum is 0 unless the DSN sets
+	// pool_min_conns), but starts the pool's health check goroutine.
+	pool, err := pgxpool.NewWithConfig(context.Background(), s.config)
+	if err != nil {
+		return nil, fmt.Errorf("%w: making the connection pool: %w", strategy.ErrNotSent, err)
+	}
+	s.pool = pool
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopPurge, s.purgeDone = cancel, make(chan struct{})
+	go s.purgeLoop(ctx, pool, s.purgeDone)
+	return pool, nil
+}
+
+// acquire returns a connection of the pool, with the schema in place. Its
+// errors wrap strategy.ErrNotSent: nothing of the caller's request was
+// sent yet.
+func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	pool, err := s.getPool()
+	if err != nil {
+		return nil, err
+	}
+	if !s.schemaReady.Load() {
+		if err := s.createSchema(ctx, pool); err != nil {
+			return nil, fmt.Errorf("%w: creating the tables: %w", strategy.ErrNotSent, err)
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		if s.isClosed() {
+			return nil, fmt.Errorf("%w: %w", errClosed, err)
+		}
+		return nil, fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+	}
+	return conn, nil
+}
+
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// createSchema creates the tables, their indexes and the hit function when
+// missing, once per store. Nodes that start together may do it at the
+// same time: an advisory lock taken in the same transaction makes them
+// take turns, and a unique violation (from a node that does not take the
+// lock) means that another node created an object first, so it tries
+// again, finding it there.
+func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	s.schemaMu.Lock()
+	defer s.schemaMu.Unlock()
+	if s.schemaReady.Load() {
+		return nil
+	}
+	var err error
+	for range 3 {
+		// One simple-protocol query: its statements run in one implicit
+		// transaction, which holds the advisory lock until it ends.
+		if _, err = pool.Exec(ctx, s.sql.schema); err == nil {
+			s.schemaReady.Store(true)
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
+			break
+		}
+	}
+	return err
+}
+
+// sent classifies an error of a request that was handed to a connection:
+// it wraps strategy.ErrNotSent when pgx knows that nothing was sent (the
+// connection failed before the request was written), and is returned as
+// it is otherwise, when the request may have been applied. pgx never
+// resends a request by itself. An error that says the table or the hit
+// function is missing (someone dropped them) has the next call create the
+// schema again.
+func (s *Store) sent(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") { // undefined_table, undefined_function
+		s.schemaReady.Store(false)
+	}
+	if pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+	}
+	return err
+}
+
+// Close stops the purge goroutine and closes the connection pool, if the
+// store was used; it waits for the calls in flight to end. Calls made
+// after it fail with an error that wraps strategy.ErrNotSent. Closing it
+// again does nothing.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	pool, stop, done := s.pool, s.stopPurge, s.purgeDone
+	s.mu.Unlock()
+	if pool == nil {
+		return nil
+	}
+	stop()
+	<-done
+	pool.Close()
+	return nil
+}
+
+// purgeLoop purges expired rows every purgeEvery, starting at a random
+// point of the first interval, so that nodes started together spread
+// their purges, until ctx is cancelled.
+func (s *Store) purgeLoop(ctx context.Context, pool *pgxpool.Pool, done chan<- struct{}) {
+	defer close(done)
+	timer := time.NewTimer(rand.N(s.purgeEvery) + time.Millisecond)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		s.purgeOnce(ctx, pool)
+		timer.Reset(s.purgeEvery)
+	}
+}
+
+// purgeOnce runs one periodic purge, logging its failures and recovering
+// from its panics: the loop carries on.
+func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("panic while purging expired counters",
+				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	if !s.schemaReady.Load() {
+		return // nothing to purge yet, and no reason to create the tables
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.purgeEvery)
+	defer cancel()
+	n, err := s.purge(ctx, pool, false, maxPurgeChunks)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		s.logger.Warn("purging expired counters", zap.String("table", s.names.counters), zap.Error(err))
+	case n > 0:
+		if c := s.logger.Check(zap.DebugLevel, "purged expired counters"); c != nil {
+			c.Write(zap.String("table", s.names.counters), zap.Int64("rows", n))
+		}
+	}
+}
+
+// Purge deletes the expired counters and ID records of the store's table,
+// of every namespace, and returns how many rows it deleted. It waits while
+// another node purges the table. The store purges on its own every 30
+// seconds, skipping a turn when another node is purging; Purge is for
+// tests and tools that need the expired rows gone now.
+func (s *Store) Purge(ctx context.Context) (int64, error) {
+	pool, err := s.getPool()
+	if err != nil {
+		return 0, fmt.Errorf("purging expired counters: %w", err)
+	}
+	if !s.schemaReady.Load() {
+		if err := s.createSchema(ctx, pool); err != nil {
+			return 0, fmt.Errorf("purging expired counters: %w: creating the tables: %w", strategy.ErrNotSent, err)
+		}
+	}
+	n, err := s.purge(ctx, pool, true, -1)
+	if err != nil {
+		return n, fmt.Errorf("purging expired counters: %w", err)
+	}
+	return n, nil
+}
+
+// purge deletes expired rows in chunks of purgeChunk, each in a short
+// transaction that holds the table's purge lock, so that one node at a
+// time purges. With wait, it waits for the lock; without, it stops when
+// another node holds it. It stops after chunks chunks (negative: when
+// nothing expired is left).
+func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks int) (int64, error) {
+	var total int64
+	for i := 0; chunks < 0 || i < chunks; i++ {
+		nowMs := s.now().UnixMilli()
+		var counters, ids int64
+		locked := true
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if wait {
+				if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.names.purgeLock); err != nil {
+					return err
+				}
+			} else if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.names.purgeLock).Scan(&locked); err != nil || !locked {
+				return err
+			}
+			tag, err := tx.Exec(ctx, s.sql.purgeCounters, nowMs, purgeChunk)
+			if err != nil {
+				return err
+			}
+			counters = tag.RowsAffected()
+			tag, err = tx.Exec(ctx, s.sql.purgeIDs, nowMs, purgeChunk)
+			if err != nil {
+				return err
+			}
+			ids = tag.RowsAffected()
+			return nil
+		})
+		total += counters + ids
+		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// Interface guards
+var _ strategy.Hitter = (*Store)(nil)
