@@ -306,40 +306,10 @@ func (h *Handler) reset(i int, s window.Sample, now time.Time) int {
 // wait returns the seconds until the rate of limit i's window falls to
 // target, if no more hits come.
 func (h *Handler) wait(i int, s window.Sample, target float64, now time.Time) float64 {
-	size := h.limits[i].size.Seconds()
-	pos := float64(now.UnixNano()-s.Start) / 1e9 // seconds into the window
-	pos = min(max(pos, 0), size)
-	return untilAdmitted(s, target, size, pos, h.fixed)
+	return s.Until(target, now.UnixNano(), h.fixed).Seconds()
 }
 
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
-
-// untilAdmitted returns the seconds until the sliding (or fixed) rate of a
-// window falls to target, if no more hits come: the previous window's
-// weight fades through the current window, and in the next one the
-// current count fades in turn.
-func untilAdmitted(s window.Sample, target, size, pos float64, fixed bool) float64 {
-	left := size - pos
-	if target < 0 {
-		return left + size // nothing fits: wait until both windows are gone
-	}
-	if fixed {
-		if s.Current <= target {
-			return 0
-		}
-		return left
-	}
-	if s.Current <= target {
-		if s.Previous <= 0 {
-			return 0
-		}
-		// cur + prev*(size-t)/size <= target  <=>  t >= size - (target-cur)*size/prev
-		t := size - (target-s.Current)*size/s.Previous
-		return max(0, t-pos)
-	}
-	// In the next window: cur*(size-t)/size <= target.
-	return left + max(0, size-target*size/s.Current)
-}
 
 // retryAfter is the Retry-After value: the seconds until every limit
 // admits one more request (a larger window may be exhausted too, though

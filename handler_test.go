@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 func TestBoundKey(t *testing.T) {
@@ -24,33 +22,6 @@ func TestBoundKey(t *testing.T) {
 	}
 	if boundKey(long1) != b1 {
 		t.Fatal("bounding is not stable")
-	}
-}
-
-func TestUntilAdmitted(t *testing.T) {
-	const size = 60.0
-	for i, tc := range []struct {
-		cur, prev, target, pos float64
-		fixed                  bool
-		want                   float64
-	}{
-		// Sliding: 2 + 10*(60-t)/60 <= 4 at t = 48; now at 30, so 18s.
-		{cur: 2, prev: 10, target: 4, pos: 30, want: 18},
-		// Already low enough.
-		{cur: 1, prev: 2, target: 4, pos: 30, want: 0},
-		// The current count alone is too high: wait for the next window,
-		// where 8*(60-t)/60 <= 4 at t = 30: 30s left + 30s.
-		{cur: 8, prev: 0, target: 4, pos: 30, want: 60},
-		// Fixed: only the current window counts, so its end.
-		{cur: 8, prev: 0, target: 4, pos: 30, fixed: true, want: 30},
-		{cur: 3, prev: 50, target: 4, pos: 30, fixed: true, want: 0},
-		// A limit below one hit: both windows must pass.
-		{cur: 0, prev: 0, target: -0.5, pos: 10, want: 110},
-	} {
-		s := window.Sample{Current: tc.cur, Previous: tc.prev}
-		if got := untilAdmitted(s, tc.target, size, tc.pos, tc.fixed); got != tc.want {
-			t.Errorf("Test %d: %v, want %v", i, got, tc.want)
-		}
 	}
 }
 
