@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -99,6 +101,7 @@ type Handler struct {
 	DryRun bool `json:"dry_run,omitempty"`
 
 	ns        *syncapp.Namespace
+	key       func(*http.Request, *caddy.Replacer) string
 	limits    []limit
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
@@ -144,6 +147,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.ns = ns
 	h.nsValue = h.Namespace
+	h.key = keyFunc(h.Key)
 	h.hitLimits = h.hitLimits[:0]
 	for _, l := range h.limits {
 		h.hitLimits = append(h.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
@@ -193,13 +197,13 @@ func (h *Handler) validate() error {
 		h.limits = append(h.limits, lim)
 	}
 	slices.SortFunc(h.limits, func(a, b limit) int { return int(a.size - b.size) })
-	h.policy = ""
-	for i, l := range h.limits {
-		if i > 0 {
-			h.policy += ", "
+	var items []string
+	for _, l := range h.limits {
+		if l.policy != "" {
+			items = append(items, l.policy)
 		}
-		h.policy += l.policy
 	}
+	h.policy = strings.Join(items, ", ")
 	return nil
 }
 
@@ -210,7 +214,7 @@ const maxInlineLimits = 4
 // is exceeded.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	key := boundKey(repl.ReplaceAll(h.Key, ""))
+	key := boundKey(h.key(r, repl))
 
 	var buf [maxInlineLimits]window.Sample
 	samples := buf[:]
@@ -220,20 +224,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	samples = samples[:len(h.limits)]
 	rejected := h.ns.Hit(r.Context(), key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
 
-	st := &requestState{shown: shown(h, samples, rejected)}
-	st.remaining = h.remaining(st.shown, samples[st.shown])
+	shown := shown(h, samples, rejected)
+	remaining := h.remaining(shown, samples[shown])
 	now := time.Unix(0, window.SystemClock()) // the zones' clock, cheaper than time.Now
-	st.reset = h.reset(st.shown, samples[st.shown], now)
-	if !h.HideClientHeaders {
-		h.setHeaders(w.Header(), st, samples)
+	reset := h.reset(shown, samples[shown], now)
+	// One allocation holds what outlives the call: the placeholders
+	// (unless an earlier rate_limit handler registered them) and the
+	// header values.
+	ph := findPlaceholders(repl)
+	var blk *headerBlock
+	switch {
+	case !h.HideClientHeaders:
+		st := new(requestState)
+		blk = &st.headers
+		if ph == nil {
+			ph = &st.placeholders
+			repl.Map(ph.get)
+		}
+	case ph == nil:
+		ph = new(placeholders)
+		repl.Map(ph.get)
 	}
-	lim := &h.limits[st.shown]
-	repl.Set("http.rate_limit.namespace", h.nsValue)
-	repl.Set("http.rate_limit.exceeded", rejected >= 0)
-	repl.Set("http.rate_limit.window", lim.nameValue)
-	repl.Set("http.rate_limit.limit", lim.limitAsAny)
-	repl.Set("http.rate_limit.remaining", (*remainingValue)(st))
-	repl.Set("http.rate_limit.reset", (*resetValue)(st))
+	*ph = placeholders{namespace: h.nsValue, exceeded: rejected >= 0, lim: &h.limits[shown], remaining: remaining, reset: reset}
+	if blk != nil {
+		h.setHeaders(w.Header(), blk, samples, shown, remaining, reset)
+	}
 
 	switch {
 	case rejected < 0:
@@ -328,72 +343,71 @@ func (h *Handler) retryAfter(samples []window.Sample, now time.Time) int {
 	return secs
 }
 
-// requestState is what one request allocates, once, for its headers and
-// placeholders: the header value slices point into vals, and the
-// remaining and reset placeholders format themselves only when used.
+// maxHeaderValues is how many header values a request with up to
+// maxInlineLimits limits sets: two per limit, three RateLimit-* fields and
+// the two draft fields.
+const maxHeaderValues = 2*maxInlineLimits + 5
+
+// requestState is what a request allocates, once, when it shows headers.
 type requestState struct {
-	vals      [2*maxInlineLimits + 5]string
-	shown     int // the limit the headers and placeholders describe
-	remaining int
-	reset     int
+	placeholders placeholders
+	headers      headerBlock
 }
 
-type remainingValue requestState
+// headerBlock holds what a request's headers point into: the
+// value slices of the header map point into vals, and the numbers (each
+// limit's remaining and the reset, at most 20 digits each) are formatted
+// into text, whose bytes the value strings share.
+type headerBlock struct {
+	vals [maxHeaderValues]string
+	text [(maxInlineLimits + 1) * 20]byte
+}
 
-func (v *remainingValue) String() string { return strconv.Itoa(v.remaining) }
-
-type resetValue requestState
-
-func (v *resetValue) String() string { return strconv.Itoa(v.reset) }
-
-// setHeaders writes the rate limit headers. Every number is formatted into
-// one string, and every value slice is capped so that a later Add copies
-// instead of writing into its neighbour.
-func (h *Handler) setHeaders(hdr http.Header, st *requestState, samples []window.Sample) {
-	var buf [128]byte
-	nums := buf[:0]
-	var ends [maxInlineLimits + 1]int
-	cuts := ends[:0]
-	for i := range h.limits {
-		left := st.remaining
-		if i != st.shown {
-			left = h.remaining(i, samples[i])
-		}
-		nums = strconv.AppendInt(nums, int64(left), 10)
-		cuts = append(cuts, len(nums))
-	}
-	nums = strconv.AppendInt(nums, int64(st.reset), 10)
-	cuts = append(cuts, len(nums))
-	text := string(nums)
-	num := func(i int) string {
-		if i == 0 {
-			return text[:cuts[0]]
-		}
-		return text[cuts[i-1]:cuts[i]]
-	}
-
-	vals := st.vals[:0]
-	if n := 2*len(h.limits) + 5; n > len(st.vals) {
-		vals = make([]string, 0, n)
+// setHeaders writes the rate limit headers. Every value slice is capped
+// so that a later Add copies instead of writing into its neighbour.
+func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, samples []window.Sample, shown, remaining, reset int) {
+	// More limits than the block holds grow vals and text by append; the
+	// strings made so far keep the old arrays alive.
+	vals, text := blk.vals[:0], blk.text[:0]
+	// num formats n into text and returns it as a string sharing text's
+	// bytes, which are never written again.
+	num := func(n int) string {
+		start := len(text)
+		text = strconv.AppendInt(text, int64(n), 10)
+		return unsafe.String(&text[start], len(text)-start)
 	}
 	put := func(name, v string) {
 		vals = append(vals, v)
 		i := len(vals) - 1
 		hdr[name] = vals[i : i+1 : i+1]
 	}
+	var left string
 	for i, l := range h.limits {
+		n := remaining
+		if i != shown {
+			n = h.remaining(i, samples[i])
+		}
+		s := num(n)
+		if i == shown {
+			left = s
+		}
 		put(l.limitHeader, l.limitValue)
-		put(l.leftHeader, num(i))
+		put(l.leftHeader, s)
 	}
-	left, reset := num(st.shown), num(len(h.limits))
-	put("Ratelimit-Limit", h.limits[st.shown].limitValue)
+	resetText := num(reset)
+	put("Ratelimit-Limit", h.limits[shown].limitValue)
 	put("Ratelimit-Remaining", left)
-	put("Ratelimit-Reset", reset)
+	put("Ratelimit-Reset", resetText)
 	if h.DraftHeaders {
 		// The IETF draft's structured fields: every policy, and the state
-		// of the one with the least remaining.
-		put("Ratelimit-Policy", h.policy)
-		put("Ratelimit", h.limits[st.shown].policyName+";r="+left+";t="+reset)
+		// of the one with the least remaining, unless that one has no
+		// policy item (a window of a fraction of a second).
+		if h.policy != "" {
+			put("Ratelimit-Policy", h.policy)
+		}
+		if h.limits[shown].policy != "" {
+			put("Ratelimit", h.limits[shown].policyName+";r="+left+";t="+resetText)
+		}
 	}
 }
 

@@ -1,0 +1,122 @@
+package ratelimit
+
+import (
+	"net"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// placeholderPrefix starts the name of every placeholder the handler sets.
+const placeholderPrefix = "http.rate_limit."
+
+// stateKey is a placeholder no one writes: asking the replacer for it
+// finds the placeholders a rate_limit handler already registered for the
+// request.
+const stateKey = placeholderPrefix + "\x00state"
+
+// placeholders answers the request's http.rate_limit.* placeholders. The
+// first rate_limit handler of a request registers it as a replacer
+// provider (a method value: one small allocation, instead of six replacer
+// entries), and every later one overwrites its values, so the
+// placeholders describe the last handler that counted the request, which
+// is the one that rejected it, if any.
+type placeholders struct {
+	namespace any // the handler's namespace name, boxed once
+	exceeded  bool
+	lim       *limit // the limit shown
+	remaining int
+	reset     int
+}
+
+// findPlaceholders returns the placeholders an earlier rate_limit handler
+// registered for the request, if any.
+func findPlaceholders(repl *caddy.Replacer) *placeholders {
+	if v, ok := repl.Get(stateKey); ok {
+		return v.(*placeholders)
+	}
+	return nil
+}
+
+// get is the replacer provider.
+func (p *placeholders) get(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, placeholderPrefix)
+	if !ok {
+		return nil, false
+	}
+	switch name {
+	case "\x00state":
+		return p, true
+	case "namespace":
+		return p.namespace, true
+	case "exceeded":
+		return p.exceeded, true
+	case "window":
+		return p.lim.nameValue, true
+	case "limit":
+		return p.lim.limitAsAny, true
+	case "remaining":
+		return strconv.Itoa(p.remaining), true
+	case "reset":
+		return strconv.Itoa(p.reset), true
+	}
+	return nil, false
+}
+
+// keyFunc returns how a handler builds its key for a request. A key that
+// is one placeholder, as most are, is looked up directly, which is what
+// ReplaceAll does for it without parsing the template or building a
+// string. The two most common ones, the client address (the default key)
+// and a request header, are read from the request the way Caddy's own
+// provider of http.request.* placeholders reads them, which also spares
+// boxing the value into an interface; the one difference is that a
+// static value another module set under that exact name with
+// Replacer.Set, which no Caddy module does, would not be seen.
+func keyFunc(template string) func(r *http.Request, repl *caddy.Replacer) string {
+	name, ok := singlePlaceholder(template)
+	switch {
+	case !ok:
+		return func(_ *http.Request, repl *caddy.Replacer) string { return repl.ReplaceAll(template, "") }
+	case name == "http.request.remote.host":
+		return func(r *http.Request, _ *caddy.Replacer) string { return remoteHost(r) }
+	case strings.HasPrefix(name, "http.request.header."):
+		field := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(name, "http.request.header."))
+		return func(r *http.Request, _ *caddy.Replacer) string { return strings.Join(r.Header[field], ",") }
+	}
+	return func(_ *http.Request, repl *caddy.Replacer) string {
+		v, _ := repl.Get(name)
+		return caddy.ToString(v)
+	}
+}
+
+// remoteHost is {http.request.remote.host}: the host of the client's
+// address, or the whole address when it has no port (a Unix socket), and
+// nothing before a QUIC handshake completes, whose address may be forged.
+func remoteHost(r *http.Request) string {
+	if r.TLS != nil && !r.TLS.HandshakeComplete {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// singlePlaceholder reports whether template is exactly one placeholder,
+// "{name}", with no escapes, nested braces or file lookups, and returns
+// its name.
+func singlePlaceholder(template string) (string, bool) {
+	name, ok := strings.CutPrefix(template, "{")
+	if !ok {
+		return "", false
+	}
+	name, ok = strings.CutSuffix(name, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}\\") || strings.HasPrefix(name, "file.") {
+		return "", false
+	}
+	return name, true
+}
