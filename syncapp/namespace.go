@@ -41,14 +41,9 @@ type Namespace struct {
 	sizes   []time.Duration
 }
 
-// Limit is one limit a hit is checked against.
-type Limit struct {
-	// Size is the window size.
-	Size time.Duration
-	// Max is the most the window's rate may be after a hit; past it the hit
-	// is rejected. math.Inf(1) never rejects.
-	Max float64
-}
+// Limit is one limit a hit is checked against: a window size and the most
+// its rate may be after a hit.
+type Limit = window.Limit
 
 // Name returns the namespace's name.
 func (n *Namespace) Name() string { return n.name }
@@ -85,27 +80,7 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 // hitLocal is Hit on local counts. With synced, the increments count as the
 // store's, never to be pushed.
 func (n *Namespace) hitLocal(key string, limits []Limit, value float64, fixed, undo, synced bool, out []window.Sample) int {
-	add := n.counters.Increment
-	if synced {
-		add = n.counters.IncrementSynced
-	}
-	rejected := -1
-	for i, l := range limits {
-		if rejected >= 0 {
-			out[i] = n.counters.Read(key, l.Size)
-			continue
-		}
-		out[i] = add(key, l.Size, value)
-		if out[i].Rate(fixed) > l.Max {
-			rejected = i
-		}
-	}
-	if rejected >= 0 && undo {
-		for i := 0; i <= rejected; i++ {
-			out[i] = add(key, limits[i].Size, -value)
-		}
-	}
-	return rejected
+	return n.counters.Hit(key, limits, value, fixed, undo, synced, out)
 }
 
 // Increment adds value (fractional and negative values are allowed) to

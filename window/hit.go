@@ -1,0 +1,71 @@
+package window
+
+import "time"
+
+// Limit is one limit a hit is checked against.
+type Limit struct {
+	// Size is the window size.
+	Size time.Duration
+	// Max is the most the window's rate may be after a hit; past it the hit
+	// is rejected. math.Inf(1) never rejects.
+	Max float64
+}
+
+// Hit counts one hit of value against limits, in the order given
+// (ascending window size), the way Kong decides: each limit's current
+// window is incremented, then its rate (sliding, or the current count
+// alone with fixed) compared with Max; once one limit rejects, the windows
+// after it are only read. With undo, a rejected hit's increments are
+// taken back (disable_penalty). With synced, the increments count as the
+// store's and are never pushed (see IncrementSynced).
+//
+// It is what a sequence of Increment and Read calls would do, with one
+// look-up of the key under one lock, so that no other hit of the key
+// interleaves. out receives each limit's window state after the hit and
+// must be as long as limits. Hit returns the index of the limit that
+// rejected, or -1.
+func (n *Namespace) Hit(key string, limits []Limit, value float64, fixed, undo, synced bool, out []Sample) int {
+	z := n.zone
+	now := z.now()
+	h := z.fullHash(n.id, key)
+	s := z.lock(h)
+	defer s.mu.Unlock()
+	i := s.findOrInsert(z, uint32(h), n.id, key, now)
+	e := s.at(i)
+	add := func(c *counts, v float64) {
+		if synced {
+			c.cur.synced += v
+		} else {
+			c.cur.diff += v
+		}
+	}
+	rejected := -1
+	for j, l := range limits {
+		size := int64(l.Size)
+		k, r := position(now, size)
+		c := e.countsFor(size, rejected < 0)
+		if c == nil { // only read, and never counted: zero
+			out[j] = Sample{Weight: weight(r, size), Start: k * size, Size: l.Size}
+			continue
+		}
+		c.advance(k)
+		if rejected < 0 {
+			add(c, value)
+		}
+		out[j] = c.sample(k, r)
+		if rejected < 0 && out[j].Rate(fixed) > l.Max {
+			rejected = j
+		}
+	}
+	if rejected >= 0 && undo {
+		for j := 0; j <= rejected; j++ {
+			size := int64(limits[j].Size)
+			k, r := position(now, size)
+			c := e.countsFor(size, false)
+			add(c, -value)
+			out[j] = c.sample(k, r)
+		}
+	}
+	n.mark(s, i, e, !synced)
+	return rejected
+}
