@@ -213,6 +213,7 @@ func (a *App) Start() error {
 			}
 		}
 	}
+	a.register() // for the admin API
 	return nil
 }
 
@@ -223,6 +224,7 @@ func (a *App) Start() error {
 // (at the final stop, or moved to another zone, or made local) pushes what
 // it has through its own store now; all of them within one flush_timeout.
 func (a *App) Stop() error {
+	a.unregister()
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]

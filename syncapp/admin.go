@@ -1,0 +1,381 @@
+package syncapp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// adminTimeout bounds the store's round trips of one admin request.
+const adminTimeout = 10 * time.Second
+
+// AdminAPI serves the rate_limit app's routes on Caddy's admin endpoint
+// (module admin.api.rate_limit), for operators to look at and reset keys:
+//
+//	GET    /rate_limit/namespaces
+//	GET    /rate_limit/namespaces/<namespace>/keys?key=<key>[&source=store]
+//	DELETE /rate_limit/namespaces/<namespace>/keys?key=<key>
+//
+// The first lists the namespaces: name, mode, sync_rate, zone, window
+// sizes, keys held, diffs waiting to be pushed, and store module. The
+// second reads one key's windows, for every window size: start, current,
+// previous, sliding rate and this node's pending diffs; with source=store,
+// the counts are the store's. The third resets the key on this node and in
+// the store (Namespace.Reset); the other nodes take the reset at their next
+// sync. The key is any bytes, URL-encoded (so "+" must be sent as %2B);
+// namespace names are path-escaped. Answers are JSON; an unknown namespace
+// is 404 and a missing key 400, with Caddy's JSON error body.
+//
+// These routes are as privileged as /load: Caddy's admin access controls
+// (the admin listener, origins, remote admin's access keys and their
+// allowed paths and methods) apply to them.
+type AdminAPI struct {
+	logger *zap.Logger
+	// app returns the app to work with; nil means the running one.
+	app func() *App
+}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Provision sets up the logger. Caddy provisions admin routers in the
+// context of the config being loaded, before its apps; the routes find
+// the running app at each request instead (see runningApp).
+func (a *AdminAPI) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	if ctx.Module() == nil {
+		// Admin routers are not loaded as modules of the context, so
+		// they get Caddy's default logger (caddyserver/caddy#5032).
+		a.logger = a.logger.Named("admin.api.rate_limit")
+	}
+	return nil
+}
+
+// Routes returns the routes under /rate_limit/.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// running holds the started apps, oldest first. The admin routes work
+// with the newest: during a reload, the new config's app starts before the
+// old one stops, and if the new config fails to start, its app stops and
+// the old one, still running, is the newest again. A registry of started
+// apps follows exactly that, where caddy.ActiveContext (experimental) only
+// changes after every app of the new config started, and its App method
+// would create and provision an app of its own in a config that has none,
+// from the admin's goroutine, unsynchronized with the config.
+var running struct {
+	mu   sync.Mutex
+	apps []*App
+}
+
+// register records a started app.
+func (a *App) register() {
+	running.mu.Lock()
+	defer running.mu.Unlock()
+	running.apps = append(running.apps, a)
+}
+
+// unregister forgets a stopping app.
+func (a *App) unregister() {
+	running.mu.Lock()
+	defer running.mu.Unlock()
+	running.apps = slices.DeleteFunc(running.apps, func(o *App) bool { return o == a })
+}
+
+// runningApp returns the newest started app that has not stopped, or nil.
+func runningApp() *App {
+	running.mu.Lock()
+	defer running.mu.Unlock()
+	if n := len(running.apps); n > 0 {
+		return running.apps[n-1]
+	}
+	return nil
+}
+
+// namespaceInfo is one namespace in the answer of GET /rate_limit/namespaces.
+type namespaceInfo struct {
+	Name         string   `json:"name"`
+	Mode         string   `json:"mode"`
+	SyncRate     string   `json:"sync_rate"`
+	Zone         string   `json:"zone"`
+	WindowSizes  []string `json:"window_sizes"`
+	Keys         int      `json:"keys"`
+	PendingDiffs int      `json:"pending_diffs"`
+	Store        string   `json:"store,omitempty"`
+}
+
+// keyInfo is the answer of GET and DELETE /rate_limit/namespaces/<ns>/keys.
+type keyInfo struct {
+	Namespace string `json:"namespace"`
+	// Key is URL-encoded, as the request gives it: a key is any bytes,
+	// which a JSON string cannot always hold.
+	Key     string       `json:"key"`
+	Source  string       `json:"source"`
+	Windows []windowInfo `json:"windows"`
+}
+
+// windowInfo is one window size of a key.
+type windowInfo struct {
+	Size     string    `json:"size"`
+	Start    time.Time `json:"start"`
+	Current  float64   `json:"current"`
+	Previous float64   `json:"previous"`
+	Sliding  float64   `json:"sliding"`
+	// This node's diffs of the current and previous windows that wait to
+	// be pushed; only when the counts are this node's.
+	Pending         *float64 `json:"pending,omitempty"`
+	PendingPrevious *float64 `json:"pending_previous,omitempty"`
+}
+
+// Sources of a key's counts.
+const (
+	sourceNode  = "node"
+	sourceStore = "store"
+)
+
+// apiError is an error Caddy's admin server answers with status and the
+// JSON body {"error": "<err>"}.
+func apiError(status int, err error) error {
+	return caddy.APIError{HTTPStatus: status, Err: err}
+}
+
+// serve routes a request under /rate_limit/.
+func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	var parts []string
+	for _, p := range strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/rate_limit/"), "/") {
+		s, err := url.PathUnescape(p)
+		if err != nil {
+			return apiError(http.StatusBadRequest, fmt.Errorf("path: %v", err))
+		}
+		parts = append(parts, s)
+	}
+	if n := len(parts); n > 1 && parts[n-1] == "" {
+		parts = parts[:n-1] // a trailing slash
+	}
+	switch {
+	case len(parts) == 1 && parts[0] == "namespaces":
+		if err := allow(w, r, http.MethodGet); err != nil {
+			return err
+		}
+		return a.listNamespaces(w)
+	case len(parts) == 3 && parts[0] == "namespaces" && parts[2] == "keys":
+		if err := allow(w, r, http.MethodGet, http.MethodDelete); err != nil {
+			return err
+		}
+		return a.serveKey(w, r, parts[1])
+	}
+	return apiError(http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path))
+}
+
+// allow refuses a method the route does not take, naming those it does.
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) error {
+	if slices.Contains(methods, r.Method) {
+		return nil
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s (allowed: %s)", r.Method, strings.Join(methods, ", ")))
+}
+
+// theApp returns the app the routes work with, or a 404 when none runs.
+func (a *AdminAPI) theApp() (*App, error) {
+	get := a.app
+	if get == nil {
+		get = runningApp
+	}
+	if app := get(); app != nil {
+		return app, nil
+	}
+	return nil, apiError(http.StatusNotFound, errors.New("the rate_limit app is not running"))
+}
+
+// listNamespaces answers GET /rate_limit/namespaces, by name.
+func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
+	app, err := a.theApp()
+	if err != nil {
+		return err
+	}
+	out := make([]namespaceInfo, 0, len(app.namespaces))
+	for _, name := range slices.Sorted(maps.Keys(app.namespaces)) {
+		ns := app.namespaces[name]
+		info := namespaceInfo{
+			Name:         name,
+			Mode:         ns.mode.String(),
+			SyncRate:     ns.syncRate().String(),
+			WindowSizes:  []string{},
+			Keys:         ns.counters.Len(),
+			PendingDiffs: ns.syncer.pendingDiffs(),
+			Store:        ns.storeModule,
+		}
+		for zname, zh := range app.zones {
+			if zh.zone == ns.counters.Zone() {
+				info.Zone = zname
+			}
+		}
+		for _, s := range ns.WindowSizes() {
+			info.WindowSizes = append(info.WindowSizes, s.String())
+		}
+		out = append(out, info)
+	}
+	return writeJSON(w, out)
+}
+
+// syncRate returns the namespace's sync_rate, as the Caddyfile writes it.
+func (n *Namespace) syncRate() SyncRate {
+	switch n.mode {
+	case Local:
+		return SyncOff
+	case Synchronous:
+		return 0
+	}
+	return SyncRate(n.rate)
+}
+
+// serveKey reads or resets one key of a namespace.
+func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace string) error {
+	app, err := a.theApp()
+	if err != nil {
+		return err
+	}
+	ns, err := app.Namespace(namespace)
+	if err != nil {
+		return apiError(http.StatusNotFound, err)
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return apiError(http.StatusBadRequest, fmt.Errorf("query %q: %v", r.URL.RawQuery, err))
+	}
+	keys, ok := q["key"]
+	switch {
+	case !ok:
+		return apiError(http.StatusBadRequest, errors.New("key: missing: give the key as the query parameter key, URL-encoded"))
+	case len(keys) > 1:
+		return apiError(http.StatusBadRequest, fmt.Errorf("key: given %d times, want once", len(keys)))
+	}
+	key := keys[0]
+	source := q.Get("source")
+	switch source {
+	case "", sourceNode:
+		source = sourceNode
+	case sourceStore:
+		if ns.store == nil {
+			return apiError(http.StatusBadRequest, fmt.Errorf("source: namespace %q is local only: it has no store", ns.name))
+		}
+	default:
+		return apiError(http.StatusBadRequest, fmt.Errorf("source: unknown source %q: want node or store", source))
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
+	defer cancel()
+	if r.Method == http.MethodDelete {
+		if source != sourceNode {
+			return apiError(http.StatusBadRequest, errors.New("source: a reset is always of this node and the store"))
+		}
+		if err := ns.Reset(ctx, key); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.logger.Info("reset a key", zap.String("namespace", ns.name))
+	}
+	info, err := ns.describeKey(ctx, key, source)
+	if err != nil {
+		return apiError(http.StatusBadGateway, err)
+	}
+	return writeJSON(w, info)
+}
+
+// describeKey reads key's windows, of the namespace's window sizes and of
+// any other size this node holds for it, from this node or from the store.
+func (n *Namespace) describeKey(ctx context.Context, key, source string) (keyInfo, error) {
+	held := n.counters.Inspect(key)
+	sizes := n.WindowSizes()
+	for _, w := range held {
+		if !slices.Contains(sizes, w.Size) && (source == sourceNode || n.validWindow == nil || n.validWindow(w.Size) == nil) {
+			sizes = append(sizes, w.Size)
+		}
+	}
+	slices.Sort(sizes)
+	info := keyInfo{Namespace: n.name, Key: url.QueryEscape(key), Source: source, Windows: []windowInfo{}}
+	now := time.Now().UnixNano()
+	var samples []windowInfo
+	if source == sourceStore {
+		store, err := n.storeSamples(ctx, key, sizes, now)
+		if err != nil {
+			return info, fmt.Errorf("reading a key of namespace %q from the %s store: %w", n.name, n.storeModule, err)
+		}
+		for _, s := range store {
+			samples = append(samples, windowOf(s))
+		}
+	} else {
+		for _, size := range sizes {
+			i := slices.IndexFunc(held, func(w window.KeyWindow) bool { return w.Size == size })
+			var w windowInfo
+			if i >= 0 {
+				w = windowOf(held[i].Sample)
+				w.Pending, w.PendingPrevious = &held[i].PendingCurrent, &held[i].PendingPrevious
+			} else {
+				var zero float64
+				w = windowOf(emptySample(size, now))
+				w.Pending, w.PendingPrevious = &zero, &zero
+			}
+			samples = append(samples, w)
+		}
+	}
+	info.Windows = append(info.Windows, samples...)
+	return info, nil
+}
+
+// windowOf is a window's sample as the admin API shows it.
+func windowOf(s window.Sample) windowInfo {
+	return windowInfo{
+		Size:     s.Size.String(),
+		Start:    time.Unix(0, s.Start).UTC(),
+		Current:  s.Current,
+		Previous: s.Previous,
+		Sliding:  s.Sliding(),
+	}
+}
+
+// emptySample is the sample of a window with no counts, at now (Unix
+// nanoseconds).
+func emptySample(size time.Duration, now int64) window.Sample {
+	return window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size}
+}
+
+// writeJSON answers with v as JSON.
+func writeJSON(w http.ResponseWriter, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return apiError(http.StatusInternalServerError, fmt.Errorf("encoding the answer: %v", err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// Interface guards
+var (
+	_ caddy.Module      = (*AdminAPI)(nil)
+	_ caddy.Provisioner = (*AdminAPI)(nil)
+	_ caddy.AdminRouter = (*AdminAPI)(nil)
+)

@@ -1,0 +1,192 @@
+package syncapp
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// Operating on one key: Peek looks at what a hit would do without counting
+// it, Reset erases a key's counts on this node and in the store. The admin
+// API (admin.go) is built on them.
+
+// Peek is a hit that counts nothing (@o1s/rate-limiter's count 0): it
+// reads key's window of every limit into out, which must be as long as
+// limits, and reports what a hit of value would meet. It returns the index
+// of the first limit, in the order given (ascending windows, as for Hit),
+// whose rate would exceed its Max after the hit, or -1 when the hit would
+// be admitted; and wait, how long until a hit of value is admitted under
+// every limit if no more hits come: 0 when it would be admitted now. The
+// wait is window.Sample.Until's, the computation behind the handler's
+// Retry-After, with target Max - value. A hit heavier than a limit's Max
+// is never admitted; its wait is until both of that limit's windows are
+// empty.
+//
+// In local and periodic mode Peek reads this node's counts, as Hit decides
+// on them. In synchronous mode, where the store decides every hit, it
+// reads the store's counts (one round trip, bounded by ctx and by the
+// timeout of a hit), plus this node's diffs on their way to the store; if
+// the store cannot answer, it reads this node's counts, as Hit falls back
+// to them.
+//
+// Peek never changes a count, nor adds a key to the zone. When it reads
+// this node's counts it marks the key as used, as any read does, which
+// keeps it from eviction and has the next sync fetch its counts.
+func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
+	now := window.SystemClock() // the zones' clock
+	fromStore := false
+	if n.mode == Synchronous && !n.syncer.health.down() {
+		sizes := make([]time.Duration, len(limits))
+		for i, l := range limits {
+			sizes[i] = l.Size
+		}
+		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
+		samples, err := n.storeSamples(ctx, key, sizes, now)
+		cancel()
+		if err == nil {
+			for i, s := range samples {
+				s.Current += n.syncer.inflight.of(key, s.Size, s.Start)
+				s.Previous += n.syncer.inflight.of(key, s.Size, s.Start-int64(s.Size))
+				out[i] = s
+			}
+			fromStore = true
+		}
+	}
+	if !fromStore {
+		for i, l := range limits {
+			out[i] = n.counters.Read(key, l.Size)
+		}
+	}
+	rejected = -1
+	for i, l := range limits {
+		after := out[i]
+		after.Current += value
+		if after.Rate(fixed) <= l.Max {
+			continue
+		}
+		if rejected < 0 {
+			rejected = i
+		}
+		wait = max(wait, out[i].Until(l.Max-value, now, fixed))
+	}
+	return rejected, wait
+}
+
+// Reset erases key's counts: its Kong counterpart is an increment by minus
+// the count. On this node every window of the key, current and previous,
+// is zeroed and the key's diffs that wait to be pushed are dropped, so that
+// nothing counted before the reset is pushed after it. Then, when the
+// namespace has a store, the store's Reset zeroes the key's windows of the
+// namespace's sizes (and of any other size this node held for the key)
+// in the store. Other nodes take the reset at their next sync, for the
+// keys they fetch: those touched since their last sync or the one before,
+// which a key that clients keep trying always is. What another node
+// counted and had not pushed yet at the time of the reset (at most one
+// sync_rate of its hits) is pushed after the reset, and counts.
+//
+// The reset waits for a sync run of the namespace in progress, so that it
+// never falls between a push and what the push took. ctx bounds that wait
+// and the store's round trip; if the wait ends first, nothing is reset.
+// An error from the store means the key was reset on this node but maybe
+// not in the store, whose counts the next sync then brings back: reset
+// again. A hit racing with the reset counts either before it (and is
+// erased) or after it, never twice. In synchronous mode a hit answered by
+// the store just before the store's reset may leave this node's view of
+// the key stale until the key's next hit.
+func (n *Namespace) Reset(ctx context.Context, key string) error {
+	if n.store == nil {
+		n.counters.Reset(key)
+		return nil
+	}
+	if err := n.syncer.lockRun(ctx); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: nothing was reset: %w", n.name, err)
+	}
+	defer n.syncer.unlockRun()
+	held := n.counters.Reset(key)
+	n.syncer.dropKey(n, key)
+	sizes := n.WindowSizes()
+	for _, s := range held {
+		if !slices.Contains(sizes, s) && (n.validWindow == nil || n.validWindow(s) == nil) {
+			sizes = append(sizes, s)
+		}
+	}
+	slices.Sort(sizes)
+	if err := n.store.Reset(ctx, n.name, key, sizes, time.Now()); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",
+			n.name, n.storeModule, err)
+	}
+	return nil
+}
+
+// dropKey takes key's diffs out of the batch whose push failed and out of
+// the synchronous hits queued for a retry, so that they are not pushed
+// after a reset. A batch keeps its ID: a store that applied it skips it
+// whole, one that did not applies the rest. The caller holds the run
+// lock.
+func (s *syncer) dropKey(ns *Namespace, key string) {
+	if s.pending != nil {
+		s.pending.Diffs = withoutKey(s.pending.Diffs, key)
+		if len(s.pending.Diffs) == 0 {
+			s.pending = nil
+		}
+	}
+	s.retries.mu.Lock()
+	kept := make([]strategy.Batch, 0, len(s.retries.items))
+	for _, b := range s.retries.items {
+		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs) > 0 {
+			kept = append(kept, b)
+		}
+	}
+	s.retries.items = kept
+	s.retries.mu.Unlock()
+	if ns.mode == Synchronous {
+		s.inflight.set(s.retries.queued(), s.pending)
+	}
+}
+
+// withoutKey returns diffs without those of key, in a new slice when it
+// drops any: a batch's diffs may be shared with a push that failed.
+func withoutKey(diffs []window.Diff, key string) []window.Diff {
+	if !slices.ContainsFunc(diffs, func(d window.Diff) bool { return d.Key == key }) {
+		return diffs
+	}
+	var kept []window.Diff
+	for _, d := range diffs {
+		if d.Key != key {
+			kept = append(kept, d)
+		}
+	}
+	return kept
+}
+
+// storeSamples reads key's windows of the given sizes from the store, at
+// now (Unix nanoseconds): a window the store does not hold counts zero.
+func (n *Namespace) storeSamples(ctx context.Context, key string, sizes []time.Duration, now int64) ([]window.Sample, error) {
+	if n.store == nil {
+		return nil, fmt.Errorf("namespace %q is local only: it has no store", n.name)
+	}
+	counts, err := n.store.GetCounters(ctx, n.name, []string{key}, sizes, time.Unix(0, now))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]window.Sample, len(sizes))
+	for i, size := range sizes {
+		out[i] = window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size}
+	}
+	for _, c := range counts {
+		for i := range out {
+			switch {
+			case c.Key != key || c.Size != out[i].Size:
+			case c.Start == out[i].Start:
+				out[i].Current = c.Value
+			case c.Start == out[i].Start-int64(c.Size):
+				out[i].Previous = c.Value
+			}
+		}
+	}
+	return out, nil
+}
