@@ -217,17 +217,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	key := boundKey(h.key(r, repl))
 
 	var buf [maxInlineLimits]window.Sample
-	samples := buf[:]
+	var leftBuf [maxInlineLimits]int
+	samples, left := buf[:], leftBuf[:]
 	if len(h.limits) > len(buf) {
-		samples = make([]window.Sample, len(h.limits))
+		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
-	samples = samples[:len(h.limits)]
+	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
 	rejected := h.ns.Hit(r.Context(), key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
+	for i, s := range samples {
+		left[i] = h.remaining(i, s)
+	}
 
-	shown := shown(h, samples, rejected)
-	remaining := h.remaining(shown, samples[shown])
+	shown := shown(left, rejected)
+	remaining := left[shown]
 	now := time.Unix(0, window.SystemClock()) // the zones' clock, cheaper than time.Now
-	reset := h.reset(shown, samples[shown], now)
+	reset := h.reset(shown, samples[shown], remaining, now)
 	// One allocation holds what outlives the call: the placeholders
 	// (unless an earlier rate_limit handler registered them) and the
 	// header values.
@@ -247,7 +251,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	*ph = placeholders{namespace: h.nsValue, exceeded: rejected >= 0, lim: &h.limits[shown], remaining: remaining, reset: reset}
 	if blk != nil {
-		h.setHeaders(w.Header(), blk, samples, shown, remaining, reset)
+		h.setHeaders(w.Header(), blk, left, shown, reset)
 	}
 
 	switch {
@@ -260,7 +264,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	default:
 		h.rejected.Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, now)))
+		w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, left, now)))
 		return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
 			h.limits[rejected].limitValue, h.limits[rejected].size, h.Namespace))
 	}
@@ -287,14 +291,14 @@ func boundKey(key string) string {
 // shown picks the limit the RateLimit-* headers and placeholders describe:
 // the one that rejected, or else the one with the least remaining (ties:
 // the larger window).
-func shown(h *Handler, samples []window.Sample, rejected int) int {
+func shown(left []int, rejected int) int {
 	if rejected >= 0 {
 		return rejected
 	}
 	best, bestLeft := 0, math.MaxInt
-	for i, s := range samples {
-		if left := h.remaining(i, s); left <= bestLeft {
-			best, bestLeft = i, left
+	for i, n := range left {
+		if n <= bestLeft {
+			best, bestLeft = i, n
 		}
 	}
 	return best
@@ -305,14 +309,15 @@ func (h *Handler) remaining(i int, s window.Sample) int {
 	return max(0, int(math.Floor(h.limits[i].max-s.Rate(h.fixed)+1e-9)))
 }
 
-// reset returns RateLimit-Reset for limit i: the whole seconds (rounded
+// reset returns RateLimit-Reset for limit i, which admits left more
+// requests: the whole seconds (rounded
 // up) until the key's rate under it admits one more request when none is
 // left, or else until one more request's worth of quota comes back. Both
 // depend on the key's own counts, never on the window alone, except in a
 // fixed window, whose counts all restart at its end.
-func (h *Handler) reset(i int, s window.Sample, now time.Time) int {
+func (h *Handler) reset(i int, s window.Sample, left int, now time.Time) int {
 	target := h.limits[i].max - 1
-	if h.remaining(i, s) > 0 {
+	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
 	return ceilSeconds(h.wait(i, s, target, now))
@@ -330,10 +335,10 @@ func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 // admits one more request (a larger window may be exhausted too, though
 // only the first to reject was incremented), at least 1, plus up to
 // retry_after_jitter, in whole seconds.
-func (h *Handler) retryAfter(samples []window.Sample, now time.Time) int {
+func (h *Handler) retryAfter(samples []window.Sample, left []int, now time.Time) int {
 	secs := 1
 	for i, s := range samples {
-		if h.remaining(i, s) == 0 {
+		if left[i] == 0 {
 			secs = max(secs, ceilSeconds(h.wait(i, s, h.limits[i].max-1, now)))
 		}
 	}
@@ -365,7 +370,7 @@ type headerBlock struct {
 
 // setHeaders writes the rate limit headers. Every value slice is capped
 // so that a later Add copies instead of writing into its neighbour.
-func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, samples []window.Sample, shown, remaining, reset int) {
+func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, left []int, shown, reset int) {
 	// More limits than the block holds grow vals and text by append; the
 	// strings made so far keep the old arrays alive.
 	vals, text := blk.vals[:0], blk.text[:0]
@@ -381,22 +386,18 @@ func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, samples []window
 		i := len(vals) - 1
 		hdr[name] = vals[i : i+1 : i+1]
 	}
-	var left string
+	var shownLeft string
 	for i, l := range h.limits {
-		n := remaining
-		if i != shown {
-			n = h.remaining(i, samples[i])
-		}
-		s := num(n)
+		s := num(left[i])
 		if i == shown {
-			left = s
+			shownLeft = s
 		}
 		put(l.limitHeader, l.limitValue)
 		put(l.leftHeader, s)
 	}
 	resetText := num(reset)
 	put("Ratelimit-Limit", h.limits[shown].limitValue)
-	put("Ratelimit-Remaining", left)
+	put("Ratelimit-Remaining", shownLeft)
 	put("Ratelimit-Reset", resetText)
 	if h.DraftHeaders {
 		// The IETF draft's structured fields: every policy, and the state
@@ -406,7 +407,7 @@ func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, samples []window
 			put("Ratelimit-Policy", h.policy)
 		}
 		if h.limits[shown].policy != "" {
-			put("Ratelimit", h.limits[shown].policyName+";r="+left+";t="+resetText)
+			put("Ratelimit", h.limits[shown].policyName+";r="+shownLeft+";t="+resetText)
 		}
 	}
 }
