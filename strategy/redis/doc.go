@@ -48,40 +48,60 @@
 //     travel only as KEYS and ARGV of commands, never inside script text or
 //     command names, so nothing a client sends is interpreted by Redis.
 //
-// Values are added with INCRBYFLOAT, so fractional hits work, and every
-// counter expires on its own: each write sets PEXPIREAT to the window start
-// plus twice the window size plus one second, the last moment the counter
-// can be a previous window. No sweeper is needed and no key outlives its use.
+// Values are floats, so fractional hits work, and every counter expires on
+// its own, at the window start plus twice the window size plus one second,
+// the last moment the counter can be a previous window. That expiry depends
+// only on the window, so it is set once, by the command that makes the
+// counter (SET ... PXAT, which writes the value and the expiry together),
+// and the writes that follow keep it (INCRBYFLOAT keeps a key's expiry).
+// No sweeper is needed and no key outlives its use.
 //
 // # Pushing diffs
 //
-// PushDiffs groups a batch's diffs by bucket and sends, for each group, one
-// EVALSHA of a Lua script whose first key is a dedupe marker in the same
-// slot, <prefix>:{<bucket>}:push:<n>:<batch ID> (n numbers the groups of
-// one bucket, when a batch holds more than 256 diffs of one bucket). The script sets the marker
-// with SET NX PX and applies the group's INCRBYFLOAT and PEXPIREAT only if
+// PushDiffs sorts a batch's diffs by bucket and cuts them into runs of at
+// most 256 counters, each pushed by one EVALSHA of a Lua script whose first
+// key is the run's dedupe marker, <prefix>:{<bucket>}:push:<n>:<batch ID>.
+// On a Cluster, a script may only touch one slot, so a run holds the diffs
+// of one bucket, the marker is in that bucket and n numbers the runs of the
+// bucket (several when a batch holds more than 256 diffs of one bucket). A
+// standalone server (or a Sentinel-managed primary) has no slots: the
+// bucket-sorted diffs are cut every 256 whatever their buckets, run n's
+// marker is in the bucket of its first diff, and a batch of 1,000 new keys
+// is four runs where a Cluster needs one per bucket touched (about 700).
+//
+// The script sets the marker with SET NX PX and applies the run only if
 // that succeeded, so a batch pushed again with the same ID (a retry after a
 // timeout, whose first attempt may have been applied with its reply lost)
-// is never counted twice. The marker outlives every counter it covers. The
-// groups are pipelined: a batch of up to 1,000 diffs costs one round trip
-// (go-redis splits a pipeline per Cluster node and sends the parts in
-// parallel), and larger batches go in several bounded pipelines. The number
-// of commands grows with the number of buckets touched, never with the
-// number of hits behind the diffs.
+// is never counted twice. The marker outlives every counter it covers. It
+// then reads the run's counters with one MGET, and makes each new counter
+// with SET ... PXAT ... NX (value and expiry, one command) or adds to an
+// existing one with INCRBYFLOAT (one command, the expiry kept). A run of
+// one counter skips the MGET and tries the SET NX first, which is never
+// dearer. So a run of k counters costs k + 3 commands (the EVALSHA, its
+// marker, its MGET), and a diff about one. The runs are pipelined: a batch
+// of up to 1,024 diffs costs one round trip (go-redis splits a pipeline per
+// Cluster node and sends the parts in parallel), and larger batches go in
+// several bounded pipelines. The number of commands grows with the number
+// of counters changed (and, on a Cluster, of buckets touched), never with
+// the number of hits behind the diffs.
 //
-// A retry must carry the same diffs, in any order: the groups, and so what
-// each marker covers, depend only on the set of diffs. Diffs merged into a
-// failed batch under a new ID would count again whatever the failed attempt
-// applied, so a caller retries a failed batch as it was, under its ID,
-// and pushes new diffs in a batch of their own.
+// A retry must carry the same diffs, in any order: the runs, and so what
+// each marker covers, depend only on the set of diffs (a bucket that a cut
+// splits is sorted by key, window and value first), and diffs of windows
+// that ended by the time of a retry are left out of their run after the
+// cut, not before it. Diffs merged into a failed batch under a new ID would
+// count again whatever the failed attempt applied, so a caller retries a
+// failed batch as it was, under its ID, and pushes new diffs in a batch of
+// their own.
 //
 // A synchronous hit with an ID sets a marker too (see Synchronous hits):
 // the one, <prefix>:{<bucket>}:push:0:<ID>, that a batch of that ID holding
-// only the diffs of the hit's key sets, as such a batch is one bucket and
-// one group. So the batch that carries a failed hit's diffs is skipped if
-// the hit was applied, and applied if it was not. It must hold that key's
-// diffs alone: diffs of other keys of the bucket would be skipped with
-// them.
+// only the diffs of the hit's key sets, as such a batch is one run (run 0,
+// starting in the key's bucket) on a standalone server and on a Cluster
+// alike. So the batch that carries a failed hit's diffs is skipped if the
+// hit was applied, and applied if it was not. It must hold that key's
+// diffs alone: diffs of other keys would be skipped with them, or, on a
+// standalone server, change the run's marker.
 //
 // # Fetching counters
 //
@@ -92,9 +112,12 @@
 // keys it is being hit with, and those are the keys most likely to be hit
 // again before the next sync. (A key new to a node counts locally until the
 // sync after its first hit, one sync interval later.) GetCounters reads, for
-// each such key and window size, the current and previous windows, with one
-// MGET per bucket (keys of one bucket share a slot, so MGET works on
-// Cluster), pipelined: one round trip per 4,096 counters. The cost is proportional to
+// each such key and window size, the current and previous windows, with
+// MGETs of up to 512 counters, pipelined: one round trip per 4,096
+// counters. On a standalone server an MGET reads counters of any buckets,
+// so 256 keys of one window size cost one command; on a Cluster an MGET
+// keeps to one slot, so it reads one bucket's counters and a fetch costs
+// one MGET per bucket touched. The cost is proportional to
 // len(keys)*len(sizes), never to the size of the namespace, and no SCAN or
 // KEYS is ever issued. Counters the store does not hold are omitted, so a
 // store that lost its data does not erase what a node knows.
@@ -102,29 +125,36 @@
 // # Resetting a key
 //
 // Reset writes "0" to the current and previous counters of each window size
-// of one (namespace, key), each with the PEXPIREAT of any write of that
-// window, so that every node's next fetch of the key reads zeros and takes
-// the reset, and diffs pushed afterwards add to zero. The counters share the
-// key's bucket, hence one slot, so one MULTI/EXEC carries every SET and
-// PEXPIREAT: one round trip, atomic, on a Cluster too. Dedupe markers are
-// left as they are: a batch pushed before the reset stays applied once.
+// of one (namespace, key), each with SET ... PXAT and the expiry of any
+// write of that window, so that every node's next fetch of the key reads
+// zeros and takes the reset, and diffs pushed afterwards add to zero. The
+// counters share the key's bucket, hence one slot, so one MULTI/EXEC
+// carries every SET: one round trip, atomic, on a Cluster too. Dedupe
+// markers are left as they are: a batch pushed before the reset stays
+// applied once.
 //
 // # Synchronous hits
 //
 // Hit applies one hit to every window of a key's limits (up to 16) and
 // decides it with one Lua script run: one round trip per hit, whatever the
-// number of windows. The script follows Kong's order: window by window, in
-// the order given (ascending size), it adds the hit to the current counter
-// (INCRBYFLOAT, then PEXPIREAT as above) and reads the previous one, and
-// the first window whose rate, current + previous * weight, exceeds its
-// limit rejects the hit; the windows after it are only read, not
-// incremented. With undo (disable_penalty), the script takes the rejected
-// hit's increments back before it ends, so no other node ever sees them.
-// An infinite limit travels as an empty string, since Lua 5.1 does not
-// parse "inf" reliably. The script replies with strings, since Redis
-// truncates Lua numbers to integers. It is sent with EVALSHA, and with EVAL
-// once per server when the server does not hold it (a new or restarted
-// server).
+// number of windows. The script reads, with one MGET, the current and
+// previous counters of every window and the hit's marker. It follows
+// Kong's order: window by window, in the order given (ascending size), it
+// adds the hit to the current counter, with SET ... PXAT ... NX for a new
+// one (the value and its expiry) or INCRBYFLOAT for one that exists (the
+// expiry kept), and the first window whose rate, current + previous *
+// weight, exceeds its limit rejects the hit; the windows after it are only
+// read, not incremented. The rate is decided on the count INCRBYFLOAT
+// returns, as stored. With undo (disable_penalty), the script first
+// decides the hit in doubles on the counts it read: a hit surely rejected
+// writes no counter at all; one that is admitted, or whose rate is too
+// close to its limit for doubles to tell, is applied as above, and if it
+// is rejected after all the script takes its increments back before it
+// ends, so no other node ever sees them. An infinite limit travels as an
+// empty string, since Lua 5.1 does not parse "inf" reliably.
+// The script replies with strings, since Redis truncates Lua numbers to
+// integers. It is sent with EVALSHA, and with EVAL once per server when the
+// server does not hold it (a new or restarted server).
 //
 // A hit is never resent after a network error: go-redis would resend a
 // command whose reply was lost (a read timeout, a reset), and a hit applied
@@ -135,9 +165,11 @@
 // Any other failure leaves the caller not knowing whether the hit was
 // applied: it timed out after it was sent, and Redis may run it later.
 // For that case a hit may carry an ID, which the caller gives every hit
-// (the sync app does), under the hit ID rule of strategy.Hitter. The script then starts with SET NX PX of the hit's
-// marker, <prefix>:{<bucket>}:push:0:<ID>, in the slot of the hit's
-// counters, and applies the hit only if the marker was not there. A caller
+// (the sync app does), under the hit ID rule of strategy.Hitter. The
+// script's MGET then reads the hit's marker, <prefix>:{<bucket>}:push:0:<ID>,
+// in the slot of the hit's counters, with the counters; the hit is applied
+// only if the marker was not there, and sets it with SET PX (even when it
+// is rejected and undone, so that its batch is then skipped). A caller
 // whose hit failed counts it locally and pushes its diffs later as a batch
 // of the hit's ID, which sets and checks the same marker (see Pushing
 // diffs): the hit counts once, whether Redis ran it, runs it after the
@@ -149,13 +181,71 @@
 // The marker lives as long as the latest of the hit's counters, but at
 // least one minute and at most two: a caller retries a failed hit as soon
 // as Redis answers again, well within that. (For counters that live longer
-// than two minutes, that is shorter than the hit ID rule asks, on purpose.) That costs one small key,
-// holding "1", per synchronous hit with an ID (about 150 bytes of Redis
-// memory with its expiry), and one more SET inside the script: a store
-// taking h such hits a second holds at most 120h markers, about 18 MB at
-// 1,000 hits a second. A retry later than the marker's life, of a hit that
-// Redis applied although its reply was lost, would count it twice, which
-// errs towards limiting. A hit without an ID sets no marker.
+// than two minutes, that is shorter than the hit ID rule asks, on purpose.)
+// That costs one small key, holding "1", per synchronous hit with an ID
+// (about 150 bytes of Redis memory with its expiry), and one more SET
+// inside the script: a store taking h such hits a second holds at most
+// 120h markers, about 18 MB at 1,000 hits a second. A retry later than the
+// marker's life, of a hit that Redis applied although its reply was lost,
+// would count it twice, which errs towards limiting. A hit without an ID
+// sets no marker.
+//
+// # Commands per call
+//
+// What Redis runs, as INFO commandstats counts it (the EVALSHA and every
+// command its script runs), in steady state; commands_test.go holds these
+// numbers.
+//
+//   - A synchronous hit of one window with an ID (what the sync app sends):
+//     4 commands, the EVALSHA, its MGET, the SET of the marker and the
+//     INCRBYFLOAT (or, for a new counter, SET NX) of the counter, where
+//     the previous script ran 5 (it set the expiry again and read the
+//     previous counter with a GET of its own). Without an ID, 3. Each
+//     further window adds one write (3 windows with an ID: 6, not 11). A
+//     hit whose ID was applied already, 2; one that its counts surely
+//     reject, with undo, 3 with an ID and 2 without.
+//   - A periodic push, standalone: about one command per diff, new counter
+//     (SET NX) or not (INCRBYFLOAT), plus 3 per run of 256 diffs. A new key
+//     hit once, pushed and then fetched, costs about 1.02 commands: a
+//     thousand such keys cost 4 EVALSHA, 4 marker SETs, 4 MGETs and 1,000
+//     SETs to push, and 4 MGETs per fetch.
+//   - On a Cluster, a run and an MGET keep to one bucket: each bucket a
+//     push touches costs its EVALSHA and its marker (and its MGET if the
+//     run has several counters), and each bucket a fetch touches one MGET.
+//     A thousand new keys (about 700 buckets) cost about 3.3 commands a
+//     key to push and fetch once.
+//   - A reset: MULTI, one SET per counter (two per window size), EXEC.
+//
+// Three commands for a synchronous hit with an ID would leave two inside
+// the script: one read and one write. The write would have to add to the
+// counter and record the marker at once, in one key, since Redis 7.0 has
+// no command that writes several keys and keeps or sets their expiries
+// (MSET and MSETNX drop them). The counter would then be a hash (or a
+// sorted set) holding its count and the markers of its hits. Such a key
+// cannot be made with its expiry in one command (SET ... PXAT makes
+// strings only), so every counter a push makes would cost two, and hashes
+// cannot be read many at a time (there is no multi-key HMGET), so every
+// fetch would cost a command per counter instead of one per 512: a new key
+// would cost at least three commands, not one. The markers, too, would live
+// as long as their window (twice its size: two hours for an hour window)
+// without per-field expiry (HEXPIRE, Redis 7.4), unless extra commands
+// pruned them. So the layout stays strings, and a synchronous hit with an
+// ID costs four.
+//
+// Fewer commands do not make a hit much cheaper for Redis, though: the
+// EVALSHA's own cost (the script's call, its KEYS and ARGV, its reply)
+// dominates, and a hit of one window takes about as long in Redis as it
+// did with five (some 8µs on the test machine, in INFO commandstats). A
+// script that decided every hit in Lua before writing the sums with SET
+// ran three commands too, but cost Redis a fifth more; so the script adds
+// with INCRBYFLOAT and decides on its result, as before, and decides in
+// Lua only the rejections of undo, which then write nothing. Pushes gain
+// the most: a standalone server runs a push of 1,000 counters in four
+// script runs instead of one per bucket touched, in a fifth of the time.
+//
+// The layout (key names, values, expiries, markers) is the same as before
+// the commands were trimmed: only the number of commands changed, and
+// nodes running either version can share a store.
 //
 // # Windows and values
 //

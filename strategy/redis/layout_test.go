@@ -188,14 +188,16 @@ func TestNoCollisions(t *testing.T) {
 }
 
 // A retry must split a batch into the same script runs, whatever the order
-// of its diffs, so that each dedupe marker covers the same diffs.
+// of its diffs, so that each dedupe marker covers the same diffs: on a
+// Cluster, one run per bucket (several for a bucket of more than 256
+// diffs); on a standalone server, runs of 256 diffs of any buckets, cut
+// inside buckets too.
 func TestPushPlanIgnoresOrder(t *testing.T) {
-	r := &Redis{layout: newLayout("rl")}
 	size := time.Minute
 	now := steadyNow().UnixNano()
 	start := window.Start(now, size)
 	var diffs []window.Diff
-	for i := 0; len(diffs) < 3*maxScriptKeys+10; i++ { // one bucket, four runs
+	for i := 0; len(diffs) < 3*maxScriptKeys+10; i++ { // one bucket, four runs on a Cluster
 		if k := fmt.Sprint("k", i); bucketOf("ns", k) == 5 {
 			diffs = append(diffs, window.Diff{Key: k, Size: size, Start: start, Value: float64(i%3 + 1)})
 		}
@@ -203,41 +205,87 @@ func TestPushPlanIgnoresOrder(t *testing.T) {
 	for i := range 2000 { // and many other buckets
 		diffs = append(diffs, window.Diff{Key: fmt.Sprint("other-", i), Size: size, Start: start - int64(size), Value: 0.5})
 	}
-	plan := func(diffs []window.Diff) map[string]string {
-		calls, err := r.planPush(strategy.Batch{ID: "b1", Namespace: "ns", Diffs: diffs}, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runs := make(map[string]string)
-		for _, c := range calls {
-			var parts []string
-			for i, k := range c.keys[1:] {
-				parts = append(parts, fmt.Sprint(k, "+", c.args[2*i+1], "@", c.args[2*i+2]))
-			}
-			slices.Sort(parts)
-			runs[c.keys[0]] = fmt.Sprint(c.args[0], parts)
-			if len(c.keys)-1 > maxScriptKeys {
-				t.Errorf("a run writes %d counters, more than %d", len(c.keys)-1, maxScriptKeys)
-			}
-		}
-		return runs
-	}
-	want := plan(diffs)
+	// Diffs that add nothing are dropped before the cut.
+	diffs = append(diffs, window.Diff{Key: "zero", Size: size, Start: start, Value: 0})
 	touched := make(map[int]bool)
-	for _, d := range diffs {
+	for _, d := range diffs[:len(diffs)-1] {
 		touched[bucketOf("ns", d.Key)] = true
-	}
-	if n := len(want); n != len(touched)+3 {
-		t.Fatalf("the plan has %d runs, want one per bucket touched (%d), and 3 more for the large one", n, len(touched))
-	}
-	for _, m := range []string{"rl:{5}:push:0:b1", "rl:{5}:push:3:b1"} {
-		if _, ok := want[m]; !ok {
-			t.Errorf("no run with marker %s", m)
-		}
 	}
 	shuffled := slices.Clone(diffs)
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	if got := plan(shuffled); !maps.Equal(got, want) {
-		t.Error("shuffling the diffs changed what the markers cover")
+
+	for _, tc := range []struct {
+		name    string
+		cluster bool
+		runs    int
+		markers []string
+	}{
+		{"cluster", true, len(touched) + 3, []string{"rl:{5}:push:0:b1", "rl:{5}:push:3:b1"}},
+		// 2,778 diffs: ten full runs and one of 218. Bucket 5 comes
+		// early, so runs 0 to 3 start in it.
+		{"standalone", false, 11, []string{"rl:{5}:push:1:b1", "rl:{5}:push:2:b1", "rl:{5}:push:3:b1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Redis{layout: newLayout("rl"), cluster: tc.cluster}
+			plan := func(diffs []window.Diff) map[string]string {
+				calls, err := r.planPush(strategy.Batch{ID: "b1", Namespace: "ns", Diffs: diffs}, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runs := make(map[string]string)
+				for _, c := range calls {
+					var parts []string
+					for i, k := range c.keys[1:] {
+						parts = append(parts, fmt.Sprint(k, "+", c.args[2*i+1], "@", c.args[2*i+2]))
+					}
+					slices.Sort(parts)
+					runs[c.keys[0]] = fmt.Sprint(c.args[0], parts)
+					if len(c.keys)-1 > maxScriptKeys {
+						t.Errorf("a run writes %d counters, more than %d", len(c.keys)-1, maxScriptKeys)
+					}
+					if tc.cluster {
+						for _, k := range c.keys[1:] {
+							if tag := k[:strings.Index(k, "}")]; !strings.HasPrefix(c.keys[0], tag+"}") {
+								t.Errorf("a Cluster run mixes buckets: %.30q and marker %q", k, c.keys[0])
+							}
+						}
+					}
+				}
+				return runs
+			}
+			want := plan(diffs)
+			if n := len(want); n != tc.runs {
+				t.Fatalf("the plan has %d runs, want %d", n, tc.runs)
+			}
+			for _, m := range tc.markers {
+				if _, ok := want[m]; !ok {
+					t.Errorf("no run with marker %s", m)
+				}
+			}
+			if got := plan(shuffled); !maps.Equal(got, want) {
+				t.Error("shuffling the diffs changed what the markers cover")
+			}
+		})
+	}
+}
+
+// On a standalone server, a batch of one key's diffs (what a caller pushes
+// for a synchronous hit that failed) is one run whose marker is the one the
+// hit sets, as on a Cluster.
+func TestPushPlanOfOneKeyIsTheHitsMarker(t *testing.T) {
+	now := steadyNow().UnixNano()
+	var diffs []window.Diff
+	for _, size := range []time.Duration{time.Second, time.Minute, time.Hour} {
+		diffs = append(diffs, window.Diff{Key: "k", Size: size, Start: window.Start(now, size), Value: 1})
+	}
+	for _, cluster := range []bool{false, true} {
+		r := &Redis{layout: newLayout("rl"), cluster: cluster}
+		calls, err := r.planPush(strategy.Batch{ID: "hit-1", Namespace: "ns", Diffs: diffs}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := r.layout.dedupeKey(bucketOf("ns", "k"), 0, "hit-1"); len(calls) != 1 || calls[0].keys[0] != want || len(calls[0].keys) != 4 {
+			t.Errorf("cluster %v: the plan is %v, want one run of 3 counters marked %s", cluster, calls, want)
+		}
 	}
 }

@@ -125,6 +125,10 @@ type Redis struct {
 	// The store's state, made by Open or OpenStore (on a copy).
 	client goredis.UniversalClient
 	closed *atomic.Bool // set by Close
+	// cluster is set when client is a Cluster client, whose scripts and
+	// MGETs must keep to one slot (one bucket); a standalone server or a
+	// Sentinel-managed primary takes keys of any buckets in one.
+	cluster bool
 }
 
 // TLSConfig configures TLS for the connections to Redis.
@@ -312,6 +316,7 @@ func (r *Redis) connect() {
 		ContextTimeoutEnabled: true,
 	})
 	r.closed = new(atomic.Bool)
+	_, r.cluster = r.client.(*goredis.ClusterClient)
 }
 
 // build makes the tls.Config, reading the files it names. It returns too

@@ -23,8 +23,9 @@ const (
 	// maxScriptKeys is the most counters one run of pushScript writes.
 	maxScriptKeys = 256
 	// maxPipelineDiffs is the most diffs one push pipeline carries, in at
-	// most as many script runs.
-	maxPipelineDiffs = 1000
+	// most as many script runs: four full runs, so that a batch of up to
+	// 1,024 diffs pushed to a standalone server is one round trip.
+	maxPipelineDiffs = 4 * maxScriptKeys
 	// maxMGetKeys is the most keys one MGET reads.
 	maxMGetKeys = 512
 	// maxPipelineReads is the most keys one fetch pipeline reads.
@@ -32,14 +33,15 @@ const (
 )
 
 // PushDiffs adds the diffs of a batch to their counters, at most once per
-// batch ID: see the package documentation. It sends one script run per
-// bucket touched, pipelined, in one round trip for up to 1,000 diffs. An
-// error wraps go-redis's; the batch may then have been applied in part, and
-// pushing it again with the same ID applies only what is missing. It never
-// wraps strategy.ErrNotSent: go-redis resends a pipeline after a network
-// error, so a push that ends failing to dial may have been applied by an
-// earlier attempt, and only its ID keeps it from counting twice; only a
-// push made after Close, which sends nothing, wraps it.
+// batch ID: see the package documentation. It sends one script run per 256
+// counters on a standalone server, and per bucket touched on a Cluster,
+// pipelined, in one round trip for up to 1,024 diffs. An error wraps
+// go-redis's; the batch may then have been applied in part, and pushing it
+// again with the same ID applies only what is missing. It never wraps
+// strategy.ErrNotSent: go-redis resends a pipeline after a network error,
+// so a push that ends failing to dial may have been applied by an earlier
+// attempt, and only its ID keeps it from counting twice; only a push made
+// after Close, which sends nothing, wraps it.
 func (r *Redis) PushDiffs(ctx context.Context, b strategy.Batch) error {
 	err := r.checkOpen()
 	if err == nil {
@@ -74,11 +76,22 @@ func (r *Redis) pushDiffs(ctx context.Context, b strategy.Batch) error {
 	return nil
 }
 
+// compareDiffs orders diffs by everything they hold, so that diffs sorted
+// with it come out in the same order whatever order they came in.
+func compareDiffs(a, b *window.Diff) int {
+	return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Size, b.Size),
+		cmp.Compare(a.Start, b.Start), cmp.Compare(a.Value, b.Value))
+}
+
 // planPush returns the script runs that push a batch at now (Unix
-// nanoseconds): one per bucket touched, or several for a bucket with more
-// than maxScriptKeys diffs. The runs, and so what each dedupe marker
-// covers, depend only on the set of diffs, not on their order, so that a
-// retry is split the same way as the first attempt.
+// nanoseconds). On a Cluster, a run holds the diffs of one bucket (one
+// slot), and a bucket with more than maxScriptKeys diffs takes several. On
+// a standalone server, where one script may touch any key, the diffs,
+// sorted by bucket, are cut into runs of maxScriptKeys whatever their
+// buckets: one dedupe marker, one MGET and one script run cover up to 256
+// counters. Either way the runs, and so what each dedupe marker covers,
+// depend only on the set of diffs, not on their order, so that a retry is
+// split the same way as the first attempt.
 func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 	if b.ID == "" {
 		return nil, errors.New("the batch has no ID")
@@ -114,6 +127,21 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			next[k]++
 		}
 	}
+	// Put in a fixed order every bucket whose diffs a cut between runs
+	// splits: on a Cluster, a bucket of more than maxScriptKeys diffs; on
+	// a standalone server, one that straddles a multiple of maxScriptKeys
+	// in the sequence. The order of the others does not change what any
+	// run holds.
+	for k := range buckets {
+		lo, hi := int(starts[k]), int(starts[k+1])
+		split := hi-lo > maxScriptKeys
+		if !r.cluster {
+			split = hi-lo > 1 && lo/maxScriptKeys != (hi-1)/maxScriptKeys
+		}
+		if split {
+			slices.SortFunc(order[lo:hi], func(i, j int32) int { return compareDiffs(&diffs[i], &diffs[j]) })
+		}
+	}
 
 	nowMs := now / int64(time.Millisecond)
 	nsp := nsPart(b.Namespace)
@@ -125,51 +153,58 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		lastValue, lastExp = math.NaN(), int64(math.MinInt64)
 		valueArg, expArg   any
 	)
+	// addRun appends the run of the diffs part, whose dedupe marker is
+	// that of group n of bucket k, leaving out the diffs of windows that
+	// have ended (which no node reads any more) and the run itself if
+	// none is left.
+	addRun := func(part []int32, k, n int) {
+		call := scriptCall{
+			keys: make([]string, 1, len(part)+1),
+			args: make([]any, 1, 2*len(part)+1),
+		}
+		var last int64 // the latest expiry of the run's counters
+		for _, i := range part {
+			d := &diffs[i]
+			if d.Start+2*int64(d.Size) <= now {
+				continue
+			}
+			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+			var key string
+			key, buf = r.layout.counterKey(buf, int(bucket[i]), sizeMs, startMs, nsp, d.Key)
+			exp := expireAtMs(sizeMs, startMs)
+			if exp != lastExp {
+				lastExp, expArg = exp, exp
+			}
+			last = max(last, exp)
+			if d.Value != lastValue {
+				lastValue, valueArg = d.Value, formatValue(d.Value)
+			}
+			call.keys = append(call.keys, key)
+			call.args = append(call.args, valueArg, expArg)
+		}
+		if len(call.keys) == 1 {
+			return
+		}
+		call.keys[0] = r.layout.dedupeKey(k, n, b.ID)
+		call.args[0] = max(last-nowMs, minDedupeTTL.Milliseconds())
+		calls = append(calls, call)
+	}
+	if !r.cluster {
+		// Run n's marker is in the bucket of its first diff, numbered n:
+		// a batch of one key's diffs is one run, marked as a hit of its ID
+		// marks it (see Hit).
+		for n := 0; n*maxScriptKeys < len(order); n++ {
+			part := order[n*maxScriptKeys : min(len(order), (n+1)*maxScriptKeys)]
+			addRun(part, int(bucket[part[0]]), n)
+		}
+		return calls, nil
+	}
 	for k := range buckets {
 		group := order[starts[k]:starts[k+1]]
-		if len(group) > maxScriptKeys {
-			// The group takes several runs, each with its own marker. A
-			// retry must split it the same way whatever the order of the
-			// diffs, or a marker could cover other diffs the second time.
-			slices.SortFunc(group, func(i, j int32) int {
-				a, b := &diffs[i], &diffs[j]
-				return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Size, b.Size),
-					cmp.Compare(a.Start, b.Start), cmp.Compare(a.Value, b.Value))
-			})
-		}
 		for n := 0; len(group) > 0; n++ {
 			part := group[:min(len(group), maxScriptKeys)]
 			group = group[len(part):]
-			call := scriptCall{
-				keys: make([]string, 1, len(part)+1),
-				args: make([]any, 1, 2*len(part)+1),
-			}
-			var last int64 // the latest expiry of the run's counters
-			for _, i := range part {
-				d := &diffs[i]
-				if d.Start+2*int64(d.Size) <= now {
-					continue // expired: no node reads this window any more
-				}
-				sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
-				var key string
-				key, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, d.Key)
-				exp := expireAtMs(sizeMs, startMs)
-				if exp != lastExp {
-					lastExp, expArg = exp, exp
-				}
-				last = max(last, exp)
-				if d.Value != lastValue {
-					lastValue, valueArg = d.Value, formatValue(d.Value)
-				}
-				call.keys = append(call.keys, key)
-				call.args = append(call.args, valueArg, expArg)
-			}
-			if len(call.keys) == 1 {
-				continue
-			}
-			call.keys[0] = r.layout.dedupeKey(k, n, b.ID)
-			call.args[0] = max(last-nowMs, minDedupeTTL.Milliseconds())
-			calls = append(calls, call)
+			addRun(part, k, n)
 		}
 	}
 	return calls, nil
@@ -178,8 +213,11 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 // GetCounters returns the counts of the current and previous windows of
 // every size of every key, as the store holds them at now. Counters the
 // store does not hold are omitted, so that a store that lost its data (a
-// restart) does not erase what the node knows. It reads with one MGET per
-// bucket, pipelined: one round trip for up to 4,096 counters. An error
+// restart) does not erase what the node knows. It reads with MGETs of up
+// to 512 counters, pipelined: one round trip for up to 4,096 counters. On
+// a standalone server an MGET reads keys of any buckets; on a Cluster it
+// reads one bucket (one slot), so there it takes one MGET per bucket
+// touched. An error
 // wraps strategy.ErrNotSent when its last attempt could not be sent (see
 // Hit); a read changes nothing, so an earlier attempt or pipeline that
 // reached Redis does no harm.
@@ -296,9 +334,17 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 				}
 			}
 		}
-		if err := endMGet(); err != nil {
-			return nil, err
+		// A Cluster's MGET reads one slot: end it with the bucket. A
+		// standalone server's may read any keys, so it fills up to
+		// maxMGetKeys across buckets.
+		if r.cluster {
+			if err := endMGet(); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if err := endMGet(); err != nil {
+		return nil, err
 	}
 	if err := flush(); err != nil {
 		return nil, err
@@ -311,8 +357,8 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 // write of that window sets (see the package documentation), so that
 // GetCounters reports them as zero, not missing, until they expire, and
 // diffs pushed later add to zero. The counters of one (namespace, key)
-// share a bucket, hence a Cluster slot, so one MULTI/EXEC of a SET and a
-// PEXPIREAT per counter does it, atomically, in one round trip. Sizes must
+// share a bucket, hence a Cluster slot, so one MULTI/EXEC of a SET ... PXAT
+// per counter does it, atomically, in one round trip. Sizes must
 // be valid for the layout (ErrInvalidWindow); with none, nothing is sent.
 //
 // A reset after Close fails with an error that wraps strategy.ErrNotSent.
@@ -347,8 +393,10 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		for _, startMs := range [2]int64{curMs, curMs - sizeMs} {
 			var counter string
 			counter, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
-			pipe.Set(ctx, counter, "0", 0)
-			pipe.PExpireAt(ctx, counter, time.UnixMilli(expireAtMs(sizeMs, startMs)))
+			// SET with PXAT, which go-redis's Set cannot send (its
+			// ExpireAt is in seconds): the value and the expiry in one
+			// command.
+			pipe.Do(ctx, "set", counter, "0", "pxat", expireAtMs(sizeMs, startMs))
 		}
 	}
 	_, err := pipe.Exec(ctx)
@@ -393,12 +441,16 @@ const maxHitWindows = 16
 
 // Hit applies one synchronous hit to several windows of a key and decides
 // it, in one script run: one round trip (see strategy.Hitter for the
-// contract, and the hit ID rule). In the order given, each window's current counter is
-// incremented by its Value, unless an earlier window rejected the hit,
-// and the first window whose rate, current + previous*Weight, exceeds its
-// Max rejects it; with undo, its increments are taken back in the same
-// script. All the counters of a call share the (namespace, key) bucket, so
-// one slot of a Cluster holds them all.
+// contract, and the hit ID rule). In the order given, each window's
+// current count is incremented by its Value, unless an earlier window
+// rejected the hit, and the first window whose rate, current +
+// previous*Weight, exceeds its Max rejects it; with undo, the increments
+// of a rejected hit are taken back in the same script (or, when the counts
+// read surely reject it, never made). The script reads every counter (and
+// the marker) with one MGET, so in steady state a hit of one window costs
+// Redis 4 commands with an id and 3 without (see the package
+// documentation). All the counters of a call share the (namespace, key)
+// bucket, so one slot of a Cluster holds them all.
 //
 // It takes 1 to 16 windows, each valid for the layout (ErrInvalidWindow),
 // with a finite Value, a Weight in [0, 1] and a Max that is not NaN
@@ -406,19 +458,20 @@ const maxHitWindows = 16
 // is refused, before anything is sent, with an error that wraps
 // strategy.ErrRejected.
 //
-// A non-empty id names the hit. The script first sets the hit's marker,
-// <prefix>:{<bucket>}:push:0:<id>, with SET NX PX: the key that PushDiffs
-// sets for a batch of that ID holding only this key's diffs, in the same
-// slot as the counters. If the marker is new, the hit is applied as above.
+// A non-empty id names the hit. The script reads the hit's marker,
+// <prefix>:{<bucket>}:push:0:<id>, with the counters: the key that
+// PushDiffs sets for a batch of that ID holding only this key's diffs, in
+// the same slot as the counters. If the marker is not there, the hit is
+// applied as above and sets it with SET PX.
 // If it exists (the same id sent twice, or a batch of that ID pushed
 // first), nothing is incremented or undone: the counts are only read, and
 // rejected is decided on them as they are, Kong's way, as for a hit whose
 // every Value is 0. So a rejected hit that was undone may come back
 // admitted, and an admitted one rejected if others have hit the key since.
-// The marker lives a minute, or until the last of the hit's counters
-// expires if that is later (twice the largest window plus a second, from
-// the window's start), so that a batch of that ID pushed while it could
-// still count finds it. That is one extra small key per hit that has an
+// The marker lives until the last of the hit's counters expires (twice the
+// largest window plus a second, from the window's start), so that a batch
+// of that ID pushed while it could still count finds it, but at least a
+// minute and at most two. That is one extra small key per hit that has an
 // id. An id must name one hit, and the batch that carries its diffs must
 // hold only that key's diffs: a batch of that ID with diffs of other keys
 // of the same bucket would skip them too. An empty id sets no marker.
