@@ -88,43 +88,11 @@ func TestStoresOutliveTheirRuns(t *testing.T) {
 	slowStoreTotal.Store(0)
 	slowStoreLate.Store(0)
 	cfg := `{"namespaces": {"api": {"sync_rate": "5ms", "window_sizes": ["1h"], "strategy": {"module": "test_slow"}}}}`
-	pool := caddy.NewUsagePool()
-	cur := start(t, pool, cfg)
-	var hits atomic.Int64
-	var counting sync.Mutex // held while a hit counts on the current config
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			counting.Lock()
-			cur.ns("api").Increment(context.Background(), "k", time.Hour, 1)
-			hits.Add(1)
-			counting.Unlock()
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	for range 30 {
-		next := start(t, pool, cfg)
-		counting.Lock()
-		old := cur
-		cur = next
-		counting.Unlock()
-		old.stop()
-		time.Sleep(7 * time.Millisecond)
-	}
-	close(stop)
-	<-done
-	cur.stop()
+	hits := reloadUnderLoad(t, caddy.NewUsagePool(), cfg, 30, nil)
 	if n := slowStoreLate.Load(); n != 0 {
 		t.Errorf("stores were used %d times after they were closed", n)
 	}
-	if got, want := slowStoreTotal.Load(), hits.Load(); got != want {
-		t.Errorf("pushed %d hits, want every one of the %d, once", got, want)
+	if got := slowStoreTotal.Load(); got != int64(hits) {
+		t.Errorf("pushed %d hits, want every one of the %d, once", got, hits)
 	}
 }

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,20 +37,8 @@ func nsConfig(addr, syncRate string, windows ...string) string {
 func storeTotal(t *testing.T, addr, key string, size time.Duration) float64 {
 	t.Helper()
 	// Generous: it reads right after a server resumes or restarts.
-	r := &redis.Redis{Addresses: []string{addr}, ReadTimeout: caddy.Duration(10 * time.Second)}
-	if err := r.Open(); err != nil {
-		t.Fatal(err)
-	}
-	defer r.Cleanup()
-	counts, err := r.GetCounters(context.Background(), "api", []string{key}, []time.Duration{size}, time.Now())
-	if err != nil {
-		t.Fatalf("reading the store: %v", err)
-	}
-	total := 0.0
-	for _, c := range counts {
-		total += c.Value
-	}
-	return total
+	s := fleetStore{strategy: fmt.Sprintf(`{"module": "redis", "addresses": [%q], "read_timeout": "10s"}`, addr)}
+	return s.total(t, key, size)
 }
 
 // warmUp has a synchronous node connect and load its script, so that the
@@ -65,44 +51,6 @@ func warmUp(t *testing.T, ns *Namespace) {
 	ns.Increment(context.Background(), "warm-up", time.Hour, 1)
 	// Had that hit timed out anyway, the store would be skipped a moment.
 	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.health.down() })
-}
-
-// TestTwoNodesConverge runs two nodes (apps with pools of their own) on one
-// Redis: each sees the other's hits within two sync intervals.
-func TestTwoNodesConverge(t *testing.T) {
-	srv := redistest.Start(t)
-	const interval = time.Second
-	cfg := nsConfig(srv.Addr, interval.String(), "1h")
-	a := start(t, caddy.NewUsagePool(), cfg).ns("api")
-	b := start(t, caddy.NewUsagePool(), cfg).ns("api")
-	ctx := context.Background()
-	for _, ns := range []*Namespace{a, b} { // connect and load the scripts
-		ns.Increment(ctx, "warm-up", time.Hour, 1)
-		if err := ns.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 30 {
-		a.Increment(ctx, "client", time.Hour, 1)
-	}
-	for range 20 {
-		b.Increment(ctx, "client", time.Hour, 1)
-	}
-	stopped := time.Now()
-	rate := func(ns *Namespace) float64 { return ns.SlidingWindow("client", time.Hour, nil).Sliding() }
-	poll.Until(t, 10*time.Second, "both nodes to see 50 hits", func() bool {
-		return rate(a) == 50 && rate(b) == 50
-	})
-	took := time.Since(stopped)
-	t.Logf("converged in %v (sync_rate %v)", took, interval)
-	// Two intervals, with room for a scheduler on a loaded machine to be
-	// late once.
-	if took > 3*interval {
-		t.Errorf("converged in %v, want within two sync intervals (%v)", took, 2*interval)
-	}
-	if got := storeTotal(t, srv.Addr, "client", time.Hour); got != 50 {
-		t.Errorf("store holds %v, want 50", got)
-	}
 }
 
 // TestReloadKeepsCountersAndPendingDiffs counts on a namespace that has not
@@ -206,41 +154,6 @@ func TestRestartedStoreGetsNewHits(t *testing.T) {
 	poll.Until(t, 40*time.Second, "the new server to hold the 25 hits since the kill", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 25
 	})
-}
-
-// TestSynchronousModeAdmitsExactlyTheLimit hits one key concurrently
-// through three nodes in synchronous mode: exactly the limit is admitted.
-func TestSynchronousModeAdmitsExactlyTheLimit(t *testing.T) {
-	srv := redistest.Start(t)
-	cfg := nsConfig(srv.Addr, "0", "1h")
-	var nodes []*Namespace
-	for range 3 {
-		ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
-		warmUp(t, ns)
-		nodes = append(nodes, ns)
-	}
-	const limit, tries = 50, 150
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for g := range 15 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ns := nodes[g%3]
-			for range tries / 15 {
-				if ns.Increment(context.Background(), "k", time.Hour, 1).Rate(true) <= limit {
-					admitted.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if admitted.Load() != limit {
-		t.Fatalf("admitted %d, want exactly %d", admitted.Load(), limit)
-	}
-	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != tries {
-		t.Fatalf("store holds %v, want %d", got, tries)
-	}
 }
 
 // TestSynchronousModeFallsBackToLocal stops Redis under a synchronous

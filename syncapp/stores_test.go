@@ -80,20 +80,15 @@ func TestNamespacesShareAStore(t *testing.T) {
 	}
 }
 
-// TestReloadsUnderLoadShareTheStore reloads fifty times while hits go on:
-// every config uses the first one's store, so the server sees no more
-// connections than one pool holds, and no goroutine is left at the end.
-func TestReloadsUnderLoadShareTheStore(t *testing.T) {
-	srv := redistest.Start(t)
-	const poolSize = 4
-	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "10ms", "window_sizes": ["1h"],
-		"strategy": {"module": "redis", "addresses": [%q], "pool_size": %d}}}}`, srv.Addr, poolSize)
-	connectionsReceived := connectionCounter(t, srv)
-	baseline := runtime.NumGoroutine()
-	before := connectionsReceived()
-	pool := caddy.NewUsagePool()
+// reloadUnderLoad starts cfg in pool, then replaces it with a config of
+// the same JSON reloads times, as Caddy's reloads do (the new config
+// starts, then the old one stops), while a goroutine hits key "k" of
+// namespace "api" in 1h windows. afterReload, if set, runs after each old
+// config stopped. It stops the last config and returns the hits counted.
+func reloadUnderLoad(t *testing.T, pool *caddy.UsagePool, cfg string, reloads int, afterReload func()) int {
+	t.Helper()
 	var (
-		mu   sync.Mutex
+		mu   sync.Mutex // held while a hit counts on the current config
 		cur  = start(t, pool, cfg)
 		hits int
 		stop = make(chan struct{})
@@ -114,21 +109,28 @@ func TestReloadsUnderLoadShareTheStore(t *testing.T) {
 			time.Sleep(200 * time.Microsecond)
 		}
 	}()
-	for range 50 {
+	for range reloads {
 		next := start(t, pool, cfg)
 		mu.Lock()
 		old := cur
 		cur = next
 		mu.Unlock()
 		old.stop()
+		if afterReload != nil {
+			afterReload()
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(stop)
 	<-done
 	cur.stop()
-	if got := connectionsReceived() - before; got > poolSize {
-		t.Errorf("50 reloads opened %d connections, want at most one pool's %d", got, poolSize)
-	}
+	return hits
+}
+
+// checkAllReleased checks that the last config gave back everything it
+// pooled, and that the goroutines are back to baseline.
+func checkAllReleased(t *testing.T, pool *caddy.UsagePool, baseline int) {
+	t.Helper()
 	pool.Range(func(k, _ any) bool {
 		t.Errorf("%v still pooled after the last config stopped", k)
 		return true
@@ -136,6 +138,25 @@ func TestReloadsUnderLoadShareTheStore(t *testing.T) {
 	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", baseline), func() bool {
 		return runtime.NumGoroutine() <= baseline
 	})
+}
+
+// TestReloadsUnderLoadShareTheStore reloads fifty times while hits go on:
+// every config uses the first one's store, so the server sees no more
+// connections than one pool holds, and no goroutine is left at the end.
+func TestReloadsUnderLoadShareTheStore(t *testing.T) {
+	srv := redistest.Start(t)
+	const poolSize = 4
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "10ms", "window_sizes": ["1h"],
+		"strategy": {"module": "redis", "addresses": [%q], "pool_size": %d}}}}`, srv.Addr, poolSize)
+	connectionsReceived := connectionCounter(t, srv)
+	baseline := runtime.NumGoroutine()
+	before := connectionsReceived()
+	pool := caddy.NewUsagePool()
+	hits := reloadUnderLoad(t, pool, cfg, 50, nil)
+	if got := connectionsReceived() - before; got > poolSize {
+		t.Errorf("50 reloads opened %d connections, want at most one pool's %d", got, poolSize)
+	}
+	checkAllReleased(t, pool, baseline)
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != float64(hits) {
 		t.Fatalf("store holds %v, want every one of the %d hits, once", got, hits)
 	}
@@ -202,52 +223,11 @@ func TestPostgresReloadsUnderLoadShareThePool(t *testing.T) {
 	sample, seen := backendPIDs(t, srv, "rl")
 	baseline := runtime.NumGoroutine()
 	pool := caddy.NewUsagePool()
-	var (
-		mu   sync.Mutex
-		cur  = start(t, pool, cfg)
-		hits int
-		stop = make(chan struct{})
-		done = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			mu.Lock()
-			cur.ns("api").Increment(context.Background(), "k", time.Hour, 1)
-			hits++
-			mu.Unlock()
-			time.Sleep(200 * time.Microsecond)
-		}
-	}()
-	for range 50 {
-		next := start(t, pool, cfg)
-		mu.Lock()
-		old := cur
-		cur = next
-		mu.Unlock()
-		old.stop()
-		sample()
-		time.Sleep(5 * time.Millisecond)
-	}
-	close(stop)
-	<-done
-	sample()
+	hits := reloadUnderLoad(t, pool, cfg, 50, sample)
 	if len(seen) == 0 || len(seen) > maxConns {
 		t.Errorf("50 reloads used %d connections, want 1 to max_conns (%d)", len(seen), maxConns)
 	}
-	cur.stop()
-	pool.Range(func(k, _ any) bool {
-		t.Errorf("%v still pooled after the last config stopped", k)
-		return true
-	})
-	poll.Until(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", baseline), func() bool {
-		return runtime.NumGoroutine() <= baseline
-	})
+	checkAllReleased(t, pool, baseline)
 	if got := (fleetStore{strategy: fmt.Sprintf(`{"module": "postgres", "dsn": %q}`, srv.DSN("rl"))}).total(t, "k", time.Hour); got != float64(hits) {
 		t.Fatalf("store holds %v, want every one of the %d hits, once", got, hits)
 	}
