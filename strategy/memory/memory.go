@@ -70,7 +70,7 @@ func (m *Memory) OpenStore() (strategy.Store, error) {
 // milliseconds. Memory could hold any size, but it takes those that Redis
 // takes, so that what works on one works on the other.
 func (m *Memory) ValidateWindow(size time.Duration) error {
-	if err := checkSize(size); err != nil {
+	if err := strategy.CheckSize(size); err != nil {
 		return fmt.Errorf("memory strategy: %w", err)
 	}
 	return nil

@@ -11,33 +11,12 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// Limits kept as Redis keeps them, so that input one store refuses the
-// other refuses too.
-const (
-	// maxHitWindows is the most windows one Hit takes.
-	maxHitWindows = 16
-	// maxIDLen is the most bytes of a hit's ID.
-	maxIDLen = 256
-)
-
-// How long ID markers live, as in Redis. A batch's marker lives as long as
-// the counters it wrote, and at least minBatchMarkerLife, so that a prompt
-// retry is recognised even for the shortest windows. A hit's marker lives
-// as long as its counters too, but at least minHitMarkerLife, so that the
-// batch that carries a failed hit's diffs finds it, and at most
-// maxHitMarkerLife, so that one marker per synchronous hit does not fill
-// memory with long windows.
-const (
-	minBatchMarkerLife = 5 * time.Second
-	minHitMarkerLife   = time.Minute
-	maxHitMarkerLife   = 2 * time.Minute
-)
-
 // ErrInvalidWindow is wrapped by the errors of operations given a window
 // the store does not take: a size that is not a positive whole number of
-// milliseconds, or a start that is not a multiple of the size. It wraps
-// strategy.ErrRejected, as such a request can never succeed.
-var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+// milliseconds, or a start that is not a multiple of the size. It is
+// strategy.ErrInvalidWindow, which wraps strategy.ErrRejected, as such a
+// request can never succeed.
+var ErrInvalidWindow = strategy.ErrInvalidWindow
 
 // errClosed is returned by the calls made on a closed store.
 var errClosed = fmt.Errorf("%w: the memory store is closed", strategy.ErrNotSent)
@@ -97,7 +76,7 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
 	}
 	for i := range b.Diffs {
-		if err := checkWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
+		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
 			return fmt.Errorf("diffs[%d]: %w", i, err)
 		}
 	}
@@ -121,7 +100,7 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 		last = max(last, c.expiresAt())
 	}
 	if last != math.MinInt64 {
-		d.mark(m, max(last, now+int64(minBatchMarkerLife)))
+		d.mark(m, max(last, now+int64(strategy.MinBatchIDLife)))
 	}
 	return nil
 }
@@ -145,7 +124,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	for j, size := range sizes {
-		if err := checkSize(size); err != nil {
+		if err := strategy.CheckSize(size); err != nil {
 			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
 		}
 	}
@@ -188,7 +167,7 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 		return err
 	}
 	for j, size := range sizes {
-		if err := checkSize(size); err != nil {
+		if err := strategy.CheckSize(size); err != nil {
 			return fmt.Errorf("sizes[%d]: %w", j, err)
 		}
 	}
@@ -237,7 +216,7 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 	if err := s.check(ctx); err != nil {
 		return nil, -1, err
 	}
-	if err := checkHit(id, windows); err != nil {
+	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
 	now := s.now().UnixNano()
@@ -255,7 +234,7 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 			for _, w := range windows {
 				last = max(last, cell{key, w.Size, w.Start}.expiresAt())
 			}
-			life := min(max(last-now, int64(minHitMarkerLife)), int64(maxHitMarkerLife))
+			life := min(max(last-now, int64(strategy.MinHitIDLife)), int64(strategy.MaxHitIDLife))
 			d.mark(m, now+life)
 		}
 	}
@@ -298,31 +277,6 @@ func exceeds(rate, limit float64) bool {
 	return rate > limit
 }
 
-// checkHit checks the input of a Hit.
-func checkHit(id string, windows []strategy.WindowHit) error {
-	if n := len(windows); n == 0 || n > maxHitWindows {
-		return fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
-	}
-	if len(id) > maxIDLen {
-		return fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
-	}
-	for i, w := range windows {
-		if err := checkWindow(w.Size, w.Start); err != nil {
-			return fmt.Errorf("windows[%d]: %w", i, err)
-		}
-		if !finite(w.Value) {
-			return fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
-		}
-		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
-			return fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
-		}
-		if math.IsNaN(w.Max) {
-			return fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
-		}
-	}
-	return nil
-}
-
 // Close marks the store closed: its later calls fail with an error that
 // wraps strategy.ErrNotSent. The data set, and the other stores that share
 // it, are not affected. Closing it again does nothing.
@@ -345,26 +299,6 @@ func (s *Store) Counters(namespace string) int {
 // set so far, through any of its stores: a running total of the work
 // fetches did, for strategytest.Harness.Cost.
 func (s *Store) Lookups() int64 { return s.data.lookups.Load() }
-
-// checkSize checks a window size: a positive whole number of milliseconds,
-// as Redis keys hold them.
-func checkSize(size time.Duration) error {
-	if size <= 0 || size%time.Millisecond != 0 {
-		return fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
-	}
-	return nil
-}
-
-// checkWindow checks a window's size and start.
-func checkWindow(size time.Duration, start int64) error {
-	if err := checkSize(size); err != nil {
-		return err
-	}
-	if start%int64(size) != 0 {
-		return fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
-	}
-	return nil
-}
 
 // finite reports whether v can be added to a counter.
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

@@ -97,7 +97,7 @@ func TestSweepsKeepMemoryBounded(t *testing.T) {
 	}
 	// Once all has expired, nothing is left, and the heap gave back its
 	// memory.
-	clock.advance(maxHitMarkerLife)
+	clock.advance(strategy.MaxHitIDLife)
 	s.Reset(ctx, "other", "k", nil, clock.now) // any write sweeps
 	if len(d.markers) != 0 || len(d.spaces) != 0 || len(d.expiries) != 0 {
 		t.Errorf("after everything expired: %d markers, %d namespaces, %d heap entries", len(d.markers), len(d.spaces), len(d.expiries))
@@ -139,7 +139,7 @@ func TestMarkerLives(t *testing.T) {
 	short := window.Diff{Key: "k", Size: time.Millisecond, Start: start, Value: 1}
 	long := window.Diff{Key: "k", Size: time.Minute, Start: start, Value: 1}
 	push(s, "b", short)
-	clock.advance(minBatchMarkerLife - 1)
+	clock.advance(strategy.MinBatchIDLife - 1)
 	push(s, "b", long) // a retry, though its diffs differ
 	if v := value(s, time.Minute, start); v != 0 {
 		t.Errorf("a retry within five seconds counted %v, want nothing", v)
@@ -156,8 +156,8 @@ func TestMarkerLives(t *testing.T) {
 		size time.Duration
 		life time.Duration
 	}{
-		{time.Millisecond, minHitMarkerLife},
-		{time.Hour, maxHitMarkerLife},
+		{time.Millisecond, strategy.MinHitIDLife},
+		{time.Hour, strategy.MaxHitIDLife},
 	} {
 		s, clock = newTestStore()
 		start = clock.now.UnixNano()

@@ -14,28 +14,6 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// Limits of the input, kept as the Redis and memory stores keep them, so
-// that input one store refuses the others refuse too.
-const (
-	// maxHitWindows is the most windows one Hit takes.
-	maxHitWindows = 16
-	// maxIDLen is the most bytes of a hit's ID.
-	maxIDLen = 256
-)
-
-// How long ID records live, as in Redis: a batch's as long as the
-// counters it wrote, and at least minBatchIDLife, so that a prompt retry
-// is recognised even for the shortest windows; a hit's as long as its
-// counters too, but at least minHitIDLife, so that the batch that carries
-// a failed hit's diffs finds it, and at most maxHitIDLife, so that one row
-// per synchronous hit does not fill the table with long windows. A record
-// outlives its expiry until the next purge.
-const (
-	minBatchIDLife = 5 * time.Second
-	minHitIDLife   = time.Minute
-	maxHitIDLife   = 2 * time.Minute
-)
-
 // Bounds of the bytes stored in the tables' primary keys: a B-tree entry
 // must fit in a third of a page (about 2,700 bytes). Longer namespaces,
 // keys and IDs are stored as their first bytes followed by their SHA-256,
@@ -48,9 +26,10 @@ const (
 
 // ErrInvalidWindow is wrapped by the errors of operations given a window
 // the store does not take: a size that is not a positive whole number of
-// milliseconds, or a start that is not a multiple of the size. It wraps
-// strategy.ErrRejected, as such a request can never succeed.
-var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+// milliseconds, or a start that is not a multiple of the size. It is
+// strategy.ErrInvalidWindow, which wraps strategy.ErrRejected, as such a
+// request can never succeed.
+var ErrInvalidWindow = strategy.ErrInvalidWindow
 
 // PushDiffs adds the diffs of a batch to their counters, at most once per
 // batch ID and namespace: a batch whose ID was applied before (pushed
@@ -79,7 +58,7 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
 	}
 	for i := range b.Diffs {
-		if err := checkWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
+		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
 			return fmt.Errorf("diffs[%d]: %w", i, err)
 		}
 	}
@@ -132,7 +111,10 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 		values = append(values, d.Value)
 		last = max(last, expiresAtMs(sizeMs, startMs))
 	}
-	idExpires := max(last, now.Add(minBatchIDLife).UnixMilli())
+	// The ID's record lives as long as the counters, and at least
+	// strategy.MinBatchIDLife; a record outlives its expiry until the next
+	// purge.
+	idExpires := max(last, now.Add(strategy.MinBatchIDLife).UnixMilli())
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
@@ -169,7 +151,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 
 func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
 	for j, size := range sizes {
-		if err := checkSize(size); err != nil {
+		if err := strategy.CheckSize(size); err != nil {
 			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
 		}
 	}
@@ -256,7 +238,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 
 func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
 	for j, size := range sizes {
-		if err := checkSize(size); err != nil {
+		if err := strategy.CheckSize(size); err != nil {
 			return fmt.Errorf("sizes[%d]: %w", j, err)
 		}
 	}
@@ -324,7 +306,7 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 }
 
 func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
-	if err := checkHit(id, windows); err != nil {
+	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
 	n := len(windows)
@@ -344,7 +326,7 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 	if id != "" {
 		nowMs := s.now().UnixMilli()
 		idArg = stored(id, maxStoredID)
-		idExpires = nowMs + min(max(last-nowMs, minHitIDLife.Milliseconds()), maxHitIDLife.Milliseconds())
+		idExpires = nowMs + min(max(last-nowMs, strategy.MinHitIDLife.Milliseconds()), strategy.MaxHitIDLife.Milliseconds())
 	}
 
 	conn, err := s.acquire(ctx)
@@ -370,51 +352,6 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 		counts[i] = strategy.WindowCounts{Current: cur[i], Previous: prevs[i]}
 	}
 	return counts, int(rej), nil
-}
-
-// checkHit checks the input of a Hit.
-func checkHit(id string, windows []strategy.WindowHit) error {
-	if n := len(windows); n == 0 || n > maxHitWindows {
-		return fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
-	}
-	if len(id) > maxIDLen {
-		return fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
-	}
-	for i, w := range windows {
-		if err := checkWindow(w.Size, w.Start); err != nil {
-			return fmt.Errorf("windows[%d]: %w", i, err)
-		}
-		if !finite(w.Value) {
-			return fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
-		}
-		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
-			return fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
-		}
-		if math.IsNaN(w.Max) {
-			return fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
-		}
-	}
-	return nil
-}
-
-// checkSize checks a window size: a positive whole number of milliseconds,
-// as the table holds them.
-func checkSize(size time.Duration) error {
-	if size <= 0 || size%time.Millisecond != 0 {
-		return fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
-	}
-	return nil
-}
-
-// checkWindow checks a window's size and start.
-func checkWindow(size time.Duration, start int64) error {
-	if err := checkSize(size); err != nil {
-		return err
-	}
-	if start%int64(size) != 0 {
-		return fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
-	}
-	return nil
 }
 
 // expiresAtMs returns when a counter of a window expires, in Unix

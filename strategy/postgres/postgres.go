@@ -230,7 +230,7 @@ func (p *Postgres) StoreKey() string {
 // that is not a positive whole number of milliseconds. The error names the
 // size and wraps ErrInvalidWindow.
 func (p *Postgres) ValidateWindow(size time.Duration) error {
-	if err := checkSize(size); err != nil {
+	if err := strategy.CheckSize(size); err != nil {
 		return fmt.Errorf("postgres strategy: %w", err)
 	}
 	return nil

@@ -1,9 +1,6 @@
 package redis
 
 import (
-	"context"
-	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -11,113 +8,15 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
-	"github.com/ratesync/caddy-ratelimit/window"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
 
-func benchStrategy(b *testing.B) *Redis {
+// BenchmarkStore runs the stores' benchmarks (strategytest.Benchmarks),
+// each against a standalone redis-server of its own. A hit's ID record is
+// its marker key.
+func BenchmarkStore(b *testing.B) { strategytest.Benchmarks(b, benchStrategy) }
+
+func benchStrategy(b *testing.B) strategy.Store {
 	srv := redistest.Start(b)
 	return open(b, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(30 * time.Second)})
 }
-
-func benchDiffs(n int, size time.Duration, start int64) []window.Diff {
-	diffs := make([]window.Diff, n)
-	for i := range diffs {
-		diffs[i] = window.Diff{Key: fmt.Sprint("203.0.113.", i), Size: size, Start: start, Value: 1}
-	}
-	return diffs
-}
-
-func benchmarkPush(b *testing.B, n int) {
-	r := benchStrategy(b)
-	ctx := context.Background()
-	size := time.Hour
-	diffs := benchDiffs(n, size, window.Start(time.Now().UnixNano(), size))
-	if err := r.PushDiffs(ctx, strategy.Batch{ID: "warm-up", Namespace: "bench", Diffs: diffs}); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		if err := r.PushDiffs(ctx, strategy.Batch{ID: fmt.Sprint("batch-", i), Namespace: "bench", Diffs: diffs}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(i*n), "ns/diff")
-}
-
-// BenchmarkPush1000 pushes a batch of 1,000 diffs of distinct keys.
-func BenchmarkPush1000(b *testing.B) { benchmarkPush(b, 1000) }
-
-// BenchmarkPush10000 pushes a batch of 10,000 diffs of distinct keys.
-func BenchmarkPush10000(b *testing.B) { benchmarkPush(b, 10000) }
-
-// BenchmarkFetch10000 fetches the counters of 10,000 keys, one window size
-// (20,000 counters: current and previous windows), all present.
-func BenchmarkFetch10000(b *testing.B) {
-	r := benchStrategy(b)
-	ctx := context.Background()
-	size := time.Hour
-	now := time.Now()
-	diffs := benchDiffs(10000, size, window.Start(now.UnixNano(), size))
-	if err := r.PushDiffs(ctx, strategy.Batch{ID: "fill", Namespace: "bench", Diffs: diffs}); err != nil {
-		b.Fatal(err)
-	}
-	keys := make([]string, len(diffs))
-	for i, d := range diffs {
-		keys[i] = d.Key
-	}
-	sizes := []time.Duration{size}
-	b.ReportAllocs()
-	for b.Loop() {
-		counts, err := r.GetCounters(ctx, "bench", keys, sizes, now)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(counts) != len(keys) {
-			b.Fatalf("got %d counts, want %d", len(counts), len(keys))
-		}
-	}
-}
-
-// benchmarkHit applies synchronous hits to windows of the given sizes,
-// each with an ID of its own, as the sync app sends them, or with none.
-// Making the ID costs the benchmark one allocation of its own.
-func benchmarkHit(b *testing.B, withID bool, sizes ...time.Duration) {
-	r := benchStrategy(b)
-	ctx := context.Background()
-	now := time.Now().UnixNano()
-	windows := make([]strategy.WindowHit, len(sizes))
-	for i, size := range sizes {
-		// A limit that never rejects, so every hit writes every window.
-		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: 1e15, Weight: 0.5}
-	}
-	if _, _, err := r.Hit(ctx, "bench", "warm-up", "", windows, false); err != nil {
-		b.Fatal(err)
-	}
-	idBuf := []byte("0123456789abcdef-")
-	prefix := len(idBuf)
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		id := ""
-		if withID {
-			idBuf = strconv.AppendInt(idBuf[:prefix], int64(i), 10)
-			id = string(idBuf)
-		}
-		if _, rejected, err := r.Hit(ctx, "bench", "203.0.113.7", id, windows, false); err != nil || rejected != -1 {
-			b.Fatal(rejected, err)
-		}
-	}
-}
-
-// BenchmarkHit applies one synchronous hit, with an ID, to one window: one
-// round trip.
-func BenchmarkHit(b *testing.B) { benchmarkHit(b, true, time.Hour) }
-
-// BenchmarkHit3Windows applies one synchronous hit, with an ID, to three
-// windows (1s, 1m, 1h): one round trip too.
-func BenchmarkHit3Windows(b *testing.B) { benchmarkHit(b, true, time.Second, time.Minute, time.Hour) }
-
-// BenchmarkHitNoID is BenchmarkHit without an ID, so without a marker:
-// the difference is the marker's cost.
-func BenchmarkHitNoID(b *testing.B) { benchmarkHit(b, false, time.Hour) }

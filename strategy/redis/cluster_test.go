@@ -137,8 +137,8 @@ func TestCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if markerTTL < maxHitMarkerTTL-5*time.Second || markerTTL > maxHitMarkerTTL || counterTTL < maxHitMarkerTTL {
-				t.Errorf("key %d: the hit's marker lives %v (the counter %v), want about %v", i, markerTTL, counterTTL, maxHitMarkerTTL)
+			if markerTTL < strategy.MaxHitIDLife-5*time.Second || markerTTL > strategy.MaxHitIDLife || counterTTL < strategy.MaxHitIDLife {
+				t.Errorf("key %d: the hit's marker lives %v (the counter %v), want about %v", i, markerTTL, counterTTL, strategy.MaxHitIDLife)
 			}
 			for _, key := range []string{marker, counterKeyOf(r, "multi", k, time.Second, ws[0].Start)} {
 				if got, want := slotOf(t, r, key), slotOf(t, r, counter); got != want {

@@ -147,7 +147,7 @@ func TestHitIDMarker(t *testing.T) {
 		min     time.Duration
 	}{
 		{"a second", second, time.Minute},
-		{"a second and an hour", hour, maxHitMarkerTTL},
+		{"a second and an hour", hour, strategy.MaxHitIDLife},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := newID()
@@ -169,8 +169,8 @@ func TestHitIDMarker(t *testing.T) {
 			// At least tc.min and as long as the counter, but never past
 			// the longest a marker lives. Absolute times, so that a slow
 			// machine cannot make it look short.
-			if marker < before+tc.min.Milliseconds() || marker > after+maxHitMarkerTTL.Milliseconds() ||
-				marker < min(counter, before+maxHitMarkerTTL.Milliseconds()) {
+			if marker < before+tc.min.Milliseconds() || marker > after+strategy.MaxHitIDLife.Milliseconds() ||
+				marker < min(counter, before+strategy.MaxHitIDLife.Milliseconds()) {
 				t.Errorf("the marker expires %dms after the hit, want about %v (the counter: %dms)", marker-before, tc.min, counter-before)
 			}
 		})

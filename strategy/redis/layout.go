@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -19,30 +18,20 @@ const (
 	// previous window (start + 2*size), so that clock skew between nodes
 	// does not expire it while a node still reads it.
 	expiryMargin = time.Second
-
-	// minDedupeTTL is the shortest life of a push's dedupe marker, so that
-	// a prompt retry is recognised even for the shortest windows.
-	minDedupeTTL = 5 * time.Second
-
-	// minHitMarkerTTL and maxHitMarkerTTL bound the life of a synchronous
-	// hit's marker, which otherwise lives as long as the hit's counters
-	// (the hit ID rule of strategy.Hitter): a minute covers any prompt
-	// retry of a short window's hit, and one marker per synchronous hit
-	// must not fill Redis with long windows.
-	minHitMarkerTTL = time.Minute
-	maxHitMarkerTTL = 2 * time.Minute
-
-	// maxIDLen is the most bytes of a hit's ID, which ends its marker's
-	// key.
-	maxIDLen = 256
 )
+
+// The limits of the input and the lives of ID markers are those of every
+// store of this module: strategy.MaxHitWindows, strategy.MaxIDLen (an ID
+// ends its marker's key), strategy.MinBatchIDLife (a push's dedupe
+// marker), strategy.MinHitIDLife and strategy.MaxHitIDLife (a synchronous
+// hit's marker).
 
 // ErrInvalidWindow is wrapped by the errors of operations given a window
 // the store cannot hold: a size that is not a positive whole number of
 // milliseconds, or a start that is not a multiple of the size. Such a
-// request can never succeed: ErrInvalidWindow wraps strategy.ErrRejected,
-// so callers drop it rather than retry.
-var ErrInvalidWindow = fmt.Errorf("invalid window: %w", strategy.ErrRejected)
+// request can never succeed: ErrInvalidWindow is strategy.ErrInvalidWindow,
+// which wraps strategy.ErrRejected, so callers drop it rather than retry.
+var ErrInvalidWindow = strategy.ErrInvalidWindow
 
 // FNV-1a 64 parameters.
 const (
@@ -116,22 +105,20 @@ func (l *layout) dedupeKey(bucket, n int, batchID string) string {
 
 // hitMarkerTTL returns the time to live, in milliseconds, of the marker of
 // a hit whose counters' latest expiry is lastExpMs (Unix milliseconds),
-// made at nowMs: as long as the counters, within [minHitMarkerTTL,
-// maxHitMarkerTTL]. A caller retries a failed hit as soon as the store
-// answers again, well within the bound; a retry that comes later still,
-// for a hit that Redis applied although its reply was lost, would count it
-// twice, which errs towards limiting.
+// made at nowMs: as long as the counters, within [strategy.MinHitIDLife,
+// strategy.MaxHitIDLife]. A caller retries a failed hit as soon as the
+// store answers again, well within the bound; a retry that comes later
+// still, for a hit that Redis applied although its reply was lost, would
+// count it twice, which errs towards limiting.
 func hitMarkerTTL(lastExpMs, nowMs int64) int64 {
-	return min(max(lastExpMs-nowMs, minHitMarkerTTL.Milliseconds()), maxHitMarkerTTL.Milliseconds())
+	return min(max(lastExpMs-nowMs, strategy.MinHitIDLife.Milliseconds()), strategy.MaxHitIDLife.Milliseconds())
 }
 
-// windowMs checks a window and returns its size and start in milliseconds.
+// windowMs checks a window (strategy.CheckWindow) and returns its size and
+// start in milliseconds, as keys hold them.
 func windowMs(size time.Duration, start int64) (sizeMs, startMs int64, err error) {
-	if size <= 0 || size%time.Millisecond != 0 {
-		return 0, 0, fmt.Errorf("%w: size %v is not a positive whole number of milliseconds", ErrInvalidWindow, size)
-	}
-	if start%int64(size) != 0 {
-		return 0, 0, fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
+	if err := strategy.CheckWindow(size, start); err != nil {
+		return 0, 0, err
 	}
 	return int64(size / time.Millisecond), start / int64(time.Millisecond), nil
 }

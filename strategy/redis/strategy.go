@@ -186,7 +186,7 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			return
 		}
 		call.keys[0] = r.layout.dedupeKey(k, n, b.ID)
-		call.args[0] = max(last-nowMs, minDedupeTTL.Milliseconds())
+		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		calls = append(calls, call)
 	}
 	if !r.cluster {
@@ -435,10 +435,6 @@ func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.
 	return v, nil
 }
 
-// maxHitWindows is the most windows one Hit takes: its script runs as
-// one atomic step in Redis, so its size stays bounded.
-const maxHitWindows = 16
-
 // Hit applies one synchronous hit to several windows of a key and decides
 // it, in one script run: one round trip (see strategy.Hitter for the
 // contract, and the hit ID rule). In the order given, each window's
@@ -497,13 +493,10 @@ func (r *Redis) Hit(ctx context.Context, namespace, key, id string, windows []st
 }
 
 func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	if err := strategy.CheckHit(id, windows); err != nil {
+		return nil, -1, err
+	}
 	n := len(windows)
-	if n == 0 || n > maxHitWindows {
-		return nil, -1, fmt.Errorf("%w: a hit takes 1 to %d windows, got %d", strategy.ErrRejected, maxHitWindows, n)
-	}
-	if len(id) > maxIDLen {
-		return nil, -1, fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", strategy.ErrRejected, len(id), maxIDLen)
-	}
 	// The command, built in one slice: EVALSHA, the script, the number of
 	// keys, the current and previous counters of every window and, with an
 	// ID, the hit's marker, then the undo flag, four arguments per window
@@ -529,19 +522,7 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 	)
 	for i := range windows {
 		w := &windows[i]
-		sizeMs, startMs, err := windowMs(w.Size, w.Start)
-		if err != nil {
-			return nil, -1, fmt.Errorf("windows[%d]: %w", i, err)
-		}
-		if !finite(w.Value) {
-			return nil, -1, fmt.Errorf("%w: windows[%d]: value %v is not a finite number", strategy.ErrRejected, i, w.Value)
-		}
-		if !(w.Weight >= 0 && w.Weight <= 1) { // NaN too
-			return nil, -1, fmt.Errorf("%w: windows[%d]: weight %v is not in [0, 1]", strategy.ErrRejected, i, w.Weight)
-		}
-		if math.IsNaN(w.Max) {
-			return nil, -1, fmt.Errorf("%w: windows[%d]: max is NaN", strategy.ErrRejected, i)
-		}
+		sizeMs, startMs := int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
 		cmdArgs[3+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
 		cmdArgs[4+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
 		var inc any = "0" // only reads; also keeps -0 away from Redis

@@ -22,6 +22,9 @@
 // store that is not a Hitter); and that calls on a closed store fail with
 // strategy.ErrNotSent (Close).
 //
+// Benchmarks runs the stores' benchmarks (pushes, fetches and hits) the
+// same way, as sub-benchmarks of a benchmark of the store's package.
+//
 // The tests choose their windows from the real clock, with sizes of an hour
 // or more wherever they check counts, and expect the store to expire
 // counters by the real clock too. Counts are binary fractions, which every
