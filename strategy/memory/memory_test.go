@@ -185,7 +185,7 @@ func TestValidateWindow(t *testing.T) {
 	}
 	for _, size := range []time.Duration{0, -time.Second, time.Microsecond, 1500 * time.Microsecond} {
 		err := m.ValidateWindow(size)
-		if !errors.Is(err, memory.ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) {
+		if !errors.Is(err, memory.ErrInvalidWindow) || !errors.Is(err, strategy.ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) {
 			t.Errorf("size %v: got error %v, want one that wraps ErrInvalidWindow", size, err)
 			continue
 		}

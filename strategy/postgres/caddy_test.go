@@ -307,7 +307,7 @@ func TestValidateWindow(t *testing.T) {
 	}
 	for _, size := range []time.Duration{0, -time.Second, 1500 * time.Microsecond, time.Nanosecond} {
 		err := p.ValidateWindow(size)
-		if !errors.Is(err, ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), size.String()) {
+		if !errors.Is(err, ErrInvalidWindow) || !errors.Is(err, strategy.ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), size.String()) {
 			t.Errorf("ValidateWindow(%v) = %v, want ErrInvalidWindow naming the size", size, err)
 		}
 	}

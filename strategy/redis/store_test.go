@@ -143,7 +143,7 @@ func TestValidateWindow(t *testing.T) {
 	}
 	for _, size := range []time.Duration{0, -time.Second, time.Microsecond, 1500 * time.Microsecond, time.Second + 1} {
 		err := r.ValidateWindow(size)
-		if !errors.Is(err, ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), size.String()) {
+		if !errors.Is(err, ErrInvalidWindow) || !errors.Is(err, strategy.ErrInvalidWindow) || !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), size.String()) {
 			t.Errorf("ValidateWindow(%v) = %v, want ErrInvalidWindow naming the size", size, err)
 		}
 	}

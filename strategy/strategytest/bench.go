@@ -1,0 +1,131 @@
+package strategytest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// Benchmarks runs the stores' benchmarks against the stores that open
+// returns, as sub-benchmarks of b:
+//
+//   - Push1000 and Push10000 push a batch of 1,000 (10,000) diffs of
+//     distinct keys, all updating counters that exist, and report ns/diff
+//     too;
+//   - Fetch10000 fetches the counters of 10,000 keys, one window size
+//     (20,000 counters looked up: current and previous windows; the
+//     current ones are present);
+//   - Hit applies one synchronous hit, with an ID, to one window; Hit3Windows
+//     to three windows (1s, 1m, 1h); HitNoID is Hit without an ID, so
+//     without an ID record: the difference is the record's cost. They are
+//     skipped for a store that is not a strategy.Hitter.
+//
+// Each sub-benchmark calls open once, with its own b, and uses the store
+// it returns only for that benchmark, so that open may start a server of
+// its own (b.Cleanup stops it). The caller closes the store, if it must,
+// with b.Cleanup too. A store's package runs them with
+//
+//	func BenchmarkStore(b *testing.B) { strategytest.Benchmarks(b, openStore) }
+//
+// and, for example, go test -run x -bench 'Store/(Push|Fetch|Hit$)'.
+func Benchmarks(b *testing.B, open func(b *testing.B) strategy.Store) {
+	b.Run("Push1000", func(b *testing.B) { benchmarkPush(b, open(b), 1000) })
+	b.Run("Push10000", func(b *testing.B) { benchmarkPush(b, open(b), 10000) })
+	b.Run("Fetch10000", func(b *testing.B) { benchmarkFetch(b, open(b), 10000) })
+	b.Run("Hit", func(b *testing.B) { benchmarkHit(b, open, true, time.Hour) })
+	b.Run("Hit3Windows", func(b *testing.B) { benchmarkHit(b, open, true, time.Second, time.Minute, time.Hour) })
+	b.Run("HitNoID", func(b *testing.B) { benchmarkHit(b, open, false, time.Hour) })
+}
+
+func benchDiffs(n int, size time.Duration, start int64) []window.Diff {
+	diffs := make([]window.Diff, n)
+	for i := range diffs {
+		diffs[i] = window.Diff{Key: fmt.Sprint("203.0.113.", i), Size: size, Start: start, Value: 1}
+	}
+	return diffs
+}
+
+// benchmarkPush pushes batches of n diffs of distinct keys, after a first
+// one that creates their counters.
+func benchmarkPush(b *testing.B, s strategy.Store, n int) {
+	ctx := context.Background()
+	size := time.Hour
+	diffs := benchDiffs(n, size, window.Start(time.Now().UnixNano(), size))
+	if err := s.PushDiffs(ctx, strategy.Batch{ID: "warm-up", Namespace: "bench", Diffs: diffs}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if err := s.PushDiffs(ctx, strategy.Batch{ID: fmt.Sprint("batch-", i), Namespace: "bench", Diffs: diffs}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(i*n), "ns/diff")
+}
+
+// benchmarkFetch fetches the counters of n keys, one window size, whose
+// current windows hold a count.
+func benchmarkFetch(b *testing.B, s strategy.Store, n int) {
+	ctx := context.Background()
+	size := time.Hour
+	now := time.Now()
+	diffs := benchDiffs(n, size, window.Start(now.UnixNano(), size))
+	if err := s.PushDiffs(ctx, strategy.Batch{ID: "fill", Namespace: "bench", Diffs: diffs}); err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, len(diffs))
+	for i, d := range diffs {
+		keys[i] = d.Key
+	}
+	sizes := []time.Duration{size}
+	b.ReportAllocs()
+	for b.Loop() {
+		counts, err := s.GetCounters(ctx, "bench", keys, sizes, now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(counts) != len(keys) {
+			b.Fatalf("got %d counts, want %d", len(counts), len(keys))
+		}
+	}
+}
+
+// benchmarkHit applies synchronous hits to windows of the given sizes,
+// each with an ID of its own, as the sync app sends them, or with none.
+// Making the ID costs the benchmark one allocation of its own.
+func benchmarkHit(b *testing.B, open func(b *testing.B) strategy.Store, withID bool, sizes ...time.Duration) {
+	s, ok := open(b).(strategy.Hitter)
+	if !ok {
+		b.Skip("the store is not a strategy.Hitter")
+	}
+	ctx := context.Background()
+	now := time.Now().UnixNano()
+	windows := make([]strategy.WindowHit, len(sizes))
+	for i, size := range sizes {
+		// A limit that never rejects, so every hit writes every window.
+		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: 1e15, Weight: 0.5}
+	}
+	if _, _, err := s.Hit(ctx, "bench", "warm-up", "", windows, false); err != nil {
+		b.Fatal(err)
+	}
+	idBuf := []byte("0123456789abcdef-")
+	prefix := len(idBuf)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		id := ""
+		if withID {
+			idBuf = strconv.AppendInt(idBuf[:prefix], int64(i), 10)
+			id = string(idBuf)
+		}
+		if _, rejected, err := s.Hit(ctx, "bench", "203.0.113.7", id, windows, false); err != nil || rejected != -1 {
+			b.Fatal(rejected, err)
+		}
+	}
+}
