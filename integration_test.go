@@ -87,8 +87,20 @@ func loadWithOptions(t *testing.T, options, sites string) *caddytest.Tester {
 	t.Helper()
 	tester := caddytest.NewTester(t)
 	tester.InitServer(withOptions(options)+sites, "caddyfile")
+	awaitOldServers()
 	return tester
 }
+
+// oldServersGone is how long to wait after a config load for the previous
+// config's HTTP servers to be gone. Caddy answers /load once the new
+// servers run, and shuts the old ones down in the background; until then
+// an old server may still accept a connection on the shared listener, and
+// with the preamble's grace_period of 1ns it closes it unanswered (EOF).
+// On an idle machine they are gone about 3ms after the load.
+const oldServersGone = 100 * time.Millisecond
+
+// awaitOldServers waits until a load's previous HTTP servers are gone.
+func awaitOldServers() { time.Sleep(oldServersGone) }
 
 func withOptions(options string) string {
 	return strings.TrimSuffix(preamble, "}\n") + options + "\n}\n"
@@ -380,6 +392,7 @@ func TestJSONThroughAdminAPI(t *testing.T) {
 	}`
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config, "json")
+	awaitOldServers()
 	if got := countAdmitted(t, tester, "/", uniqueKey(t), 4); got != 2 {
 		t.Fatalf("admitted %d of 4, want 2", got)
 	}
@@ -425,6 +438,7 @@ func TestReloadKeepsCounters(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("forced reload: %d", resp.StatusCode)
 	}
+	awaitOldServers()
 	if resp, body := get(t, tester, "/", key); resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("after two reloads: %d %q, want 429 (the limit of 3 was used up before)", resp.StatusCode, body)
 	}
