@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check the project has: go vet, gofmt, and the tests under the
-# race detector. Tests that need Redis start their own redis-server
-# processes, so this installs Debian's redis-server when it is missing.
+# race detector. Tests that need Redis or PostgreSQL start their own
+# servers, so this installs Debian's redis-server and postgresql when they
+# are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
