@@ -99,7 +99,10 @@ type Hitter interface {
 	//
 	// id, unless empty, names the hit, and the hit ID rule holds: a Hit
 	// and a Batch with the same ID are applied at most once between them,
-	// for as long as any of the hit's counters lives. A caller whose hit
+	// for as long as the store remembers the ID: at least MinHitIDLife
+	// after the hit (the stores here keep it as long as the hit's counters
+	// live, within MinHitIDLife and MaxHitIDLife, so that one record per
+	// synchronous hit stays bounded). A caller whose hit
 	// failed after it may have been applied pushes the hit's diffs later as
 	// a Batch with that ID, which the store applies only if the hit was
 	// not. A Hit whose ID was already applied changes nothing and answers
