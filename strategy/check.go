@@ -63,6 +63,17 @@ func CheckSize(size time.Duration) error {
 	return nil
 }
 
+// CheckSizes checks every size of a fetch or a reset as CheckSize does;
+// the error names the first bad one by its index.
+func CheckSizes(sizes []time.Duration) error {
+	for j, size := range sizes {
+		if err := CheckSize(size); err != nil {
+			return fmt.Errorf("sizes[%d]: %w", j, err)
+		}
+	}
+	return nil
+}
+
 // CheckWindow checks a window's size, as CheckSize does, and its start
 // (Unix nanoseconds): a multiple of the size. The error names the size or
 // the start and wraps ErrInvalidWindow.

@@ -29,6 +29,16 @@ func TestCheckSize(t *testing.T) {
 	}
 }
 
+func TestCheckSizes(t *testing.T) {
+	if err := strategy.CheckSizes([]time.Duration{time.Second, time.Minute}); err != nil {
+		t.Errorf("CheckSizes of good sizes = %v, want nil", err)
+	}
+	err := strategy.CheckSizes([]time.Duration{time.Second, time.Minute, time.Microsecond, -time.Second})
+	if !errors.Is(err, strategy.ErrInvalidWindow) || !strings.HasPrefix(err.Error(), "sizes[2]: ") {
+		t.Errorf("CheckSizes = %v, want the first bad size, sizes[2], wrapping ErrInvalidWindow", err)
+	}
+}
+
 func TestCheckWindow(t *testing.T) {
 	size := time.Minute
 	for _, start := range []int64{0, 3 * int64(size), -int64(size), 29_000_000 * int64(size)} {

@@ -123,10 +123,8 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
-	for j, size := range sizes {
-		if err := strategy.CheckSize(size); err != nil {
-			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
-		}
+	if err := strategy.CheckSizes(sizes); err != nil {
+		return nil, err
 	}
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
@@ -166,10 +164,8 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	for j, size := range sizes {
-		if err := strategy.CheckSize(size); err != nil {
-			return fmt.Errorf("sizes[%d]: %w", j, err)
-		}
+	if err := strategy.CheckSizes(sizes); err != nil {
+		return err
 	}
 	at, clock := now.UnixNano(), s.now().UnixNano()
 	d := s.data

@@ -150,10 +150,8 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 }
 
 func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	for j, size := range sizes {
-		if err := strategy.CheckSize(size); err != nil {
-			return nil, fmt.Errorf("sizes[%d]: %w", j, err)
-		}
+	if err := strategy.CheckSizes(sizes); err != nil {
+		return nil, err
 	}
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
@@ -237,10 +235,8 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 }
 
 func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	for j, size := range sizes {
-		if err := strategy.CheckSize(size); err != nil {
-			return fmt.Errorf("sizes[%d]: %w", j, err)
-		}
+	if err := strategy.CheckSizes(sizes); err != nil {
+		return err
 	}
 	// Each size once: an upsert may not touch a row twice.
 	sizes = slices.Clone(sizes)
