@@ -29,8 +29,8 @@ func shared(name string) *data {
 	return d
 }
 
-// data is one data set: the counters and ID markers that the stores
-// opened under one name share. One mutex guards it all, so every operation
+// data is one data set: the counters, ID markers and concurrency slots
+// that the stores opened under one name share. One mutex guards it all, so every operation
 // of a store is atomic, as a Redis script is.
 type data struct {
 	mu sync.Mutex
@@ -40,9 +40,14 @@ type data struct {
 	// markers maps the IDs of applied batches and hits to when they
 	// expire, in Unix nanoseconds.
 	markers map[marker]int64
+	// slots maps a (namespace, key) to its concurrency slots: each slot's
+	// id to when it expires, in Unix nanoseconds. A key without slots is
+	// removed.
+	slots map[slotKey]map[string]int64
 	// expiries lists what expires when, earliest first: one entry per
-	// counter or marker created, so that a sweep drops exactly what has
-	// expired, at a cost of O(log n) per entry over its life.
+	// counter or marker created, and per slot taken or renewed, so that a
+	// sweep drops exactly what has expired, at a cost of O(log n) per entry
+	// over its life.
 	expiries expiryHeap
 
 	// lookups counts the counters GetCounters looked up (see
@@ -54,6 +59,7 @@ func newData() *data {
 	return &data{
 		spaces:  make(map[string]map[cell]float64),
 		markers: make(map[marker]int64),
+		slots:   make(map[slotKey]map[string]int64),
 	}
 }
 
@@ -81,6 +87,12 @@ func (c cell) expiresAt() int64 {
 type marker struct {
 	namespace string
 	id        string
+}
+
+// slotKey names the slots of a key within a namespace.
+type slotKey struct {
+	namespace string
+	key       string
 }
 
 // get returns a counter's value at now (Unix nanoseconds), and whether it
@@ -137,6 +149,19 @@ func (d *data) mark(m marker, exp int64) {
 func (d *data) sweep(now int64) {
 	for len(d.expiries) > 0 && d.expiries[0].at <= now {
 		e := heap.Pop(&d.expiries).(expiry)
+		if e.isSlot {
+			// A slot renewed since has a later expiry and an entry of its
+			// own: keep it.
+			k := slotKey{e.namespace, e.cell.key}
+			held := d.slots[k]
+			if exp, ok := held[e.id]; ok && exp <= now {
+				delete(held, e.id)
+				if len(held) == 0 {
+					delete(d.slots, k)
+				}
+			}
+			continue
+		}
 		if e.isMarker {
 			// A marker that expired and was set again has a later
 			// expiry and an entry of its own: keep it.
@@ -158,14 +183,16 @@ func (d *data) sweep(now int64) {
 	}
 }
 
-// expiry is one entry of the expiry heap: a counter, or a marker when
-// isMarker is set.
+// expiry is one entry of the expiry heap: a counter; a marker when
+// isMarker is set; or, when isSlot is set, the slot id of the key
+// cell.key.
 type expiry struct {
 	at        int64
 	namespace string
 	cell      cell
 	id        string
 	isMarker  bool
+	isSlot    bool
 }
 
 // expiryHeap is a min-heap of expiries by time (container/heap).

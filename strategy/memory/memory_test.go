@@ -41,6 +41,10 @@ func counters(t *testing.T, s strategy.Store, namespace string) int {
 	return s.(*memory.Store).Counters(namespace)
 }
 
+func slots(t *testing.T, s strategy.Store, namespace string) int {
+	return s.(*memory.Store).Slots(namespace)
+}
+
 // TestConformance runs the store suite over stores of one named data set,
 // as the nodes of a cluster share one server.
 func TestConformance(t *testing.T) {
@@ -50,6 +54,7 @@ func TestConformance(t *testing.T) {
 		Open:     func(t *testing.T) strategy.Store { return open(t, name) },
 		Counters: counters,
 		Cost:     func(*testing.T) int64 { return probe.Lookups() },
+		Slots:    slots,
 	})
 }
 
@@ -59,6 +64,7 @@ func TestConformanceNew(t *testing.T) {
 	strategytest.Run(t, strategytest.Harness{
 		Open:     func(*testing.T) strategy.Store { return memory.New() },
 		Counters: counters,
+		Slots:    slots,
 	})
 }
 

@@ -22,13 +22,13 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 var errClosed = fmt.Errorf("%w: the memory store is closed", strategy.ErrNotSent)
 
 // Store is a store of the counters of one in-memory data set. It
-// implements strategy.Hitter. Stores of the same data set (opened from
+// implements strategy.Hitter and strategy.Slotter. Stores of the same data set (opened from
 // strategies of the same name) see the same counters, and each can be
 // closed on its own. It is safe for concurrent use.
 type Store struct {
 	data   *data
 	closed atomic.Bool
-	// now is the clock that expires counters and markers, as a Redis
+	// now is the clock that expires counters, markers and slots, as a Redis
 	// server's clock does; tests replace it. The now of GetCounters and
 	// Reset, and the starts of diffs and hits, only choose windows.
 	now func() time.Time

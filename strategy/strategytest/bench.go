@@ -23,7 +23,11 @@ import (
 //   - Hit applies one synchronous hit, with an ID, to one window; Hit3Windows
 //     to three windows (1s, 1m, 1h); HitNoID is Hit without an ID, so
 //     without an ID record: the difference is the record's cost. They are
-//     skipped for a store that is not a strategy.Hitter.
+//     skipped for a store that is not a strategy.Hitter;
+//   - Slot takes a concurrency slot and releases it (AcquireSlot then
+//     ReleaseSlots: the two round trips of a request under
+//     max_concurrent), skipped for a store that is not a
+//     strategy.Slotter.
 //
 // Each sub-benchmark calls open once, with its own b, and uses the store
 // it returns only for that benchmark, so that open may start a server of
@@ -40,6 +44,7 @@ func Benchmarks(b *testing.B, open func(b *testing.B) strategy.Store) {
 	b.Run("Hit", func(b *testing.B) { benchmarkHit(b, open, true, time.Hour) })
 	b.Run("Hit3Windows", func(b *testing.B) { benchmarkHit(b, open, true, time.Second, time.Minute, time.Hour) })
 	b.Run("HitNoID", func(b *testing.B) { benchmarkHit(b, open, false, time.Hour) })
+	b.Run("Slot", func(b *testing.B) { benchmarkSlot(b, open) })
 }
 
 func benchDiffs(n int, size time.Duration, start int64) []window.Diff {
@@ -126,6 +131,37 @@ func benchmarkHit(b *testing.B, open func(b *testing.B) strategy.Store, withID b
 		}
 		if _, rejected, err := s.Hit(ctx, "bench", "203.0.113.7", id, windows, false); err != nil || rejected != -1 {
 			b.Fatal(rejected, err)
+		}
+	}
+}
+
+// benchmarkSlot takes a slot of one key, with an ID of its own, and
+// releases it, as a request under max_concurrent does, while 4 other
+// slots of the key are held.
+func benchmarkSlot(b *testing.B, open func(b *testing.B) strategy.Store) {
+	s, ok := open(b).(strategy.Slotter)
+	if !ok {
+		b.Skip("the store is not a strategy.Slotter")
+	}
+	ctx := context.Background()
+	const key, max, lease = "203.0.113.7", 20, 30 * time.Second
+	for i := range 4 {
+		if _, ok, err := s.AcquireSlot(ctx, "bench", key, fmt.Sprint("held-", i), max, lease); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+	idBuf := []byte("node-0123456789abcdef-")
+	prefix := len(idBuf)
+	slot := []strategy.Slot{{Key: key}}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		idBuf = strconv.AppendInt(idBuf[:prefix], int64(i), 10)
+		slot[0].ID = string(idBuf)
+		if _, ok, err := s.AcquireSlot(ctx, "bench", key, slot[0].ID, max, lease); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		if err := s.ReleaseSlots(ctx, "bench", slot); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

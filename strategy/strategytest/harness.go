@@ -19,10 +19,17 @@
 // impossible windows are refused with strategy.ErrRejected
 // (InvalidWindows); a Hitter's order, weight, undo, infinite limit, hit ID
 // rule, atomicity and input checks (Hit, skipped with a log line for a
-// store that is not a Hitter); and that calls on a closed store fail with
-// strategy.ErrNotSent (Close).
+// store that is not a Hitter); a Slotter's concurrency slots (Slots,
+// skipped likewise for a store that is not one): that of 50 concurrent
+// acquisitions of max 5 exactly 5 succeed, that acquisitions and releases
+// from many goroutines never hold more than max, that a release frees a
+// place, that acquiring a held id renews it, that a lease that ends frees
+// its place and a renewal keeps it (short leases, waited for by polling),
+// that hostile keys and namespaces never share slots, that slots expire
+// on their own (with Harness.Slots), input checks and closed stores; and
+// that calls on a closed store fail with strategy.ErrNotSent (Close).
 //
-// Benchmarks runs the stores' benchmarks (pushes, fetches and hits) the
+// Benchmarks runs the stores' benchmarks (pushes, fetches, hits and slots) the
 // same way, as sub-benchmarks of a benchmark of the store's package.
 //
 // The tests choose their windows from the real clock, with sizes of an hour
@@ -60,4 +67,12 @@ type Harness struct {
 	// but the suite uses it meanwhile. Without it that test checks what a
 	// fetch returns only.
 	Cost func(t *testing.T) int64
+
+	// Slots, if set, returns how many concurrency slots the store holds
+	// for a namespace, over all its keys, after dropping the expired ones
+	// (a store that purges on a timer purges first), or how many per-key
+	// records hold them: what matters is that it falls to zero once every
+	// slot's lease has ended, showing that slots do not pile up. Without
+	// it, for a strategy.Slotter, that test is skipped with a log line.
+	Slots func(t *testing.T, s strategy.Store, namespace string) int
 }

@@ -32,7 +32,8 @@ const callTimeout = time.Minute
 // Run runs the conformance suite against the store that h opens, as
 // subtests of t (see the package documentation). They run one after the
 // other, so that Harness.Cost sees only the work of the fetch it measures.
-// Stores that implement strategy.Hitter are checked as such too.
+// Stores that implement strategy.Hitter or strategy.Slotter are checked as
+// such too.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil {
@@ -56,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentPushes", testConcurrentPushes},
 		{"InvalidWindows", testInvalidWindows},
 		{"Hit", testHit},
+		{"Slots", testSlots},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })

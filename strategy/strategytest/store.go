@@ -168,22 +168,7 @@ func testManyDiffs(t *testing.T, h Harness) {
 // breaks a push or a fetch.
 func testHostileKeys(t *testing.T, h Harness) {
 	s, ctx, base := h.open(t), testContext(t), unique("hostile")
-	long := strings.Repeat("k", 10<<10)
-	type pair struct{ namespace, key string }
-	var pairs []pair
-	for _, key := range []string{
-		"", " ", ":", "::", "a", "a:b", "b:c", "a:b:c", "{", "}", "{}", "{a}", "}{", "{a}:b", "a{b}c",
-		"\x00", "\x00a", "a\x00", "a\x00b", "\xff", "\xff\xfe\xfd", "\xc3\x28", "é", "e\u0301", "\n", "\r\n",
-		"*", "?", "[a]", "%", "_", "%s", "\\", "'", `"`, "';--", "$1", "rl:{1}:60000:0:1:a:b", long, long + "x",
-	} {
-		pairs = append(pairs, pair{base, key})
-	}
-	// Namespace and key pairs that a naive concatenation would merge.
-	pairs = append(pairs,
-		pair{base + "a:b", "c"}, pair{base + "a", "b:c"}, pair{base + "a:b:c", ""}, pair{base + "a:", "b:c"},
-		pair{base + "x:", "y"}, pair{base + "x", ":y"}, pair{base + "\x00", "k"}, pair{base, "\x00k"},
-		pair{base + "{", "k}"}, pair{base + "{k", "}"}, pair{base + "3:", "a"}, pair{base + "%", "a"},
-	)
+	pairs := hostilePairs(base)
 
 	at := steadyNow().UnixNano()
 	wants := make(map[string]counts)
@@ -215,6 +200,31 @@ func testHostileKeys(t *testing.T, h Harness) {
 		want := counts{{p.key, hour, cur(at, hour)}: wants[p.namespace][win{p.key, hour, cur(at, hour)}]}
 		assertCounts(t, fmt.Sprintf("namespace %q, one key", strings.TrimPrefix(p.namespace, base)), got, want)
 	}
+}
+
+// pair is a namespace and a key.
+type pair struct{ namespace, key string }
+
+// hostilePairs returns namespaces and keys that a store must keep apart,
+// all starting with base: keys of namespace base with separators, braces
+// (Redis hash tags), NULs, invalid UTF-8, wildcards, SQL and 10 KB of
+// length, and namespace and key pairs that a naive concatenation would
+// merge.
+func hostilePairs(base string) []pair {
+	long := strings.Repeat("k", 10<<10)
+	var pairs []pair
+	for _, key := range []string{
+		"", " ", ":", "::", "a", "a:b", "b:c", "a:b:c", "{", "}", "{}", "{a}", "}{", "{a}:b", "a{b}c",
+		"\x00", "\x00a", "a\x00", "a\x00b", "\xff", "\xff\xfe\xfd", "\xc3\x28", "é", "e\u0301", "\n", "\r\n",
+		"*", "?", "[a]", "%", "_", "%s", "\\", "'", `"`, "';--", "$1", "rl:{1}:60000:0:1:a:b", long, long + "x",
+	} {
+		pairs = append(pairs, pair{base, key})
+	}
+	return append(pairs,
+		pair{base + "a:b", "c"}, pair{base + "a", "b:c"}, pair{base + "a:b:c", ""}, pair{base + "a:", "b:c"},
+		pair{base + "x:", "y"}, pair{base + "x", ":y"}, pair{base + "\x00", "k"}, pair{base, "\x00k"},
+		pair{base + "{", "k}"}, pair{base + "{k", "}"}, pair{base + "3:", "a"}, pair{base + "%", "a"},
+	)
 }
 
 // testReset checks that Reset sets a key's current and previous windows of
