@@ -48,6 +48,9 @@ func harness(t *testing.T, addrs []string, masters []*goredis.Client) strategyte
 		Counters: func(t *testing.T, s strategy.Store, namespace string) int {
 			return countersOf(t, masters, s.(*Redis).KeyPrefix, namespace)
 		},
+		Slots: func(t *testing.T, s strategy.Store, namespace string) int {
+			return slotsOf(t, masters, s.(*Redis).KeyPrefix, namespace)
+		},
 		Cost: func(t *testing.T) int64 {
 			var total int64
 			for _, c := range masters {
@@ -95,6 +98,37 @@ func countersOf(t *testing.T, masters []*goredis.Client, prefix, namespace strin
 			if ttl != -2 {
 				n++
 			}
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatalf("SCAN of %s: %v", c.Options().Addr, err)
+		}
+	}
+	return n
+}
+
+// slotsOf counts the concurrency slots of a namespace on every master,
+// expired or not, in the sorted sets of its keys that still exist (each
+// vanishes when its latest slot expires): SCAN for the sets'
+// keys, <prefix>:{<bucket>}:slots:<len(ns)>:<ns>:<key>, then ZCARD each.
+func slotsOf(t *testing.T, masters []*goredis.Client, prefix, namespace string) int {
+	t.Helper()
+	ctx := testCtx(t)
+	pattern := globEscape(prefix) + ":{*}:slots:" + globEscape(nsPart(namespace)) + "*"
+	n := 0
+	for _, c := range masters {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		seen := make(map[string]bool) // SCAN may return a key twice
+		for iter.Next(ctx) {
+			key := iter.Val()
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			card, err := c.ZCard(ctx, key).Result()
+			if err != nil {
+				t.Fatalf("ZCARD %q: %v", key, err)
+			}
+			n += int(card)
 		}
 		if err := iter.Err(); err != nil {
 			t.Fatalf("SCAN of %s: %v", c.Options().Addr, err)

@@ -13,8 +13,9 @@
 // settings with a go-redis client of its own, which dials only when first
 // used; the rate_limit app closes it with Close, and the module's Cleanup
 // leaves it alone. From Go, Open turns a filled-in Redis into a store
-// itself, without Caddy. The store is a strategy.Hitter: it can serve
-// synchronous namespaces.
+// itself, without Caddy. The store is a strategy.Hitter, so it can serve
+// synchronous namespaces, and a strategy.Slotter, so it can hold the
+// concurrency slots of max_concurrent for a fleet.
 //
 // # Layout
 //
@@ -190,6 +191,46 @@
 // would count it twice, which errs towards limiting. A hit without an ID
 // sets no marker.
 //
+// # Concurrency slots
+//
+// The store is a strategy.Slotter: it holds the slots of max_concurrent
+// across a fleet. The slots of one (namespace, client key) are one sorted
+// set, under the key
+//
+//	<prefix>:{<bucket>}:slots:<len(namespace)>:<namespace>:<client key>
+//
+// in the bucket of the key's counters, hence in their Cluster slot (and
+// never read as a counter: "slots" is not a size). A member is a slot's
+// ID, which the caller makes unique per request (the node's ID and a
+// sequence number); its score is when the slot expires, in Unix
+// microseconds by the Redis server's clock (TIME, read inside the
+// scripts), so that the nodes' clocks play no part. The set expires on
+// its own with its latest slot: each write that extends a slot past the
+// set's time to live extends that too (PEXPIRE, to the lease plus a
+// millisecond). So a set nobody touches vanishes once its slots have
+// expired, and an acquisition drops the expired members of a set in use.
+//
+// AcquireSlot is one EVALSHA of a script (EVAL once per server when the
+// server lacks it), sent at most once, as a hit is: TIME, ZREMRANGEBYSCORE
+// of the expired slots, ZCARD, then, if fewer than max are held, ZADD of
+// the slot (which renews an ID that is held) and PTTL, with PEXPIRE when
+// the set's life must grow; a key that is full costs a ZSCORE instead, to
+// see whether the ID is one of its slots (a held ID is renewed, whatever
+// the count). The script is atomic, so concurrent acquisitions of one key
+// take turns, on a Cluster too. Its errors wrap strategy.ErrNotSent when
+// it surely never reached Redis; after any other error the slot may have
+// been taken: acquiring the ID again renews it, releasing it frees it, and
+// otherwise its lease frees it.
+//
+// ReleaseSlots is one ZREM per key of the slots given (with all its IDs),
+// and RenewSlots one EVALSHA per key of a script that reads each slot's
+// score (ZSCORE) and extends with ZADD XX those that have not expired,
+// then the set's life as an acquisition does; each call is one pipeline,
+// so one round trip (one per node on a Cluster, in parallel) for up to
+// 1,024 keys. Both are idempotent, and go-redis resends them after a
+// network error; their errors wrap strategy.ErrNotSent only on a closed
+// store.
+//
 // # Commands per call
 //
 // What Redis runs, as INFO commandstats counts it (the EVALSHA and every
@@ -215,6 +256,13 @@
 //     A thousand new keys (about 700 buckets) cost about 3.3 commands a
 //     key to push and fetch once.
 //   - A reset: MULTI, one SET per counter (two per window size), EXEC.
+//   - A slot taken: 7 commands, EVALSHA, TIME, ZREMRANGEBYSCORE, ZCARD,
+//     ZADD, PTTL and PEXPIRE (which a slot taken in the same millisecond
+//     as the key's previous one skips). A slot refused as the key is full:
+//     5, EVALSHA, TIME, ZREMRANGEBYSCORE, ZCARD and ZSCORE.
+//   - A release: one ZREM per key, whatever its number of slots. A
+//     renewal: per key, EVALSHA, TIME, PTTL, PEXPIRE, and a ZSCORE and a
+//     ZADD per slot (one request renewing its one slot: 6).
 //
 // Three commands for a synchronous hit with an ID would leave two inside
 // the script: one read and one write. The write would have to add to the

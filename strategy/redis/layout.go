@@ -103,6 +103,15 @@ func (l *layout) dedupeKey(bucket, n int, batchID string) string {
 	return l.tags[bucket] + "push:" + strconv.Itoa(n) + ":" + batchID
 }
 
+// slotsKey returns the key of the sorted set that holds the concurrency
+// slots of a (namespace, key): <prefix>:{<bucket>}:slots:<len(ns)>:<ns>:<key>,
+// where nsp is nsPart(ns). It shares the bucket, and so the Cluster slot,
+// of the key's counters; "slots" is no number, so it never reads as a
+// counter's size, nor as "push", a dedupe marker.
+func (l *layout) slotsKey(bucket int, nsp, key string) string {
+	return l.tags[bucket] + "slots:" + nsp + key
+}
+
 // hitMarkerTTL returns the time to live, in milliseconds, of the marker of
 // a hit whose counters' latest expiry is lastExpMs (Unix milliseconds),
 // made at nowMs: as long as the counters, within [strategy.MinHitIDLife,

@@ -46,8 +46,9 @@ const (
 // tags so that a Cluster shares the load of a namespace among all its
 // nodes. A periodic sync pushes the diffs of a batch in one round trip and
 // never applies a retried batch twice; a synchronous hit costs one round
-// trip. Connections are made when first needed: loading or validating a
-// configuration never dials Redis.
+// trip, and so does taking a concurrency slot (max_concurrent), which
+// expires by the server's clock. Connections are made when first needed:
+// loading or validating a configuration never dials Redis.
 //
 // The addresses, credentials, master_name and TLS file names may hold
 // global placeholders such as {env.REDIS_PASSWORD}, replaced when the
@@ -440,4 +441,5 @@ var (
 	_ caddyfile.Unmarshaler = (*Redis)(nil)
 	_ strategy.Strategy     = (*Redis)(nil)
 	_ strategy.Hitter       = (*Redis)(nil)
+	_ strategy.Slotter      = (*Redis)(nil)
 )

@@ -1,0 +1,237 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// maxPipelineSlotKeys is the most keys whose slots one release or renewal
+// pipeline carries: one command per key, so that a huge call neither
+// holds a large reply nor blocks Redis for long.
+const maxPipelineSlotKeys = 1024
+
+// acquireSlotSource is the source of acquireSlotScript, kept to send with
+// EVAL when a server does not hold the script.
+//
+// It takes a concurrency slot of one (namespace, key), whose slots are the
+// sorted set KEYS[1]: member the slot's id, score when it expires, in Unix
+// microseconds by the server's clock (TIME), so that the nodes' clocks do
+// not matter. A score of about 1.7e15 is an integer that a double, hence
+// a Lua number and a sorted set's score, holds exactly. ARGV[1] is the
+// id, ARGV[2] the most slots, ARGV[3] the lease in milliseconds.
+//
+// It drops the expired slots (ZREMRANGEBYSCORE, which deletes the set if
+// it empties), counts the others (ZCARD), and takes the slot (ZADD, which
+// renews an id held already) if fewer than the most are held or the id is
+// one of them (ZSCORE, asked only when the set is full). The set lives as
+// long as its latest slot: PEXPIRE when its time to live is shorter than
+// the lease (PTTL; a new set has none), so a key nobody renews vanishes
+// and a key in use never holds slots that expired long ago. The script is
+// atomic, so concurrent acquisitions of a key take turns.
+//
+// It replies with the number of slots held after the call and 1 if the
+// slot was taken, 0 if not.
+const acquireSlotSource = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local lease = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local held = redis.call('ZCARD', KEYS[1])
+if held >= tonumber(ARGV[2]) and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+	return {held, 0}
+end
+held = held + redis.call('ZADD', KEYS[1], now + lease * 1000, ARGV[1])
+if redis.call('PTTL', KEYS[1]) <= lease then
+	redis.call('PEXPIRE', KEYS[1], lease + 1)
+end
+return {held, 1}
+`
+
+// acquireSlotScript is acquireSlotSource, run by its SHA1 digest.
+var acquireSlotScript = goredis.NewScript(acquireSlotSource)
+
+// renewSlotsScript extends the slots ARGV[2..] of the sorted set KEYS[1]
+// (see acquireSlotSource) that have not expired to ARGV[1] milliseconds
+// after the server's now: a ZSCORE and a ZADD XX per slot still held, and
+// the set's time to live as for an acquisition. An expired slot is left
+// as it is, for the next acquisition of the key to drop. It replies with
+// the number of slots renewed.
+var renewSlotsScript = goredis.NewScript(`
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local lease = tonumber(ARGV[1])
+local renewed = 0
+for i = 2, #ARGV do
+	local exp = redis.call('ZSCORE', KEYS[1], ARGV[i])
+	if exp and tonumber(exp) > now then
+		redis.call('ZADD', KEYS[1], 'XX', now + lease * 1000, ARGV[i])
+		renewed = renewed + 1
+	end
+end
+if renewed > 0 and redis.call('PTTL', KEYS[1]) <= lease then
+	redis.call('PEXPIRE', KEYS[1], lease + 1)
+end
+return renewed
+`)
+
+// AcquireSlot takes a concurrency slot of key, named id, when fewer than
+// max slots of key are held and unexpired, with one script run: one round
+// trip (see strategy.Slotter). Taking an id that is held renews it. The
+// slot expires lease (in whole milliseconds) after the Redis server's
+// clock's now. A key's slots are one sorted set in the key's bucket (one
+// Cluster slot); in steady state an acquisition costs Redis 7 commands
+// (EVALSHA, TIME, ZREMRANGEBYSCORE, ZCARD, ZADD, PTTL, PEXPIRE) and one
+// refused because the key is full 5 (EVALSHA, TIME, ZREMRANGEBYSCORE,
+// ZCARD, ZSCORE).
+//
+// An id of 1 to 256 bytes, a max of at least 1 and a lease from 1ms to an
+// hour are taken; other input is refused, before anything is sent, with
+// an error that wraps strategy.ErrRejected.
+//
+// It is sent at most once, as a hit is, and an error wraps
+// strategy.ErrNotSent when it surely never reached Redis (it could not be
+// dialed, no pooled connection freed up, the store is closed). Any other
+// error leaves the caller not knowing whether the slot was taken;
+// acquiring or releasing the id again settles it, or the lease runs out.
+func (r *Redis) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
+	held, ok, err = r.acquireSlot(ctx, namespace, key, id, max, lease)
+	if err != nil {
+		return 0, false, fmt.Errorf("acquiring a slot of namespace %q: %w", namespace, err)
+	}
+	return held, ok, nil
+}
+
+func (r *Redis) acquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (int, bool, error) {
+	if err := r.checkOpen(); err != nil {
+		return 0, false, err
+	}
+	if err := strategy.CheckAcquire(id, max, lease); err != nil {
+		return 0, false, err
+	}
+	set := r.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
+	cmdArgs := []any{nil, nil, 1, set, id, max, strategy.LeaseMs(lease)}
+	reply, err := runOnce(ctx, r.client, acquireSlotScript, acquireSlotSource, cmdArgs).Int64Slice()
+	if err != nil {
+		return 0, false, notSent(err)
+	}
+	if len(reply) != 2 || reply[0] < 0 || reply[1] != 0 && reply[1] != 1 {
+		return 0, false, fmt.Errorf("the slot script replied %v, not a count and a flag", reply)
+	}
+	return int(reply[0]), reply[1] == 1, nil
+}
+
+// ReleaseSlots frees the given slots of a namespace: one ZREM per key,
+// pipelined, in one round trip for up to 1,024 keys (on a Cluster, one per
+// node involved, sent in parallel). Slots that are not held are skipped.
+// An ID that no slot can have (empty, or longer than 256 bytes) is
+// refused, before anything is sent, with an error that wraps
+// strategy.ErrRejected.
+//
+// go-redis resends a pipeline after a network error, which is harmless
+// here (freeing a slot twice frees it once), but means that a failure
+// after an attempt may have been applied: so an error wraps
+// strategy.ErrNotSent only after Close, as PushDiffs' do.
+func (r *Redis) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
+	err := r.checkOpen()
+	if err == nil {
+		err = r.releaseSlots(ctx, namespace, slots)
+	}
+	if err != nil {
+		return fmt.Errorf("releasing %d slots of namespace %q: %w", len(slots), namespace, err)
+	}
+	return nil
+}
+
+func (r *Redis) releaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
+	if err := strategy.CheckSlots(slots); err != nil {
+		return err
+	}
+	sets, ids := r.slotSets(namespace, slots)
+	for len(sets) > 0 {
+		n := min(len(sets), maxPipelineSlotKeys)
+		pipe := r.client.Pipeline()
+		for i := range n {
+			pipe.ZRem(ctx, sets[i], ids[i]...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		sets, ids = sets[n:], ids[n:]
+	}
+	return nil
+}
+
+// RenewSlots extends the given slots of a namespace that are still held
+// to lease after the Redis server's now: one script run per key,
+// pipelined, in one round trip for up to 1,024 keys (on a Cluster, one per
+// node involved, sent in parallel). A slot that expired is not taken
+// again. Each run costs the EVALSHA, TIME, a ZSCORE per slot, a ZADD per
+// slot still held, and PTTL (and PEXPIRE when the set's life grows). Bad
+// input is refused as by AcquireSlot and ReleaseSlots; errors are those
+// of ReleaseSlots (renewing twice is harmless too).
+func (r *Redis) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
+	err := r.checkOpen()
+	if err == nil {
+		err = r.renewSlots(ctx, namespace, slots, lease)
+	}
+	if err != nil {
+		return fmt.Errorf("renewing %d slots of namespace %q: %w", len(slots), namespace, err)
+	}
+	return nil
+}
+
+func (r *Redis) renewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
+	if err := strategy.CheckSlotLease(lease); err != nil {
+		return err
+	}
+	if err := strategy.CheckSlots(slots); err != nil {
+		return err
+	}
+	sets, ids := r.slotSets(namespace, slots)
+	leaseArg := strategy.LeaseMs(lease)
+	calls := make([]scriptCall, len(sets))
+	for i, set := range sets {
+		args := make([]any, 0, 1+len(ids[i]))
+		args = append(append(args, leaseArg), ids[i]...)
+		calls[i] = scriptCall{keys: []string{set}, args: args}
+	}
+	for len(calls) > 0 {
+		n := min(len(calls), maxPipelineSlotKeys)
+		if _, err := evalPipelined(ctx, r.client, renewSlotsScript, calls[:n]); err != nil {
+			return err
+		}
+		calls = calls[n:]
+	}
+	return nil
+}
+
+// slotSets groups slots by key: the sorted set of each key, in the order
+// first given, and the ids of its slots, each once.
+func (r *Redis) slotSets(namespace string, slots []strategy.Slot) (sets []string, ids [][]any) {
+	if len(slots) == 0 {
+		return nil, nil
+	}
+	nsp := nsPart(namespace)
+	index := make(map[string]int, len(slots))
+	seen := make(map[strategy.Slot]bool, len(slots))
+	for _, sl := range slots {
+		if seen[sl] {
+			continue
+		}
+		seen[sl] = true
+		i, ok := index[sl.Key]
+		if !ok {
+			i = len(sets)
+			index[sl.Key] = i
+			sets = append(sets, r.layout.slotsKey(bucketOf(namespace, sl.Key), nsp, sl.Key))
+			ids = append(ids, nil)
+		}
+		ids[i] = append(ids[i], sl.ID)
+	}
+	return sets, ids
+}
