@@ -120,6 +120,7 @@ type namespaceInfo struct {
 	Name         string   `json:"name"`
 	Mode         string   `json:"mode"`
 	SyncRate     string   `json:"sync_rate"`
+	SyncAbove    float64  `json:"sync_above,omitempty"`
 	Zone         string   `json:"zone"`
 	WindowSizes  []string `json:"window_sizes"`
 	Keys         int      `json:"keys"`
@@ -224,6 +225,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			Name:         name,
 			Mode:         ns.mode.String(),
 			SyncRate:     ns.syncRate().String(),
+			SyncAbove:    ns.syncAbove,
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
 			PendingDiffs: ns.syncer.pendingDiffs(),

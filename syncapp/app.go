@@ -159,8 +159,14 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 		return nil, err
 	}
 	ns := &Namespace{name: name, mode: cfg.SyncRate.Mode()}
+	if err := validateSyncAbove(cfg.SyncAbove, ns.mode); err != nil {
+		return nil, err
+	}
 	if ns.mode == Periodic {
 		ns.rate = time.Duration(*cfg.SyncRate)
+	}
+	if cfg.SyncAbove != nil {
+		ns.syncAbove = *cfg.SyncAbove
 	}
 	counters, err := zh.zone.Namespace(name)
 	if err != nil {

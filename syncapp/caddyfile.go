@@ -43,6 +43,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    namespace <name> {
 //	        zone <name>
 //	        sync_rate off|0|<duration>
+//	        sync_above <fraction>
 //	        window_sizes <duration>...
 //	        strategy <module> {
 //	            ...
@@ -148,6 +149,16 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				return d.Errf("namespace %q: %v", name, err)
 			}
 			ns.SyncRate = &rate
+		case "sync_above":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				return d.Errf("namespace %q: sync_above: %q is not a fraction of a limit: want a number in (0, 1], such as 0.8", name, v)
+			}
+			ns.SyncAbove = &f
 		case "window_sizes":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

@@ -28,6 +28,7 @@ func TestGlobalOption(t *testing.T) {
 			namespace api {
 				zone big
 				sync_rate 100ms
+				sync_above 0.8
 				window_sizes 1s 1m
 			}
 			namespace strict {
@@ -35,7 +36,7 @@ func TestGlobalOption(t *testing.T) {
 			}
 			flush_timeout 2s
 		}`, `{"zones":{"big":{"max_keys":5000000},"default":{"max_keys":1000}},` +
-			`"namespaces":{"api":{"zone":"big","sync_rate":"100ms","window_sizes":[1000000000,60000000000]},` +
+			`"namespaces":{"api":{"zone":"big","sync_rate":"100ms","sync_above":0.8,"window_sizes":[1000000000,60000000000]},` +
 			`"local":{"sync_rate":"off"},"strict":{"sync_rate":"0"}},"flush_timeout":2000000000}`},
 	} {
 		got, err := parseGlobalOption(caddyfile.NewTestDispenser(tc.input), nil)
@@ -93,6 +94,10 @@ func TestGlobalOptionBadInput(t *testing.T) {
 		{`rate_limit { zone z { capacity 5 } }`, `unrecognized subdirective 'capacity'`},
 		{`rate_limit { namespace n { sync_rate 500us } }`, `sync_rate: 500µs is too short`},
 		{`rate_limit { namespace n { sync_rate sometimes } }`, `sync_rate: invalid value "sometimes"`},
+		{`rate_limit { namespace n { sync_above 0 } }`, `namespace "n": sync_above: "0" is not a fraction of a limit: want a number in (0, 1]`},
+		{`rate_limit { namespace n { sync_above 1.01 } }`, `sync_above: "1.01" is not a fraction`},
+		{`rate_limit { namespace n { sync_above most } }`, `sync_above: "most" is not a fraction`},
+		{`rate_limit { namespace n { sync_above } }`, `wrong argument count`},
 		{`rate_limit { namespace n { window_sizes 1m -1s } }`, `window_sizes: invalid window "-1s"`},
 		{`rate_limit { namespace n { window_sizes } }`, `wrong argument count`},
 		{`rate_limit { namespace n { strategy nosuch } }`, `rate_limit.strategies.nosuch`},

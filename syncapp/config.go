@@ -36,6 +36,17 @@ type NamespaceConfig struct {
 	// pushes its diffs and fetches the merged counts.
 	SyncRate *SyncRate `json:"sync_rate,omitempty"`
 
+	// In a periodic namespace, the fraction of a limit, in (0, 1], from
+	// which a key is counted at the store: a hit that brings the key's
+	// rate on this node above sync_above of any of its limits is applied
+	// synchronously (one round trip; the store decides on its counts and
+	// this node's unpushed diffs), until the rate falls back below. Keys
+	// far from their limits stay local. The fleet then admits exactly the
+	// limit as long as the other nodes admit less than (1 - sync_above) ×
+	// the limit within one sync_rate. The store must be able to apply
+	// synchronous hits. Default: off.
+	SyncAbove *float64 `json:"sync_above,omitempty"`
+
 	// Window sizes whose counters the namespace syncs, in addition to those
 	// of the rate_limit handlers that use it (which are merged in
 	// automatically). Durations such as "1s" or "1m".
@@ -151,5 +162,20 @@ func (r *SyncRate) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*r = v
+	return nil
+}
+
+// validateSyncAbove refuses a sync_above outside (0, 1], or on a namespace
+// that is not periodic.
+func validateSyncAbove(v *float64, mode Mode) error {
+	if v == nil {
+		return nil
+	}
+	if !(*v > 0 && *v <= 1) { // NaN too
+		return fmt.Errorf("sync_above: %v is not a fraction of a limit: want a number in (0, 1], such as 0.8", *v)
+	}
+	if mode != Periodic {
+		return fmt.Errorf("sync_above: only a periodic namespace (sync_rate of at least %v) counts keys near their limits at the store; this one is %s", MinSyncRate, mode)
+	}
 	return nil
 }

@@ -22,15 +22,18 @@ const hitTimeout = time.Second
 // checks one hit against several limits the way the handler does. It is
 // safe for concurrent use.
 type Namespace struct {
-	name     string
-	mode     Mode
-	rate     time.Duration
-	counters *window.Namespace
-	syncer   *syncer
+	name string
+	mode Mode
+	rate time.Duration
+	// syncAbove, unless 0, is the fraction of a limit from which a
+	// periodic namespace counts a key's hits at the store.
+	syncAbove float64
+	counters  *window.Namespace
+	syncer    *syncer
 
 	// The store, unless the namespace is local: shared through the pool
 	// by storeKey; hitter is the same store when it can apply synchronous
-	// hits (checked at load for a synchronous namespace).
+	// hits (checked at load for a namespace that needs them).
 	store       strategy.Store
 	hitter      strategy.Hitter
 	storeKey    poolKey
@@ -68,11 +71,39 @@ func (n *Namespace) Mode() Mode { return n.mode }
 // once either way. After a failure, hits count locally without trying the
 // store for a second, so that an unreachable store does not slow every
 // request. ctx bounds the round trip.
+//
+// In a periodic namespace with sync_above, a hit near a limit (see
+// window.Namespace.HitUnlessNear) is synchronous in the same way, and
+// carries this node's unpushed diffs of the key to the store with it, so
+// that the store decides on every hit this node admitted; the others
+// count locally.
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
-	if n.mode == Synchronous && !n.syncer.health.down() {
-		if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out); ok {
+	switch {
+	case n.syncAbove > 0 && !n.syncer.health.down():
+		return n.hitNear(ctx, key, limits, value, fixed, undo, out)
+	case n.mode == Synchronous && !n.syncer.health.down():
+		if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
+	}
+	return n.hitLocal(key, limits, value, fixed, undo, false, out)
+}
+
+// hitNear is Hit in a namespace with sync_above: local unless the hit is
+// near a limit.
+func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
+	var buf [4]window.Unsynced
+	unsynced := buf[:]
+	if len(limits) > len(buf) {
+		unsynced = make([]window.Unsynced, len(limits))
+	}
+	unsynced = unsynced[:len(limits)]
+	rejected, near := n.counters.HitUnlessNear(key, limits, value, fixed, undo, n.syncAbove, out, unsynced)
+	if !near {
+		return rejected
+	}
+	if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out, unsynced); ok {
+		return rejected
 	}
 	return n.hitLocal(key, limits, value, fixed, undo, false, out)
 }

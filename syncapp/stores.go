@@ -58,10 +58,13 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 	ns.storeKey = key
 	ns.storeModule = id.Name()
 	ns.validWindow = st.ValidateWindow
-	if ns.mode == Synchronous {
+	if ns.mode == Synchronous || ns.syncAbove > 0 {
 		h, ok := ns.store.(strategy.Hitter)
-		if !ok {
+		switch {
+		case !ok && ns.mode == Synchronous:
 			return fmt.Errorf("sync_rate 0: the %s store cannot apply synchronous hits; use a periodic sync_rate such as 100ms", id.Name())
+		case !ok:
+			return fmt.Errorf("sync_above: the %s store cannot apply synchronous hits, which keys near their limits need", id.Name())
 		}
 		ns.hitter = h
 	}

@@ -293,7 +293,7 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 		batch = &strategy.Batch{ID: newBatchID(), Namespace: s.name, Diffs: diffs}
 	}
 	retries := s.retries.take()
-	if ns.mode == Synchronous || len(retries) > 0 {
+	if ns.hitter != nil || len(retries) > 0 {
 		s.inflight.set(retries, s.pending, batch)
 		defer func() { s.inflight.set(s.retries.queued(), s.pending) }()
 	}

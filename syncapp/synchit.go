@@ -14,14 +14,32 @@ import (
 // reached it. When the request failed after it may have been applied, the
 // hit counts locally as the store's and is queued for a retry under its
 // own ID, which the store skips if it applied the hit.
-func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) (int, bool) {
+//
+// unsynced, for a near hit of a periodic namespace, holds what
+// window.Namespace.HitUnlessNear found of this node's diffs, and out the
+// windows it read. The store must decide on every hit this node counted:
+// the current windows' diffs, taken, ride along with the hit; the previous
+// windows' diffs, and the diffs on their way in a push, lower the limits
+// instead. The diffs taken of windows the hit did not increment go back
+// to the zone.
+func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
 	now := window.SystemClock()
 	windows := make([]strategy.WindowHit, len(limits))
 	for i, l := range limits {
-		windows[i] = strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
+		w := strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
 		if !fixed {
-			windows[i].Weight = window.Weight(now, l.Size)
+			w.Weight = window.Weight(now, l.Size)
 		}
+		if unsynced != nil {
+			u := unsynced[i]
+			w.Start = out[i].Start
+			if !fixed {
+				w.Weight = out[i].Weight
+			}
+			w.Value += u.Taken
+			w.Max -= s.inflight.of(key, w.Size, w.Start) + (u.Previous+s.inflight.of(key, w.Size, w.Start-int64(w.Size)))*w.Weight
+		}
+		windows[i] = w
 	}
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
@@ -29,18 +47,22 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 	counts, rejected, err := ns.hitter.Hit(ctx, s.name, key, id, windows, undo)
 	switch {
 	case err == nil:
-	case errors.Is(err, strategy.ErrRejected):
-		return 0, false // the store is fine; the windows are not
+	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
+		giveBack(ns, key, windows, unsynced, 0, true)
+		return 0, false
 	case errors.Is(err, strategy.ErrNotSent):
 		s.health.failed(err, 0)
+		giveBack(ns, key, windows, unsynced, 0, true)
 		return 0, false
 	default:
 		s.health.failed(err, 0)
 		rejected := ns.hitLocal(key, limits, value, fixed, undo, true, out)
 		s.retries.add(hitBatch(s.name, id, key, windows, rejected, undo))
+		giveBack(ns, key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
 	s.health.succeeded()
+	giveBack(ns, key, windows, unsynced, rejected, undo)
 	for i, w := range windows {
 		// Diffs on their way to the store are not in its counts yet.
 		cur := counts[i].Current + s.inflight.of(key, w.Size, w.Start)
@@ -48,4 +70,25 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 		out[i] = ns.counters.Observe(key, w.Size, w.Start, cur, prev)
 	}
 	return rejected, true
+}
+
+// giveBack returns to the zone's pending diffs the diffs a near hit took
+// of the windows that the hit, rejected at index rejected (or -1), did not
+// increment: those after the rejecting window, or all of them when undo
+// took the increments back. It runs before the store's counts are
+// observed, which then lack them.
+func giveBack(ns *Namespace, key string, windows []strategy.WindowHit, unsynced []window.Unsynced, rejected int, undo bool) {
+	if unsynced == nil {
+		return
+	}
+	var diffs []window.Diff
+	for i, w := range windows {
+		applied := rejected < 0 || (!undo && i <= rejected)
+		if !applied && unsynced[i].Taken != 0 {
+			diffs = append(diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: unsynced[i].Taken})
+		}
+	}
+	if len(diffs) > 0 {
+		ns.counters.Restore(diffs)
+	}
 }

@@ -31,6 +31,11 @@ func (n *Namespace) Hit(key string, limits []Limit, value float64, fixed, undo, 
 	s := z.lock(h)
 	defer s.mu.Unlock()
 	i := s.findOrInsert(z, uint32(h), n.id, key, now)
+	return n.hitEntry(s, i, now, limits, value, fixed, undo, synced, out)
+}
+
+// hitEntry is Hit on entry i of s, whose lock the caller holds.
+func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value float64, fixed, undo, synced bool, out []Sample) int {
 	e := s.at(i)
 	add := func(c *counts, v float64) {
 		if synced {

@@ -1,0 +1,239 @@
+package syncapp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/memory"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+func init() {
+	caddy.RegisterModule(new(countingStrategy))
+}
+
+// countingStrategy opens the countingStore of its name.
+type countingStrategy struct {
+	Name string `json:"name"`
+}
+
+var countingStores sync.Map // by name
+
+func (*countingStrategy) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: strategy.Namespace + ".test_counting", New: func() caddy.Module { return new(countingStrategy) }}
+}
+func (c *countingStrategy) StoreKey() string                 { return c.Name }
+func (*countingStrategy) ValidateWindow(time.Duration) error { return nil }
+func (c *countingStrategy) OpenStore() (strategy.Store, error) {
+	v, _ := countingStores.LoadOrStore(c.Name, &countingStore{Store: memory.New()})
+	return v.(*countingStore), nil
+}
+
+// countingStore is a memory store that counts the synchronous hits it
+// applies.
+type countingStore struct {
+	*memory.Store
+	hits atomic.Int64
+}
+
+func (c *countingStore) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	c.hits.Add(1)
+	return c.Store.Hit(ctx, namespace, key, id, windows, undo)
+}
+
+// countingNode starts a node whose namespace "api" syncs every hour (so
+// only the test pushes) with sync_above, on a counting store of its own.
+func countingNode(t *testing.T, above float64) (*Namespace, *countingStore) {
+	name := fmt.Sprintf("%s-%d", t.Name(), rand.Uint64())
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "1h", "sync_above": %v, "window_sizes": ["1h"], "strategy": {"module": "test_counting", "name": %q}}}}`, above, name)
+	ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	v, _ := countingStores.Load(name)
+	return ns, v.(*countingStore)
+}
+
+// storeCount reads the store's current count of key's hour window.
+func storeCount(t *testing.T, s strategy.Store, key string) float64 {
+	t.Helper()
+	counts, err := s.GetCounters(context.Background(), "api", []string{key}, []time.Duration{time.Hour}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := window.Start(time.Now().UnixNano(), time.Hour)
+	for _, c := range counts {
+		if c.Start == start {
+			return c.Value
+		}
+	}
+	return 0
+}
+
+// TestSyncAboveOnlyNearKeysReachTheStore counts a key up to its limit:
+// far from it hits stay local; near it each is one synchronous hit, which
+// carries the node's unpushed diffs; past it hits are rejected locally.
+func TestSyncAboveOnlyNearKeysReachTheStore(t *testing.T) {
+	awayFromMinuteEnds()
+	ns, store := countingNode(t, 0.8)
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Hour, Max: 10}}
+	out := make([]window.Sample, 1)
+	hit := func(key string) int { return ns.Hit(ctx, key, limits, 1, true, false, out) }
+	for i := range 8 {
+		if rej := hit("k"); rej != -1 {
+			t.Fatalf("hit %d rejected", i+1)
+		}
+		hit(fmt.Sprintf("far-%d", i))
+	}
+	if n := store.hits.Load(); n != 0 {
+		t.Fatalf("%d synchronous hits for keys at 0.8 of their limit or less, want none", n)
+	}
+	if rej := hit("k"); rej != -1 || store.hits.Load() != 1 {
+		t.Fatalf("9th hit: rejected %d after %d synchronous hits; want admitted by one", rej, store.hits.Load())
+	}
+	if got := storeCount(t, store, "k"); got != 9 {
+		t.Fatalf("the store holds %v after the first near hit, want 9: the 8 unpushed hits ride along", got)
+	}
+	if rej := hit("k"); rej != -1 || store.hits.Load() != 2 {
+		t.Fatalf("10th hit: rejected %d after %d synchronous hits; want admitted by the second", rej, store.hits.Load())
+	}
+	if rej := hit("k"); rej != 0 || store.hits.Load() != 2 {
+		t.Fatalf("11th hit: rejected %d after %d synchronous hits; want rejected locally", rej, store.hits.Load())
+	}
+	if err := ns.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := storeCount(t, store, "k"); got != 11 {
+		t.Fatalf("the store holds %v after a sync, want 11: each hit once", got)
+	}
+	if got := out[0].Current; got != 11 {
+		t.Fatalf("the node sees %v, want 11", got)
+	}
+}
+
+// TestSyncAboveDecidesOnOtherNodesCounts has the store reject a near hit
+// on another node's pushed hits the node has not fetched yet; with
+// disable_penalty the unpushed diffs the hit carried go back to the node,
+// to be pushed once.
+func TestSyncAboveDecidesOnOtherNodesCounts(t *testing.T) {
+	awayFromMinuteEnds()
+	ns, store := countingNode(t, 0.5)
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Hour, Max: 10}}
+	out := make([]window.Sample, 1)
+	for range 5 {
+		ns.Hit(ctx, "k", limits, 1, true, true, out) // far: local
+	}
+	start := window.Start(time.Now().UnixNano(), time.Hour)
+	other := strategy.Batch{ID: "other-node", Namespace: "api", Diffs: []window.Diff{{Key: "k", Size: time.Hour, Start: start, Value: 5}}}
+	if err := store.PushDiffs(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if rej := ns.Hit(ctx, "k", limits, 1, true, true, out); rej != 0 {
+		t.Fatalf("near hit: rejected %d, want the store to reject it (5 + 5 + 1 > 10)", rej)
+	}
+	if store.hits.Load() != 1 || out[0].Current != 10 {
+		t.Fatalf("%d synchronous hits, the node sees %v; want one, and 10", store.hits.Load(), out[0].Current)
+	}
+	if err := ns.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := storeCount(t, store, "k"); got != 10 {
+		t.Fatalf("the store holds %v, want 10: the node's 5 given back and pushed once", got)
+	}
+}
+
+// TestFleetSyncAboveAdmitsExactlyTheLimit paces hits of one key through
+// three nodes at sync_rate 20ms: the other nodes admit far less than
+// (1 - sync_above) of the limit within an interval, so the fleet admits
+// exactly the limit, while only hits near it reach the store.
+func TestFleetSyncAboveAdmitsExactlyTheLimit(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "20ms", "sync_above": 0.5, "window_sizes": ["1h"], "strategy": %s}}}`, s.strategy)
+		awayFromMinuteEnds()
+		var nodes []*Namespace
+		for range 3 {
+			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+			ns.Increment(context.Background(), "warm-up", time.Hour, 1)
+			if err := ns.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			nodes = append(nodes, ns)
+		}
+		const limit, perNode = 100, 80
+		limits := []Limit{{Size: time.Hour, Max: limit}}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for _, ns := range nodes {
+			wg.Go(func() {
+				out := make([]window.Sample, 1)
+				for range perNode {
+					if ns.Hit(context.Background(), "k", limits, 1, true, true, out) < 0 {
+						admitted.Add(1)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		if admitted.Load() != limit {
+			t.Fatalf("admitted %d of %d, want exactly %d", admitted.Load(), 3*perNode, limit)
+		}
+		poll.Until(t, 10*time.Second, "the store to hold the admitted hits", func() bool {
+			return s.total(t, "k", time.Hour) == limit
+		})
+	})
+}
+
+// TestFleetSyncAboveOutageLosesNothing takes the store away while two
+// nodes hit keys near their limits: the hits count locally, and the store
+// ends up with every one, once.
+func TestFleetSyncAboveOutageLosesNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "50ms", "sync_above": 0.000001, "window_sizes": ["1h"], "strategy": %s}}}`, s.strategy)
+		nodes := []*Namespace{
+			start(t, caddy.NewUsagePool(), cfg).ns("api"),
+			start(t, caddy.NewUsagePool(), cfg).ns("api"),
+		}
+		limits := []Limit{{Size: time.Hour, Max: 1e6}} // every hit past the first is near
+		out := make([]window.Sample, 1)
+		hits := 0
+		hit := func(n int) {
+			for i := range n {
+				if rej := nodes[i%2].Hit(context.Background(), fmt.Sprint("k", i%7), limits, 1, true, false, out); rej >= 0 {
+					t.Fatalf("hit rejected by limit %d", rej)
+				}
+				hits++
+			}
+		}
+		hit(100)
+		s.down()
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+			hit(3)
+			time.Sleep(20 * time.Millisecond)
+		}
+		s.up()
+		hit(50)
+		total := func() float64 {
+			sum := 0.0
+			for i := range 7 {
+				sum += s.total(t, fmt.Sprint("k", i), time.Hour)
+			}
+			return sum
+		}
+		poll.Until(t, 40*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
+			return total() == float64(hits)
+		})
+		time.Sleep(300 * time.Millisecond)
+		if got := total(); got != float64(hits) {
+			t.Fatalf("store holds %v, want %d: a hit was pushed twice", got, hits)
+		}
+	})
+}

@@ -1,0 +1,65 @@
+package window
+
+// Unsynced is what a near hit found of one limit's window that the store
+// does not have yet: this node's diffs.
+type Unsynced struct {
+	// Taken is the current window's diff, taken out of the pending diffs
+	// (as Take does) so that the caller carries it to the store with its
+	// hit, or gives it back with Restore.
+	Taken float64
+	// Previous is the previous window's diff, left pending.
+	Previous float64
+}
+
+// HitUnlessNear is Hit for a namespace that counts keys near their limits
+// at the store (sync_above), with one look-up of the key. The local
+// counts are a lower bound of the fleet's (what the store last reported
+// plus this node's own hits), so a hit that takes some limit's rate past
+// its Max is surely rejected, and one that keeps every limit's rate at or
+// below near times its Max is far from any limit: both are counted here,
+// as Hit counts them, and HitUnlessNear reports false.
+//
+// Any other hit is near a limit, where only the store can decide: it
+// counts nothing and reports true, out receives each limit's window
+// state without the hit, and unsynced receives each limit's diffs. The
+// current windows' diffs are taken: their visible counts do not change,
+// but no sync pushes them, so the caller's hit must carry them, or the
+// caller must give back those the store did not apply.
+func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fixed, undo bool, near float64, out []Sample, unsynced []Unsynced) (rejected int, isNear bool) {
+	z := n.zone
+	now := z.now()
+	h := z.fullHash(n.id, key)
+	s := z.lock(h)
+	defer s.mu.Unlock()
+	i := s.findOrInsert(z, uint32(h), n.id, key, now)
+	// Count the hit as Hit does, which is what all but near hits need;
+	// a near one is taken back.
+	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, false, out); rejected >= 0 {
+		return rejected, false
+	}
+	for j, l := range limits {
+		if out[j].Rate(fixed) > near*l.Max {
+			isNear = true
+			break
+		}
+	}
+	if !isNear {
+		return -1, false
+	}
+	e := s.at(i)
+	for j, l := range limits {
+		size := int64(l.Size)
+		k, r := position(now, size)
+		c := e.countsFor(size, false) // the hit created it
+		c.cur.diff -= value
+		out[j] = c.sample(k, r)
+		u := Unsynced{Taken: c.cur.diff}
+		if c.index == k {
+			u.Previous = c.prev.diff
+		}
+		c.cur.synced += c.cur.diff
+		c.cur.diff = 0
+		unsynced[j] = u
+	}
+	return -1, true
+}
