@@ -24,5 +24,8 @@ func TestConformance(t *testing.T) {
 		Counters: func(t *testing.T, s strategy.Store, namespace string) int {
 			return counters(t, srv, s.(*Store), namespace)
 		},
+		Slots: func(t *testing.T, s strategy.Store, namespace string) int {
+			return slotRows(t, s.(*Store), namespace)
+		},
 	})
 }

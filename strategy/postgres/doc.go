@@ -101,6 +101,45 @@
 // applied the request; for pushes the batch ID, and for hits the hit ID,
 // make the retry safe.
 //
+// # Concurrency slots
+//
+// The store is a strategy.Slotter: it holds the slots of max_concurrent
+// across a fleet, in a table and three PL/pgSQL functions next to the
+// counters, created by the first slot call (apart from the counters'
+// schema, so that a role without the right to create them keeps its
+// counters until a DBA makes them):
+//
+//	<table>_slots (namespace bytea, key bytea, id bytea, expires_at timestamptz,
+//	               PRIMARY KEY (namespace, key, id))
+//	<table>_slotexp ON <table>_slots (expires_at)
+//	FUNCTION <table>_acquire(...), <table>_renew(...), <table>_release(...)
+//
+// One row is one slot; it expires by the server's clock (clock_timestamp()),
+// so the nodes' clocks play no part. Each call is one function call, one
+// round trip (plus, once per pooled connection, one to prepare it).
+// AcquireSlot first takes a transaction advisory lock of the (namespace,
+// key) (a 64-bit FNV-1a hash of the table, the namespace and the key,
+// computed by the client), then, each in a statement of its own: deletes
+// the key's expired slots (skipping rows another transaction holds),
+// counts the unexpired ones and, if fewer than max are held or the ID is
+// one of them, upserts the slot. It is atomic because the lock makes the
+// acquisitions of a key take turns, and under read committed each
+// statement of a function reads a snapshot taken when it starts, after the
+// lock was granted, so the count sees every slot committed before it. A
+// single SQL statement would read one snapshot taken before it waited for
+// the lock, and over-admit; so would a transaction under repeatable read
+// or serializable, which the function refuses (the store's connections
+// ask for read committed, unless the DSN says otherwise). RenewSlots
+// extends, and ReleaseSlots deletes, the rows of the slots given, one
+// statement each after taking the locks of their keys in ascending order:
+// so a renewal never revives a slot that an acquisition found expired
+// and gave away, and renewals and releases of the same slots in different
+// orders never deadlock. Expired slots are deleted by the key's next
+// acquisition and by the periodic purge (of the stores that use slots),
+// so the table never grows without bound. An acquisition costs a lock, an
+// index scan of the key's slots (twice) and one upsert; a release or a
+// renewal a lock per key and a primary key lookup per slot.
+//
 // # Expiry
 //
 // A counter expires when it can no longer be a previous window, plus a
@@ -108,7 +147,8 @@
 // that each store in use runs every 30 seconds (first at a random point of
 // the first interval, so that nodes spread out), in a goroutine that the
 // first call starts and Close stops. A purge deletes expired counters and
-// ID records in chunks of 10,000 rows (found through the expires_at
+// ID records (and slots, by the server's clock, in a store that used
+// them) in chunks of 10,000 rows (found through the expires_at
 // indexes and deleted by ctid), each chunk in a short transaction that
 // holds a transaction-level advisory lock taken with
 // pg_try_advisory_xact_lock: while one node purges, the others skip their

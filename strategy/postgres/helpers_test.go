@@ -47,6 +47,22 @@ func counters(t testing.TB, srv *pgtest.Server, s *Store, namespace string) int 
 	return count(t, srv, "SELECT count(*) FROM "+s.names.counters+" WHERE namespace = $1", stored(namespace, maxStoredNamespace))
 }
 
+// slotRows purges s's expired rows and returns how many slots of a
+// namespace its table holds.
+func slotRows(t testing.TB, s *Store, namespace string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.Purge(ctx); err != nil {
+		t.Fatalf("purging: %v", err)
+	}
+	n, err := s.Slots(ctx, namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // count runs a query of one integer in testDB, as the superuser.
 func count(t testing.TB, srv *pgtest.Server, query string, args ...any) int {
 	t.Helper()

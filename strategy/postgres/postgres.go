@@ -40,6 +40,11 @@ const applicationName = "caddy-ratelimit"
 var defaultParams = map[string]string{
 	"application_name": applicationName,
 	"jit":              "off",
+	// Taking a concurrency slot counts the slots of a key after waiting
+	// for its lock, which sees the slots taken meanwhile only under read
+	// committed, PostgreSQL's default: a server, database or role default
+	// of another level must not apply (see acquireBodySQL).
+	"default_transaction_isolation": "read committed",
 }
 
 // Postgres is a rate-limit strategy that keeps the shared counters of a
@@ -51,8 +56,9 @@ var defaultParams = map[string]string{
 // pushes the diffs of a batch in one statement, never applies a retried
 // batch twice, and fetches only the counters of the keys asked for,
 // through the primary key; a synchronous hit is one call of a PL/pgSQL
-// function. Expired rows are deleted in bounded chunks by one node at a
-// time. Connections are made when first needed: loading or validating a
+// function, and so is taking a concurrency slot (max_concurrent), whose
+// rows expire by the server's clock. Expired rows are deleted in bounded
+// chunks by one node at a time. Connections are made when first needed: loading or validating a
 // configuration never connects to PostgreSQL.
 //
 // The dsn may hold global placeholders such as {env.DATABASE_URL},
@@ -76,8 +82,10 @@ type Postgres struct {
 	// digit, at most 55 bytes), optionally qualified by a schema
 	// (schema.table). As in SQL, letters are folded to lower case. The
 	// table <table>_ids, which remembers applied batch and hit IDs, and the
-	// function <table>_hit are created next to it. Default:
-	// rate_limit_counters.
+	// function <table>_hit are created next to it, and so are, when
+	// max_concurrent first takes a slot, the table <table>_slots and the
+	// functions <table>_acquire, <table>_renew and <table>_release.
+	// Default: rate_limit_counters.
 	Table string `json:"table,omitempty"`
 
 	// MaxConns is the most connections the store keeps open to the
@@ -238,7 +246,8 @@ func (p *Postgres) ValidateWindow(size time.Duration) error {
 
 // tableName and schemaName match the parts of the table setting: plain
 // SQL identifiers, the table's short enough for the store's suffixes
-// (_ids_exp, the longest, has 8 bytes) within PostgreSQL's 63 bytes.
+// (_ids_exp, _slotexp, _acquire and _release, the longest, have 8 bytes)
+// within PostgreSQL's 63 bytes.
 var (
 	tableName  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,54}$`)
 	schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -260,10 +269,14 @@ func checkTable(table string) error {
 // names are the quoted names of the store's objects in the database, and
 // the keys of its advisory locks.
 type names struct {
-	counters, ids, hit        string // qualified and quoted
-	countersExpIdx, idsExpIdx string // quoted, in the table's schema
-	countersExpRef, idsExpRef string // the same, qualified
-	schemaLock, purgeLock     int64
+	counters, ids, hit                     string // qualified and quoted
+	slots, acquire, renew, release         string // the same, for concurrency slots
+	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
+	countersExpRef, idsExpRef, slotsExpRef string // the same, qualified
+	schemaLock, purgeLock                  int64
+	// slotSeed is the FNV-1a state after "caddy-ratelimit slot <table> ",
+	// where the keys of the advisory locks of slots start (see slotLock).
+	slotSeed uint64
 }
 
 func newNames(table string) *names {
@@ -277,23 +290,40 @@ func newNames(table string) *names {
 		counters:       qualified(base),
 		ids:            qualified(base + "_ids"),
 		hit:            qualified(base + "_hit"),
+		slots:          qualified(base + "_slots"),
+		acquire:        qualified(base + "_acquire"),
+		renew:          qualified(base + "_renew"),
+		release:        qualified(base + "_release"),
 		countersExpIdx: pgx.Identifier{base + "_exp"}.Sanitize(),
 		idsExpIdx:      pgx.Identifier{base + "_ids_exp"}.Sanitize(),
+		slotsExpIdx:    pgx.Identifier{base + "_slotexp"}.Sanitize(),
 		countersExpRef: qualified(base + "_exp"),
 		idsExpRef:      qualified(base + "_ids_exp"),
+		slotsExpRef:    qualified(base + "_slotexp"),
 		schemaLock:     lockKey("schema", table),
 		purgeLock:      lockKey("purge", table),
+		slotSeed:       fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
 	}
 }
 
 // lockKey returns the key of an advisory lock of the store's table: FNV-1a
 // 64 of "caddy-ratelimit <what> <table>", the same on every node.
 func lockKey(what, table string) int64 {
-	h := uint64(14695981039346656037)
-	for _, c := range []byte("caddy-ratelimit " + what + " " + table) {
-		h = (h ^ uint64(c)) * 1099511628211
+	return int64(fnv1a(fnvOffset, "caddy-ratelimit "+what+" "+table))
+}
+
+// FNV-1a 64 parameters.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnv1a returns the FNV-1a 64 state h after the bytes of s.
+func fnv1a(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * fnvPrime
 	}
-	return int64(h)
+	return h
 }
 
 // dsnError describes a DSN that does not parse, naming the field, without

@@ -11,12 +11,17 @@ import (
 // bound parameter.
 type statements struct {
 	schema        string
+	slotSchema    string
 	push          string
 	fetch         string
 	reset         string
 	hit           string
+	acquire       string
+	renew         string
+	release       string
 	purgeCounters string
 	purgeIDs      string
+	purgeSlots    string
 }
 
 // expiryMarginMs keeps a counter a little past the end of its life as a
@@ -29,6 +34,12 @@ func newStatements(n *names) *statements {
 		"{counters}", n.counters,
 		"{ids}", n.ids,
 		"{hit}", n.hit,
+		"{slots}", n.slots,
+		"{acquire}", n.acquire,
+		"{renew}", n.renew,
+		"{release}", n.release,
+		"{slots_exp}", n.slotsExpIdx,
+		"{slots_exp_ref}", n.slotsExpRef,
 		"{counters_exp}", n.countersExpIdx,
 		"{ids_exp}", n.idsExpIdx,
 		"{counters_exp_ref}", n.countersExpRef,
@@ -39,13 +50,22 @@ func newStatements(n *names) *statements {
 	return &statements{
 		// The body goes in twice: to compare with the function's, and to
 		// create it.
-		schema:        strings.ReplaceAll(r.Replace(schemaSQL), "{hit_body}", r.Replace(hitBodySQL)),
+		schema: strings.ReplaceAll(r.Replace(schemaSQL), "{hit_body}", r.Replace(hitBodySQL)),
+		slotSchema: strings.NewReplacer(
+			"{acquire_body}", r.Replace(acquireBodySQL),
+			"{renew_body}", r.Replace(renewBodySQL),
+			"{release_body}", r.Replace(releaseBodySQL),
+		).Replace(r.Replace(slotSchemaSQL)),
 		push:          r.Replace(pushSQL),
 		fetch:         r.Replace(fetchSQL),
 		reset:         r.Replace(resetSQL),
 		hit:           r.Replace(hitSQL),
+		acquire:       r.Replace(acquireSQL),
+		renew:         r.Replace(renewSQL),
+		release:       r.Replace(releaseSQL),
 		purgeCounters: r.Replace(purgeCountersSQL),
 		purgeIDs:      r.Replace(purgeIDsSQL),
+		purgeSlots:    r.Replace(purgeSlotsSQL),
 	}
 }
 
@@ -108,6 +128,56 @@ BEGIN
 			p_maxes double precision[], p_weights double precision[],
 			OUT rejected integer, OUT currents double precision[], OUT previouses double precision[])
 		LANGUAGE plpgsql AS $fn${hit_body}$fn$;
+	END IF;
+END
+$do$;
+`
+
+// slotSchemaSQL creates what concurrency slots need, when missing, as
+// schemaSQL does, under the same lock. It is apart from schemaSQL, and
+// run by the first slot call only, so that a deployment whose role may
+// not create objects keeps its counters working when it upgrades, until
+// its DBA creates these too.
+//
+// Slots: one row per concurrency slot held, keyed by (namespace, key,
+// id), with when it expires by the server's clock, and the functions that
+// take, renew and release slots (see acquireBodySQL).
+const slotSchemaSQL = `
+SELECT pg_advisory_xact_lock({schema_lock});
+DO $do$
+BEGIN
+	IF to_regclass('{slots}') IS NULL THEN
+		CREATE TABLE {slots} (
+			namespace bytea NOT NULL,
+			key bytea NOT NULL,
+			id bytea NOT NULL,
+			expires_at timestamptz NOT NULL,
+			PRIMARY KEY (namespace, key, id)
+		);
+	END IF;
+	IF to_regclass('{slots_exp_ref}') IS NULL THEN
+		CREATE INDEX {slots_exp} ON {slots} (expires_at);
+	END IF;
+	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{acquire}(bytea, bytea, bytea, bigint, bigint, bigint)')
+		AND prosrc = $body${acquire_body}$body$) THEN
+		CREATE OR REPLACE FUNCTION {acquire}(
+			p_namespace bytea, p_key bytea, p_id bytea, p_max bigint, p_lease_ms bigint, p_lock bigint,
+			OUT held bigint, OUT ok boolean)
+		LANGUAGE plpgsql AS $fn${acquire_body}$fn$;
+	END IF;
+	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{renew}(bytea, bytea[], bytea[], bigint, bigint[])')
+		AND prosrc = $body${renew_body}$body$) THEN
+		CREATE OR REPLACE FUNCTION {renew}(
+			p_namespace bytea, p_keys bytea[], p_ids bytea[], p_lease_ms bigint, p_locks bigint[],
+			OUT renewed bigint)
+		LANGUAGE plpgsql AS $fn${renew_body}$fn$;
+	END IF;
+	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{release}(bytea, bytea[], bytea[], bigint[])')
+		AND prosrc = $body${release_body}$body$) THEN
+		CREATE OR REPLACE FUNCTION {release}(
+			p_namespace bytea, p_keys bytea[], p_ids bytea[], p_locks bigint[],
+			OUT released bigint)
+		LANGUAGE plpgsql AS $fn${release_body}$fn$;
 	END IF;
 END
 $do$;
@@ -190,6 +260,117 @@ BEGIN
 END
 `
 
+// acquireBodySQL is the body of the function that takes a concurrency
+// slot of one (namespace, key), named p_id, when fewer than p_max
+// unexpired slots of the key are held, for p_lease_ms milliseconds by the
+// server's clock. It returns how many slots of the key are held after it
+// and whether it took the slot.
+//
+// It is atomic because every call for a key first takes a transaction
+// advisory lock of the key (p_lock, a hash of the namespace and the key
+// that the client computes: see slotLock), held until the call's
+// transaction ends, so the acquisitions of a key take turns; and because
+// under read committed each statement of a PL/pgSQL function reads a
+// snapshot of its own, taken when it starts, so the count, made after the
+// lock was granted, sees every slot that the calls before it committed (a
+// transaction's commit is visible before its locks are released). A single
+// SQL statement could not do it: its one snapshot would be taken before
+// it waited for the lock. Under repeatable read or serializable the
+// snapshot is the transaction's first, so the function refuses to run
+// (the store's connections ask for read committed: see defaultParams).
+// The renewals and releases of a key take its lock too, so a slot is
+// never renewed after an acquisition found it expired and gave its place
+// away.
+//
+// It deletes the key's expired slots, skipping rows that another
+// transaction holds (a purge, say), so that it never waits for a row lock
+// but its own: it counts only the unexpired slots anyway. A slot of p_id
+// that is held is renewed, whatever the count; one that expired is taken
+// anew like any other. clock_timestamp() is read once the lock is
+// granted, so a call that waited for it dates its slot from when it runs.
+const acquireBodySQL = `
+#variable_conflict use_column
+DECLARE
+	now_at timestamptz;
+	mine boolean;
+BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'taking a concurrency slot needs the read committed isolation level, not %',
+			current_setting('transaction_isolation') USING ERRCODE = 'feature_not_supported';
+	END IF;
+	PERFORM pg_advisory_xact_lock(p_lock);
+	now_at := clock_timestamp();
+	DELETE FROM {slots} t WHERE t.ctid = ANY(ARRAY(
+		SELECT e.ctid FROM {slots} e
+		WHERE e.namespace = p_namespace AND e.key = p_key AND e.expires_at <= now_at
+		FOR UPDATE SKIP LOCKED));
+	SELECT count(*), coalesce(bool_or(t.id = p_id), false) INTO held, mine FROM {slots} t
+	WHERE t.namespace = p_namespace AND t.key = p_key AND t.expires_at > now_at;
+	IF NOT mine AND held >= p_max THEN
+		ok := false;
+		RETURN;
+	END IF;
+	INSERT INTO {slots} AS t (namespace, key, id, expires_at)
+	VALUES (p_namespace, p_key, p_id, now_at + p_lease_ms * interval '1 millisecond')
+	ON CONFLICT (namespace, key, id) DO UPDATE SET expires_at = excluded.expires_at;
+	IF NOT mine THEN
+		held := held + 1;
+	END IF;
+	ok := true;
+END
+`
+
+// renewBodySQL is the body of the function that extends to p_lease_ms
+// after the server's now the slots (p_keys[i], p_ids[i]) of a namespace
+// that have not expired, and returns how many it renewed. It first takes
+// the advisory locks of their keys (p_locks, sorted and each once, so that
+// calls of several keys take them in one order and never deadlock), so
+// that it runs between the acquisitions of those keys: a slot that an
+// acquisition found expired is never renewed after it.
+const renewBodySQL = `
+#variable_conflict use_column
+DECLARE
+	l bigint;
+	now_at timestamptz;
+BEGIN
+	FOREACH l IN ARRAY p_locks LOOP
+		PERFORM pg_advisory_xact_lock(l);
+	END LOOP;
+	now_at := clock_timestamp();
+	UPDATE {slots} t SET expires_at = now_at + p_lease_ms * interval '1 millisecond'
+	FROM unnest(p_keys, p_ids) AS s(key, id)
+	WHERE t.namespace = p_namespace AND t.key = s.key AND t.id = s.id AND t.expires_at > now_at;
+	GET DIAGNOSTICS renewed = ROW_COUNT;
+END
+`
+
+// releaseBodySQL is the body of the function that deletes the slots
+// (p_keys[i], p_ids[i]) of a namespace, and returns how many it deleted.
+// It takes the advisory locks of their keys first, as renewBodySQL does:
+// not for the count's sake (a release only frees places) but so that the
+// writers of slots all lock in one order, keys first, and a release and a
+// renewal of the same slots never deadlock on their rows.
+const releaseBodySQL = `
+#variable_conflict use_column
+DECLARE
+	l bigint;
+BEGIN
+	FOREACH l IN ARRAY p_locks LOOP
+		PERFORM pg_advisory_xact_lock(l);
+	END LOOP;
+	DELETE FROM {slots} t USING unnest(p_keys, p_ids) AS s(key, id)
+	WHERE t.namespace = p_namespace AND t.key = s.key AND t.id = s.id;
+	GET DIAGNOSTICS released = ROW_COUNT;
+END
+`
+
+// acquireSQL, renewSQL and releaseSQL call the slot functions.
+const (
+	acquireSQL = `SELECT held, ok FROM {acquire}($1, $2, $3, $4, $5, $6)`
+	renewSQL   = `SELECT {renew}($1, $2, $3, $4, $5)`
+	releaseSQL = `SELECT {release}($1, $2, $3, $4)`
+)
+
 // pushSQL applies one batch, at most once per (namespace, batch ID), in
 // one statement, so atomically: the first CTE records the ID, and only if
 // that inserted a row do the diffs reach the counters. A retry of a batch
@@ -261,3 +442,11 @@ DELETE FROM {counters} WHERE ctid = ANY(ARRAY(
 DELETE FROM {ids} WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM {ids} WHERE expires_at < $1 LIMIT $2))`
 )
+
+// purgeSlotsSQL deletes up to $1 concurrency slots that expired by the
+// server's clock, skipping those that another transaction holds (an
+// acquisition, a renewal or a release of their key), so that a purge never
+// waits for a row lock, and no writer of slots waits for it for long.
+const purgeSlotsSQL = `
+DELETE FROM {slots} WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {slots} WHERE expires_at <= clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED))`

@@ -35,7 +35,8 @@ const (
 var errClosed = fmt.Errorf("%w: the postgres store is closed", strategy.ErrNotSent)
 
 // Store is a store of window counters in one PostgreSQL table. It
-// implements strategy.Hitter, and is safe for concurrent use.
+// implements strategy.Hitter and strategy.Slotter (whose slots live in a
+// table of their own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
 // connection pool, starts the purge goroutine, and creates the tables and
@@ -59,9 +60,11 @@ type Store struct {
 	purgeDone chan struct{}      // closed when it has stopped
 
 	// schemaMu serializes the creation of the schema, which schemaReady
-	// records.
+	// records, and of the slots' part of it, which slotsReady records: the
+	// first slot call makes that (see slotSchemaSQL).
 	schemaMu    sync.Mutex
 	schemaReady atomic.Bool
+	slotsReady  atomic.Bool
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
@@ -108,7 +111,7 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 		return nil, err
 	}
 	if !s.schemaReady.Load() {
-		if err := s.createSchema(ctx, pool); err != nil {
+		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
 			return nil, fmt.Errorf("%w: creating the tables: %w", strategy.ErrNotSent, err)
 		}
 	}
@@ -128,24 +131,41 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-// createSchema creates the tables, their indexes and the hit function when
-// missing, once per store. Nodes that start together may do it at the
-// same time: an advisory lock taken in the same transaction makes them
+// acquireSlots returns a connection as acquire does, with the slots' part
+// of the schema in place too. It makes that part before it takes a
+// connection, as createSchema takes one of its own.
+func (s *Store) acquireSlots(ctx context.Context) (*pgxpool.Conn, error) {
+	if !s.slotsReady.Load() {
+		pool, err := s.getPool()
+		if err != nil {
+			return nil, err
+		}
+		if err := s.createSchema(ctx, pool, s.sql.slotSchema, &s.slotsReady); err != nil {
+			return nil, fmt.Errorf("%w: creating the slots table: %w", strategy.ErrNotSent, err)
+		}
+	}
+	return s.acquire(ctx)
+}
+
+// createSchema runs a schema statement (the tables, their indexes and the
+// hit function, or the slots' part) that creates what is missing, once per
+// store, and records it in ready. Nodes that start together may do it at
+// the same time: an advisory lock taken in the same transaction makes them
 // take turns, and a unique violation (from a node that does not take the
 // lock) means that another node created an object first, so it tries
 // again, finding it there.
-func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool) error {
+func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema string, ready *atomic.Bool) error {
 	s.schemaMu.Lock()
 	defer s.schemaMu.Unlock()
-	if s.schemaReady.Load() {
+	if ready.Load() {
 		return nil
 	}
 	var err error
 	for range 3 {
 		// One simple-protocol query: its statements run in one implicit
 		// transaction, which holds the advisory lock until it ends.
-		if _, err = pool.Exec(ctx, s.sql.schema); err == nil {
-			s.schemaReady.Store(true)
+		if _, err = pool.Exec(ctx, schema); err == nil {
+			ready.Store(true)
 			return nil
 		}
 		var pgErr *pgconn.PgError
@@ -160,9 +180,9 @@ func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool) error {
 // it wraps strategy.ErrNotSent when pgx knows that nothing was sent (the
 // connection failed before the request was written), and is returned as
 // it is otherwise, when the request may have been applied. pgx never
-// resends a request by itself. An error that says the table or the hit
-// function is missing (someone dropped them) has the next call create the
-// schema again.
+// resends a request by itself. An error that says a table or a function
+// is missing (someone dropped them) has the next call create the schema
+// again.
 func (s *Store) sent(err error) error {
 	if err == nil {
 		return nil
@@ -170,6 +190,7 @@ func (s *Store) sent(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") { // undefined_table, undefined_function
 		s.schemaReady.Store(false)
+		s.slotsReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
@@ -242,18 +263,19 @@ func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
-// Purge deletes the expired counters and ID records of the store's table,
-// of every namespace, and returns how many rows it deleted. It waits while
-// another node purges the table. The store purges on its own every 30
-// seconds, skipping a turn when another node is purging; Purge is for
-// tests and tools that need the expired rows gone now.
+// Purge deletes the expired counters, ID records and concurrency slots of
+// the store's tables, of every namespace, and returns how many rows it
+// deleted. It waits while another node purges the table. The store purges
+// on its own every 30 seconds, skipping a turn when another node is
+// purging; Purge is for tests and tools that need the expired rows gone
+// now.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
 	pool, err := s.getPool()
 	if err != nil {
 		return 0, fmt.Errorf("purging expired counters: %w", err)
 	}
 	if !s.schemaReady.Load() {
-		if err := s.createSchema(ctx, pool); err != nil {
+		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
 			return 0, fmt.Errorf("purging expired counters: %w: creating the tables: %w", strategy.ErrNotSent, err)
 		}
 	}
@@ -273,7 +295,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	var total int64
 	for i := 0; chunks < 0 || i < chunks; i++ {
 		nowMs := s.now().UnixMilli()
-		var counters, ids int64
+		var counters, ids, slots int64
 		locked := true
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if wait {
@@ -293,10 +315,21 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 				return err
 			}
 			ids = tag.RowsAffected()
+			// Slots expire by the server's clock, which the statement
+			// reads itself. A store that never used slots leaves them to
+			// the stores that do: its role may not even see their table.
+			if !s.slotsReady.Load() {
+				return nil
+			}
+			tag, err = tx.Exec(ctx, s.sql.purgeSlots, purgeChunk)
+			if err != nil {
+				return err
+			}
+			slots = tag.RowsAffected()
 			return nil
 		})
-		total += counters + ids
-		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk {
+		total += counters + ids + slots
+		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk {
 			return total, err
 		}
 	}
@@ -304,4 +337,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 }
 
 // Interface guards
-var _ strategy.Hitter = (*Store)(nil)
+var (
+	_ strategy.Hitter  = (*Store)(nil)
+	_ strategy.Slotter = (*Store)(nil)
+)
