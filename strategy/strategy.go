@@ -12,7 +12,9 @@
 // The Store interface is the Go form of the strategy functions of Kong's
 // rate-limiting library (push_diffs, get_counters), plus Reset; the
 // synchronous mode (sync_rate 0) needs the optional Hitter capability,
-// which applies one hit and answers in a single round trip.
+// which applies one hit and answers in a single round trip, and
+// max_concurrent across a fleet the optional Slotter capability, which
+// holds concurrency slots as leases that expire by the store's clock.
 package strategy
 
 import (
