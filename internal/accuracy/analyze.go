@@ -1,0 +1,238 @@
+package accuracy
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// ExactTolerance is how far over the limit a row that should be exact may
+// go and still count as exact: 1 %, the "at most 1.01". A
+// synchronous row is measured at exactly 1.
+const ExactTolerance = 0.01
+
+// Claim is what the docs promise for a key in a row: exact (the limit,
+// within ExactTolerance), or an overshoot of at most Allowance hits per
+// window.
+type Claim struct {
+	Exact bool
+	// Allowance is the hits over the limit a window may admit.
+	Allowance float64
+	// Others is what the other nodes admit of the key within one sync
+	// interval when nothing stops them: (N−1) · rate/N · interval, in hits.
+	Others float64
+}
+
+// ClaimFor returns the promise for a key sent keyRate requests per second
+// round-robin to nodes nodes, limited to limit per Window:
+//
+//   - sync_rate 0: exact.
+//   - periodic: the fleet overshoots by at most what the other nodes admit
+//     within one sync interval, (N−1) · rate/N · interval;
+//   - with sync_above s: exact while that stays under (1 − s) · limit.
+func ClaimFor(row Row, nodes int, limit, keyRate float64) Claim {
+	if !row.Periodic() {
+		return Claim{Exact: true, Allowance: ExactTolerance * limit}
+	}
+	others := float64(nodes-1) * keyRate / float64(nodes) * row.SyncRate.Seconds()
+	if row.SyncAbove > 0 && others < (1-row.SyncAbove)*limit {
+		return Claim{Exact: true, Allowance: ExactTolerance * limit, Others: others}
+	}
+	return Claim{Allowance: others, Others: others}
+}
+
+// Point is one admitted request of a plotted key: the time since the
+// run's start, and how many the fleet had admitted in its window so far.
+type Point struct {
+	T        time.Duration
+	Admitted int
+}
+
+// Outcome is what a row measured.
+type Outcome struct {
+	Row   Row
+	Nodes int
+	// Limit is the limit of the pattern's route, per key and Window.
+	Limit float64
+
+	// TargetRate is the limited requests per second the pattern asks for;
+	// SentRate, what the load generator achieved; LateP99, the 99th
+	// percentile of how late requests left after their scheduled time.
+	TargetRate, SentRate float64
+	LateP99              time.Duration
+
+	// Limited requests sent, and their answers: admitted (200), rejected
+	// (429) and failed (anything else, or no answer; FirstError says why).
+	Limited, Admitted, Rejected, Failed int
+	FirstError                          string
+
+	// Worst is the most the fleet admitted in one window of one key, over
+	// the limit: 1.00 is exact. WorstKey and WorstWindow say where.
+	Worst         float64
+	WorstAdmitted int
+	WorstKey      int
+	WorstWindow   time.Time
+	// Claim is the promise for the worst key, and Holds whether every
+	// key's every window kept its own.
+	Claim Claim
+	Holds bool
+
+	// Ops is what the store counted during the row (Redis commands or
+	// PostgreSQL transactions), and OpsRequests the limited requests that
+	// caused them (the warm-up ones included).
+	Ops         int64
+	OpsRequests int
+
+	// Latencies of the answered limited requests and of the bare ones of
+	// the same run.
+	LimitedP50, LimitedP99, BareP50, BareP99 time.Duration
+
+	// Series is the hottest key's admitted count within its window over
+	// time, for the plots; Start is the run's start.
+	Series []Point
+	Start  time.Time
+}
+
+// OpsPer1k is the store's operations per 1,000 limited requests.
+func (o Outcome) OpsPer1k() float64 {
+	if o.OpsRequests == 0 {
+		return 0
+	}
+	return float64(o.Ops) * 1000 / float64(o.OpsRequests)
+}
+
+// AddedP50 is what the limiter adds to the median latency: the limited
+// route's median minus the bare route's, in the same run on the same
+// nodes.
+func (o Outcome) AddedP50() time.Duration { return o.LimitedP50 - o.BareP50 }
+
+// AddedP99 is the same for the 99th percentile.
+func (o Outcome) AddedP99() time.Duration { return o.LimitedP99 - o.BareP99 }
+
+// Bound is the worst key's promised ceiling of admitted / limit.
+func (o Outcome) Bound() float64 { return 1 + o.Claim.Allowance/o.Limit }
+
+// Analyze sums up a row's results: start is the run's start (a window's
+// start), nodes the number of nodes and limit the route's limit per key.
+func Analyze(row Row, nodes int, limit float64, start time.Time, results []Result) Outcome {
+	o := Outcome{Row: row, Nodes: nodes, Limit: limit, Start: start, Holds: true, WorstKey: -1}
+	o.TargetRate = row.Pattern.Rate * limit / Window.Seconds()
+	var limitedLat, bareLat, late []time.Duration
+	var first, last time.Time
+	type keyWindow struct {
+		key    int
+		window int64
+	}
+	admitted := map[keyWindow]int{}
+	var hottest []int64 // server times of key 0's admitted requests
+	windowMs := Window.Milliseconds()
+	for _, r := range results {
+		if !r.Sent.IsZero() {
+			late = append(late, r.Sent.Sub(start.Add(r.At)))
+		}
+		if r.Bare {
+			if r.Status == http.StatusOK {
+				bareLat = append(bareLat, r.Latency)
+			}
+			continue
+		}
+		o.Limited++
+		if !r.Sent.IsZero() {
+			if first.IsZero() || r.Sent.Before(first) {
+				first = r.Sent
+			}
+			if r.Sent.After(last) {
+				last = r.Sent
+			}
+		}
+		switch {
+		case r.Status == http.StatusOK && r.ServerMs > 0:
+			o.Admitted++
+			limitedLat = append(limitedLat, r.Latency)
+			admitted[keyWindow{r.Key, r.ServerMs / windowMs}]++
+			if r.Key == 0 {
+				hottest = append(hottest, r.ServerMs)
+			}
+		case r.Status == http.StatusTooManyRequests:
+			o.Rejected++
+			limitedLat = append(limitedLat, r.Latency)
+		default:
+			o.Failed++
+			if o.FirstError == "" {
+				switch {
+				case r.Err != nil:
+					o.FirstError = r.Err.Error()
+				case r.Status == http.StatusOK:
+					o.FirstError = "200 without " + TimeHeader
+				default:
+					o.FirstError = fmt.Sprintf("status %d", r.Status)
+				}
+			}
+		}
+	}
+	if o.Limited > 1 && last.After(first) {
+		o.SentRate = float64(o.Limited-1) / last.Sub(first).Seconds()
+	}
+	o.LateP99 = Percentile(late, 0.99)
+	o.LimitedP50, o.LimitedP99 = Percentile(limitedLat, 0.5), Percentile(limitedLat, 0.99)
+	o.BareP50, o.BareP99 = Percentile(bareLat, 0.5), Percentile(bareLat, 0.99)
+
+	// The worst window, and whether each key kept its own promise: a key
+	// of a many-keys pattern gets its share of the rate.
+	claims := map[int]Claim{}
+	for kw, n := range admitted {
+		c, ok := claims[kw.key]
+		if !ok {
+			c = ClaimFor(row, nodes, limit, o.TargetRate*KeyShare(row.Pattern, kw.key))
+			claims[kw.key] = c
+		}
+		if float64(n) > limit+c.Allowance+1e-9 {
+			o.Holds = false
+		}
+		ratio := float64(n) / limit
+		// Ties go to the earlier window of the lower key, for a stable
+		// report.
+		better := ratio > o.Worst ||
+			ratio == o.Worst && (kw.key < o.WorstKey || kw.key == o.WorstKey && kw.window*windowMs < o.WorstWindow.UnixMilli())
+		if o.WorstKey < 0 || better {
+			o.Worst, o.WorstAdmitted, o.WorstKey, o.Claim = ratio, n, kw.key, c
+			o.WorstWindow = time.UnixMilli(kw.window * windowMs)
+		}
+	}
+	if o.WorstKey < 0 { // nothing admitted
+		o.WorstKey = 0
+		o.Claim = ClaimFor(row, nodes, limit, o.TargetRate*KeyShare(row.Pattern, 0))
+	}
+	o.Series = series(hottest, start, windowMs)
+	return o
+}
+
+// series turns the server times of a key's admitted requests into its
+// admitted count within the current window over time.
+func series(ms []int64, start time.Time, windowMs int64) []Point {
+	slices.Sort(ms)
+	points := make([]Point, 0, len(ms))
+	n, window := 0, int64(math.MinInt64)
+	for _, t := range ms {
+		if w := t / windowMs; w != window {
+			window, n = w, 0
+		}
+		n++
+		points = append(points, Point{T: time.UnixMilli(t).Sub(start), Admitted: n})
+	}
+	return points
+}
+
+// Percentile returns the p-quantile (0 < p ≤ 1) of ds by the nearest-rank
+// method, or 0 for none. ds is not modified.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}

@@ -1,0 +1,247 @@
+package accuracy
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// docTemplate is docs/accuracy.md, around the measured figures.
+//
+//go:embed doc.md.tmpl
+var docTemplate string
+
+// Report is what docs/accuracy.md is made of.
+type Report struct {
+	Date     time.Time
+	Machine  string
+	Command  string
+	Go       string
+	Versions []string // of the servers, one line each
+	Nodes    int
+	Limit    float64
+	Duration time.Duration
+	Elapsed  time.Duration
+	Outcomes []Outcome
+	Stores   map[string]Store
+}
+
+// Machine describes the machine: CPU model, cores, OS and load.
+func Machine() string {
+	model := "CPU model unknown"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(data)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	load := ""
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(data)); len(f) >= 3 {
+			load = ", load average " + strings.Join(f[:3], " ")
+		}
+	}
+	return fmt.Sprintf("%s, %d cores, %s/%s%s", model, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, load)
+}
+
+// Version returns the first line of a command's version output, or "".
+func Version(name string, args ...string) string {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(line)
+}
+
+// PlotSpec selects rows to draw together: one pattern and store, one
+// series per sync setting.
+type PlotSpec struct {
+	File    string // under the doc's directory
+	Title   string
+	Store   string
+	Pattern Pattern
+	Series  []Setting
+}
+
+// Setting is a sync setting: a plotted series.
+type Setting struct {
+	SyncRate  time.Duration
+	SyncAbove float64
+}
+
+// DocPlots are the plots of docs/accuracy.md.
+func DocPlots() []PlotSpec {
+	ms100 := 100 * time.Millisecond
+	aboves := []Setting{{0, 0}, {ms100, 0}, {ms100, 0.9}, {ms100, 0.8}}
+	rates := []Setting{{0, 0}, {time.Second, 0}, {ms100, 0}, {10 * time.Millisecond, 0}}
+	return []PlotSpec{
+		{File: "accuracy-redis-steady2x.svg", Title: "Redis, steady 2×: sync_above at sync_rate 100ms", Store: "redis", Pattern: Steady2x, Series: aboves},
+		{File: "accuracy-redis-steady2x-rates.svg", Title: "Redis, steady 2×: sync_rate, without sync_above", Store: "redis", Pattern: Steady2x, Series: rates},
+		{File: "accuracy-redis-steady5x.svg", Title: "Redis, steady 5×: sync_above at sync_rate 100ms", Store: "redis", Pattern: Steady5x, Series: aboves},
+		{File: "accuracy-redis-burst10x.svg", Title: "Redis, burst 10× for 1 s: sync_above at sync_rate 100ms", Store: "redis", Pattern: Burst10x, Series: aboves},
+		{File: "accuracy-redis-zipf.svg", Title: "Redis, 100 keys (Zipf), the hottest key: sync_rate 100ms", Store: "redis", Pattern: ManyKeys, Series: aboves},
+		{File: "accuracy-postgres-steady2x.svg", Title: "PostgreSQL, steady 2×: sync_above at sync_rate 100ms", Store: "postgres", Pattern: Steady2x, Series: aboves},
+	}
+}
+
+// docPlot is a plot the doc embeds.
+type docPlot struct{ File, Title string }
+
+// WriteDoc writes the report as markdown to path, and its plots as SVG
+// files next to it. Plots of rows that did not run are left out.
+func (r Report) WriteDoc(path string) error {
+	dir := filepath.Dir(path)
+	var plots []docPlot
+	for _, spec := range DocPlots() {
+		p := Plot{Title: spec.Title}
+		for _, s := range spec.Series {
+			o, ok := Find(r.Outcomes, spec.Store, spec.Pattern, s.SyncRate, s.SyncAbove)
+			if !ok {
+				continue
+			}
+			p.Limit = o.Limit
+			length := r.Duration
+			if spec.Pattern.Length > 0 {
+				length = spec.Pattern.Start + spec.Pattern.Length
+			}
+			p.Length = length.Truncate(Window) + Window
+			p.Series = append(p.Series, PlotSeries{Label: seriesLabel(o.Row), Points: o.Series})
+		}
+		if len(p.Series) == 0 {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, spec.File), p.SVG(), 0o644); err != nil {
+			return err
+		}
+		plots = append(plots, docPlot{File: spec.File, Title: spec.Title})
+	}
+	tmpl, err := template.New("doc").Parse(docTemplate)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	if err := tmpl.Execute(&b, docData{Report: r, Plots: plots}); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// seriesLabel names a row's sync setting in a legend.
+func seriesLabel(r Row) string {
+	switch {
+	case !r.Periodic():
+		return "sync_rate 0"
+	case r.SyncAbove > 0:
+		return fmt.Sprintf("%v, sync_above %g", r.SyncRate, r.SyncAbove)
+	}
+	return fmt.Sprintf("%v, sync_above off", r.SyncRate)
+}
+
+// docData is what the template sees.
+type docData struct {
+	Report
+	Plots []docPlot
+}
+
+// DateString is the report's date.
+func (d docData) DateString() string { return d.Date.Format("2006-01-02 15:04 MST") }
+
+// Tables is the markdown of the result tables.
+func (d docData) Tables() string {
+	var b strings.Builder
+	WriteTables(&b, d.Outcomes, d.Stores)
+	return b.String()
+}
+
+// MustShowLines are the checks, per store.
+func (d docData) MustShowLines() []string {
+	var lines []string
+	for _, name := range d.storeOrder() {
+		title := name
+		if st, ok := d.Stores[name]; ok {
+			title = st.Title()
+		}
+		for _, l := range MustShow(d.Outcomes, name) {
+			lines = append(lines, title+": "+l)
+		}
+	}
+	return lines
+}
+
+func (d docData) storeOrder() []string {
+	var order []string
+	seen := map[string]bool{}
+	for _, o := range d.Outcomes {
+		if !seen[o.Row.Store] {
+			seen[o.Row.Store] = true
+			order = append(order, o.Row.Store)
+		}
+	}
+	return order
+}
+
+// ExactTable is the markdown table that puts the sync_above condition
+// next to the measured worst windows: for each store, pattern and
+// periodic sync_rate, the hits the other nodes admit of the hottest key
+// within one interval, (1 − s) × limit, and the worst window at each
+// sync_above.
+func (d docData) ExactTable() string {
+	var b strings.Builder
+	fmt.Fprintln(&b, "| store | pattern | limit | sync_rate | others' hits per interval | worst, off | worst, 0.9 (exact if others < 0.1 × limit) | worst, 0.8 (exact if others < 0.2 × limit) |")
+	fmt.Fprintln(&b, "|---|---|--:|--:|--:|--:|--:|--:|")
+	rows := 0
+	for _, store := range d.storeOrder() {
+		title := store
+		if st, ok := d.Stores[store]; ok {
+			title = st.Title()
+		}
+		for _, p := range Patterns {
+			for _, rate := range SyncRates {
+				off, ok := Find(d.Outcomes, store, p, rate, 0)
+				if !ok {
+					continue
+				}
+				c := ClaimFor(off.Row, off.Nodes, off.Limit, off.TargetRate*KeyShare(p, 0))
+				cell := func(above float64) string {
+					o, ok := Find(d.Outcomes, store, p, rate, above)
+					if !ok {
+						return "–"
+					}
+					mark := "not promised"
+					if c.Others < (1-above)*o.Limit {
+						mark = "promised"
+						if o.Worst > 1+ExactTolerance {
+							mark = "promised, **missed**"
+						}
+					}
+					return fmt.Sprintf("%.3f (%s)", o.Worst, mark)
+				}
+				fmt.Fprintf(&b, "| %s | %s | %g | %v | %.1f | %.3f | %s | %s |\n",
+					title, p.Label, off.Limit, rate, c.Others, off.Worst, cell(0.9), cell(0.8))
+				rows++
+			}
+		}
+	}
+	if rows == 0 {
+		return ""
+	}
+	return b.String()
+}
+
+// BareEvery is the bare requests' share, for the prose.
+func (d docData) BareEvery() int { return BareEvery }
+
+// DurationString is each row's traffic length.
+func (d docData) DurationString() string { return d.Duration.String() }
+
+// ElapsedString is how long the run took.
+func (d docData) ElapsedString() string { return d.Elapsed.Round(time.Second).String() }

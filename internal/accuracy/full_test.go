@@ -1,0 +1,148 @@
+package accuracy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+)
+
+// TestAccuracyFull runs the whole table, on Redis and PostgreSQL, when
+// ACCURACY_FULL is set: scripts/bench-accuracy.sh sets it and documents
+// the other settings. It prints the tables on stdout, and with OUT set
+// writes that markdown file with its plots next to it.
+func TestAccuracyFull(t *testing.T) {
+	if os.Getenv("ACCURACY_FULL") == "" {
+		t.Skip("the full accuracy table runs for minutes: ACCURACY_FULL=1, or scripts/bench-accuracy.sh")
+	}
+	nodes := envInt(t, "ACCURACY_NODES", 3)
+	limit := envInt(t, "ACCURACY_LIMIT", 200)
+	duration := envDuration(t, "ACCURACY_DURATION", 3*time.Second)
+	if nodes < 2 || limit < 10 || duration < Window || duration%Window != 0 {
+		t.Fatalf("want ACCURACY_NODES ≥ 2, ACCURACY_LIMIT ≥ 10 and ACCURACY_DURATION a whole number of %v windows", Window)
+	}
+	storeNames := strings.Split(envString("ACCURACY_STORES", "redis,postgres"), ",")
+	var filter *regexp.Regexp
+	if f := os.Getenv("ACCURACY_ROWS"); f != "" {
+		var err error
+		if filter, err = regexp.Compile(f); err != nil {
+			t.Fatalf("ACCURACY_ROWS: %v", err)
+		}
+	}
+
+	bin := buildCaddy(t)
+	stores := map[string]Store{}
+	for _, name := range storeNames {
+		switch name {
+		case "redis":
+			srv := redistest.Start(t)
+			st := NewRedisStore(srv.Addr)
+			t.Cleanup(func() { st.Close() })
+			stores[name] = st
+		case "postgres":
+			srv := pgtest.Start(t)
+			dsn := srv.CreateDB(t, "accuracy")
+			st, err := NewPostgresStore(t.Context(), dsn, "accuracy", srv.DSN("postgres"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			stores[name] = st
+		default:
+			t.Fatalf("ACCURACY_STORES: unknown store %q: want redis and/or postgres", name)
+		}
+	}
+	above := supportsSyncAbove(t, bin, stores[storeNames[0]])
+	if !above {
+		t.Log("the plugin does not know sync_above yet: its rows are left out")
+	}
+	var rows []Row
+	for _, row := range FullPlan(storeNames, above) {
+		if filter == nil || filter.MatchString(row.ID()) {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatal("ACCURACY_ROWS matches no row")
+	}
+	fmt.Fprintf(os.Stderr, "accuracy: %d rows, %d nodes, limit %d per %v, %v of traffic per row\n",
+		len(rows), nodes, limit, Window, duration)
+
+	r := &Runner{
+		Caddy: bin, Dir: t.TempDir(), Nodes: nodes, Limit: float64(limit), Duration: duration,
+		Stores: stores, Progress: os.Stderr,
+	}
+	began := time.Now()
+	outcomes, err := r.Run(t.Context(), rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(began)
+
+	rep := Report{
+		Date:     time.Now().UTC(),
+		Machine:  Machine(),
+		Command:  envString("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
+		Go:       runtime.Version(),
+		Nodes:    nodes,
+		Limit:    float64(limit),
+		Duration: duration,
+		Elapsed:  elapsed,
+		Outcomes: outcomes,
+		Stores:   stores,
+	}
+	WriteTables(os.Stdout, outcomes, stores)
+	for _, name := range storeNames {
+		for _, line := range MustShow(outcomes, name) {
+			fmt.Printf("\n%s: %s", stores[name].Title(), line)
+		}
+	}
+	fmt.Println()
+	if out := os.Getenv("OUT"); out != "" {
+		if err := rep.WriteDoc(out); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "accuracy: wrote %s and its plots in %s\n", out, filepath.Dir(out))
+	}
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return n
+}
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return d
+}

@@ -1,0 +1,116 @@
+package accuracy
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteTables writes the outcomes as one markdown table per store, in the
+// order of their first rows.
+func WriteTables(w io.Writer, outcomes []Outcome, stores map[string]Store) {
+	var order []string
+	byStore := map[string][]Outcome{}
+	for _, o := range outcomes {
+		if _, ok := byStore[o.Row.Store]; !ok {
+			order = append(order, o.Row.Store)
+		}
+		byStore[o.Row.Store] = append(byStore[o.Row.Store], o)
+	}
+	for i, name := range order {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		title, unit := name, "store operations per 1,000 requests"
+		if st, ok := stores[name]; ok {
+			title, unit = st.Title(), st.OpsUnit()
+		}
+		fmt.Fprintf(w, "**%s**: %d nodes; ops/1k = %s\n\n", title, byStore[name][0].Nodes, unit)
+		WriteTable(w, byStore[name])
+	}
+}
+
+// WriteTable writes outcomes of one store as a markdown table.
+func WriteTable(w io.Writer, outcomes []Outcome) {
+	fmt.Fprintln(w, "| pattern | limit | sync_rate | sync_above | req/s sent (target) | admitted / limit, worst window | bound | kept | ops/1k | added latency p50 / p99 (ms) |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|:-:|--:|--:|")
+	for _, o := range outcomes {
+		kept := "yes"
+		if !o.Holds {
+			kept = "**no**"
+		}
+		fmt.Fprintf(w, "| %s | %g | %s | %s | %.0f (%.0f) | %s | %s | %s | %.0f | %s / %s |\n",
+			o.Row.Pattern.Label, o.Limit, o.Row.SyncRateString(), o.Row.SyncAboveString(),
+			o.SentRate, o.TargetRate, worst(o), bound(o), kept, o.OpsPer1k(),
+			ms1(o.AddedP50()), ms1(o.AddedP99()))
+	}
+}
+
+// worst formats the worst window's ratio, with the admitted count.
+func worst(o Outcome) string {
+	return fmt.Sprintf("%.3f (%d)", o.Worst, o.WorstAdmitted)
+}
+
+// bound formats the promise for the worst key: "1 (exact)", or the
+// periodic ceiling.
+func bound(o Outcome) string {
+	if o.Claim.Exact {
+		return "1 (exact)"
+	}
+	return fmt.Sprintf("%.3f", o.Bound())
+}
+
+// ms1 formats a duration in milliseconds with one decimal, keeping the
+// sign of a negative difference.
+func ms1(d time.Duration) string {
+	return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+}
+
+// Find returns the outcome of a row with the given store, pattern,
+// sync_rate and sync_above, if there is one.
+func Find(outcomes []Outcome, store string, p Pattern, syncRate time.Duration, syncAbove float64) (Outcome, bool) {
+	for _, o := range outcomes {
+		r := o.Row
+		if r.Store == store && r.Pattern.Name == p.Name && r.SyncRate == syncRate && r.SyncAbove == syncAbove {
+			return o, true
+		}
+	}
+	return Outcome{}, false
+}
+
+// Summary lines: the must-show checks, as measured.
+func MustShow(outcomes []Outcome, store string) []string {
+	var lines []string
+	ref, okRef := Find(outcomes, store, Steady2x, 0, 0)
+	above, okAbove := Find(outcomes, store, Steady2x, 100*time.Millisecond, 0.8)
+	if okRef && okAbove {
+		share := above.OpsPer1k() / ref.OpsPer1k()
+		lines = append(lines, fmt.Sprintf(
+			"%d nodes, sync_rate 100ms, sync_above 0.8, steady 2×: admitted / limit %.3f (must be ≤ 1.01), %.0f ops/1k = %.1f %% of sync_rate 0's %.0f (must be ≤ 25 %%)",
+			above.Nodes, above.Worst, above.OpsPer1k(), 100*share, ref.OpsPer1k()))
+	}
+	periodic, kept := 0, 0
+	for _, o := range outcomes {
+		if o.Row.Store == store && o.Row.Periodic() && o.Row.SyncAbove == 0 {
+			periodic++
+			if o.Holds {
+				kept++
+			}
+		}
+	}
+	if periodic > 0 {
+		lines = append(lines, fmt.Sprintf("periodic rows without sync_above within (N−1)·rate·interval: %d of %d", kept, periodic))
+	}
+	return lines
+}
+
+// Sanitize makes s safe in a file name.
+func Sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(s))
+}

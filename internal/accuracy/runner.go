@@ -1,0 +1,169 @@
+package accuracy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// Runner runs rows: for each, it starts the nodes, sends the pattern's
+// traffic, stops the nodes and sums up what happened.
+type Runner struct {
+	// Caddy is the Caddy binary built with the plugin.
+	Caddy string
+	// Dir holds each row's configs and node logs.
+	Dir string
+	// Nodes is the fleet's size.
+	Nodes int
+	// Limit is the limit per Window of the one-key patterns.
+	Limit float64
+	// Duration is how long a pattern's traffic lasts, unless the pattern
+	// sets its own: a whole number of windows.
+	Duration time.Duration
+	// Stores are the stores, by name.
+	Stores map[string]Store
+	// Progress, when set, receives a line per row.
+	Progress io.Writer
+}
+
+// Run runs the rows in order. It stops at the first row that fails: a
+// node that does not start, or a store that cannot be read.
+func (r *Runner) Run(ctx context.Context, rows []Row) ([]Outcome, error) {
+	var out []Outcome
+	for i, row := range rows {
+		o, err := r.RunRow(ctx, row)
+		if err != nil {
+			return out, fmt.Errorf("row %d (%s): %w", i+1, row, err)
+		}
+		if r.Progress != nil {
+			fmt.Fprintf(r.Progress, "%3d/%d %-62s worst %.3f (bound %.3f) %s %7.1f ops/1k  added p50 %s p99 %s  sent %.0f/%.0f req/s\n",
+				i+1, len(rows), row.String(), o.Worst, o.Bound(), holds(o.Holds), o.OpsPer1k(),
+				ms(o.AddedP50()), ms(o.AddedP99()), o.SentRate, o.TargetRate)
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+func holds(ok bool) string {
+	if ok {
+		return "holds"
+	}
+	return "EXCEEDED"
+}
+
+// RunRow runs one row.
+func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
+	st, ok := r.Stores[row.Store]
+	if !ok {
+		return Outcome{}, fmt.Errorf("no store %q", row.Store)
+	}
+	p := row.Pattern
+	limit := r.Limit
+	if p.LimitDiv > 0 {
+		limit /= p.LimitDiv
+	}
+	dir := filepath.Join(r.Dir, row.ID())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Outcome{}, err
+	}
+	if err := st.Prepare(ctx); err != nil {
+		return Outcome{}, err
+	}
+	before, err := st.Ops(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+
+	nodes, err := startNodes(ctx, r.Caddy, dir, r.Nodes, func(port int) ([]byte, error) {
+		return NodeConfig{
+			Port: port, SyncRate: row.SyncRate, SyncAbove: row.SyncAbove, Strategy: st.Strategy(),
+			Limit: r.Limit, ManyLimit: r.Limit / max(p.LimitDiv, 1),
+		}.JSON()
+	})
+	if err != nil {
+		return Outcome{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			stopNodes(nodes)
+		}
+	}()
+
+	// Keys of this row only: nothing an earlier row counted can count.
+	prefix := row.ID() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	t := Target{Path: OnePath, Keys: []string{prefix + "k0"}}
+	if p.Keys > 1 {
+		t.Path = ManyPath
+		t.Keys = make([]string, p.Keys)
+		for k := range t.Keys {
+			t.Keys[k] = prefix + "k" + strconv.Itoa(k)
+		}
+	}
+	for _, n := range nodes {
+		t.Nodes = append(t.Nodes, n.URL(""))
+	}
+	client := NewClient()
+	defer client.CloseIdleConnections()
+
+	// A warm-up request per node, on a key of its own: each node connects
+	// to the store (and PostgreSQL checks its tables) before the load.
+	for i := range nodes {
+		warm := Target{Nodes: t.Nodes, Path: t.Path, Keys: []string{prefix + "warm"}}
+		res := Send(ctx, client, warm, time.Now(), []Request{{Node: i}})
+		if res[0].Status != http.StatusOK {
+			return Outcome{}, fmt.Errorf("warm-up request to node %d: status %d, %v; its log:\n%s",
+				i+1, res[0].Status, res[0].Err, tail(nodes[i].log, 20))
+		}
+	}
+
+	// The traffic starts at a window's start, at least 200 ms away.
+	now := time.Now()
+	start := now.Truncate(Window).Add(Window)
+	if start.Sub(now) < 200*time.Millisecond {
+		start = start.Add(Window)
+	}
+	reqs := Schedule(p, r.Nodes, limit, r.Duration, 1)
+	results := Send(ctx, client, t, start, reqs)
+	if err := ctx.Err(); err != nil {
+		return Outcome{}, err
+	}
+	client.CloseIdleConnections()
+	for i, n := range nodes {
+		if !n.running() {
+			return Outcome{}, fmt.Errorf("node %d exited during the load; its log:\n%s", i+1, tail(n.log, 30))
+		}
+	}
+	stopNodes(nodes)
+	stopped = true
+	if err := st.Settle(ctx); err != nil {
+		return Outcome{}, err
+	}
+	after, err := st.Ops(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+
+	o := Analyze(row, r.Nodes, limit, start, results)
+	o.Ops = after - before
+	o.OpsRequests = o.Limited + len(nodes)
+	if o.Failed > 0 {
+		return o, fmt.Errorf("%d of %d limited requests failed, the first: %s", o.Failed, o.Limited, o.FirstError)
+	}
+	if o.Admitted == 0 {
+		return o, errors.New("no request was admitted")
+	}
+	return o, nil
+}
+
+// ms formats a duration in milliseconds.
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+}
