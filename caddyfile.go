@@ -37,6 +37,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    retry_after_jitter <duration>
 //	    error_code <status>
 //	    dry_run
+//	    max_concurrent <n>
 //	}
 //
 // limit may be repeated, once per window; every other subdirective may be
@@ -103,6 +104,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("error_code: want a status from 400 to 599, got %q", v)
 			}
 			h.ErrorCode = code
+		case "max_concurrent":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return d.Errf("max_concurrent: want a whole number of 0 or more, got %q", v)
+			}
+			h.MaxConcurrent = n
 		case "disable_penalty", "hide_client_headers", "draft_headers", "dry_run":
 			if d.NextArg() {
 				return d.ArgErr()

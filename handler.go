@@ -100,6 +100,15 @@ type Handler struct {
 	// a way to try limits on live traffic.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// The most requests of one key in flight at once; the next one is
+	// rejected with error_code and Retry-After: 1. In a local namespace
+	// they are counted on this node; in a namespace with a store, across
+	// the fleet, as slots in the store that a node holds as leases (the
+	// slots of a node that dies come back within 30s). A request the rate
+	// limits admit takes a place; one they reject takes none. 0 (default):
+	// no limit.
+	MaxConcurrent int `json:"max_concurrent,omitempty"`
+
 	ns        *syncapp.Namespace
 	key       func(*http.Request, *caddy.Replacer) string
 	limits    []limit
@@ -110,7 +119,9 @@ type Handler struct {
 	allowed   prometheus.Counter
 	rejected  prometheus.Counter
 	dryRun    prometheus.Counter
-	logger    *zap.Logger
+	// concurrencyRejected counts requests rejected by max_concurrent.
+	concurrencyRejected prometheus.Counter
+	logger              *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -161,6 +172,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.allowed = metrics.requests.WithLabelValues(h.Namespace, "allowed")
 	h.rejected = metrics.requests.WithLabelValues(h.Namespace, "rejected")
 	h.dryRun = metrics.requests.WithLabelValues(h.Namespace, "dry_run")
+	h.concurrencyRejected = metrics.requests.WithLabelValues(h.Namespace, "concurrency_rejected")
+	if h.MaxConcurrent > 0 {
+		if err := ns.CheckConcurrency(); err != nil {
+			return fmt.Errorf("max_concurrent: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -176,6 +193,9 @@ func (h *Handler) validate() error {
 	}
 	if h.ErrorCode < 400 || h.ErrorCode > 599 {
 		return fmt.Errorf("error_code: %d is not an error status: want 400 to 599", h.ErrorCode)
+	}
+	if h.MaxConcurrent < 0 {
+		return fmt.Errorf("max_concurrent: must not be negative, got %d", h.MaxConcurrent)
 	}
 	if h.RetryAfterJitter < 0 {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
@@ -202,6 +222,9 @@ func (h *Handler) validate() error {
 		if l.policy != "" {
 			items = append(items, l.policy)
 		}
+	}
+	if h.MaxConcurrent > 0 {
+		items = append(items, sfString(h.Namespace+"-concurrency")+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
 	h.policy = strings.Join(items, ", ")
 	return nil
@@ -256,6 +279,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	switch {
 	case rejected < 0:
+		if h.MaxConcurrent > 0 {
+			release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
+			if !ok {
+				h.concurrencyRejected.Inc()
+				w.Header().Set("Retry-After", "1")
+				return caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
+					h.MaxConcurrent, h.Namespace))
+			}
+			defer release()
+		}
 		h.allowed.Inc()
 	case h.DryRun:
 		h.dryRun.Inc()

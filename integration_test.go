@@ -531,6 +531,10 @@ func TestLoadErrors(t *testing.T) {
 			colour blue
 		}`, `unrecognized subdirective 'colour'`},
 		{`rate_limit {
+			limit 5 1m
+			max_concurrent -1
+		}`, `max_concurrent: want a whole number of 0 or more`},
+		{`rate_limit {
 			key a
 			key b
 			limit 5 1m

@@ -22,7 +22,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 			Namespace: "caddy",
 			Subsystem: "rate_limit",
 			Name:      "requests_total",
-			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, rejected, dry_run).",
+			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, rejected, dry_run, concurrency_rejected).",
 		}, []string{"namespace", "outcome"})
 	})
 	return promreg.Register(reg, metrics.requests)

@@ -36,6 +36,7 @@ type Namespace struct {
 	// hits (checked at load for a namespace that needs them).
 	store       strategy.Store
 	hitter      strategy.Hitter
+	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	storeKey    poolKey
 	storeModule string
 	validWindow func(time.Duration) error

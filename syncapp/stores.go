@@ -58,6 +58,7 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 	ns.storeKey = key
 	ns.storeModule = id.Name()
 	ns.validWindow = st.ValidateWindow
+	ns.slotter, _ = ns.store.(strategy.Slotter)
 	if ns.mode == Synchronous || ns.syncAbove > 0 {
 		h, ok := ns.store.(strategy.Hitter)
 		switch {

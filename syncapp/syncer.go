@@ -42,6 +42,11 @@ type syncer struct {
 	retries  retryQueue
 	inflight inflight
 
+	// Requests in flight per key (max_concurrent) on this node, and the
+	// slots they hold in stores.
+	inFlight inFlight
+	slots    *slotHolder
+
 	mu       sync.Mutex
 	attached []*Namespace
 	// held are the pool keys of the stores the loop holds a reference to:
@@ -66,11 +71,13 @@ type syncer struct {
 }
 
 func newSyncer(name string, logger *zap.Logger, pool *caddy.UsagePool) *syncer {
+	h := newHealth(name, logger)
 	return &syncer{
+		slots:     newSlotHolder(logger, h),
 		name:      name,
 		logger:    logger,
 		pool:      pool,
-		health:    newHealth(name, logger),
+		health:    h,
 		runSem:    make(chan struct{}, 1),
 		fetch:     make(map[string]struct{}),
 		fetchPrev: make(map[string]struct{}),
@@ -412,6 +419,7 @@ func (s *syncer) hasPending(ns *Namespace) bool {
 // gone (that config's cleanup already pushed what was pending), and gives
 // back the loop's references to stores.
 func (s *syncer) Destruct() error {
+	s.slots.close()
 	close(s.stop)
 	started := true
 	s.startOnce.Do(func() { started = false })
