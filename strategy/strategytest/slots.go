@@ -93,6 +93,12 @@ func (c *slotCase) renew(lease time.Duration, slots ...strategy.Slot) {
 	}
 }
 
+// raise sets m to n if n is greater.
+func raise(m *atomic.Int64, n int64) {
+	for old := m.Load(); n > old && !m.CompareAndSwap(old, n); old = m.Load() {
+	}
+}
+
 // sleepUntil sleeps until t.
 func sleepUntil(t time.Time) { time.Sleep(time.Until(t)) }
 
@@ -177,9 +183,7 @@ func testSlotsChurn(t *testing.T, _ Harness, s strategy.Slotter) {
 					continue
 				}
 				admitted.Add(1)
-				n := inFlight.Add(1)
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-				}
+				raise(&most, inFlight.Add(1))
 				time.Sleep(time.Millisecond)
 				inFlight.Add(-1)
 				if err := s.ReleaseSlots(c.ctx, c.ns, []strategy.Slot{{Key: "k", ID: id}}); err != nil {
