@@ -294,16 +294,15 @@ func (h *slotHolder) releaseAll() {
 		}
 		break
 	}
-	// The config that held the store may have closed it already: what
+	// The config that held a store may have closed it already: what
 	// cannot be released here runs out its lease.
-	for _, s := range all {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := s.store.ReleaseSlots(ctx, s.namespace, []strategy.Slot{s.slot})
-		cancel()
-		if err != nil {
-			h.logger.Debug("releasing a concurrency slot at the end; it expires with its lease", zap.String("namespace", s.namespace), zap.Error(err))
+	h.each(all, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+		if err := st.ReleaseSlots(ctx, ns, slots); err != nil {
+			h.logger.Debug("releasing concurrency slots at the end; they expire with their lease",
+				zap.String("namespace", ns), zap.Int("slots", len(slots)), zap.Error(err))
 		}
-	}
+		return nil
+	})
 }
 
 // close stops the loop, once it has released what it holds.
