@@ -43,6 +43,13 @@ func ClaimFor(row Row, nodes int, limit, keyRate float64) Claim {
 	return Claim{Allowance: others, Others: others}
 }
 
+// Breach is a window of a key that admitted more than its promise.
+type Breach struct {
+	Key      int
+	Admitted int
+	Allowed  float64 // the limit plus the claim's allowance
+}
+
 // Point is one admitted request of a plotted key: the time since the
 // run's start, and how many the fleet had admitted in its window so far.
 type Point struct {
@@ -75,9 +82,11 @@ type Outcome struct {
 	WorstKey      int
 	WorstWindow   time.Time
 	// Claim is the promise for the worst key, and Holds whether every
-	// key's every window kept its own.
-	Claim Claim
-	Holds bool
+	// key's every window kept its own. When one did not, Breach is the
+	// window that went furthest past its promise.
+	Claim  Claim
+	Holds  bool
+	Breach Breach
 
 	// Ops is what the store counted during the row (Redis commands or
 	// PostgreSQL transactions), and OpsRequests the limited requests that
@@ -111,14 +120,41 @@ func (o Outcome) AddedP50() time.Duration { return o.LimitedP50 - o.BareP50 }
 // AddedP99 is the same for the 99th percentile.
 func (o Outcome) AddedP99() time.Duration { return o.LimitedP99 - o.BareP99 }
 
+// Intervals is the worst window's overshoot in units of the other nodes'
+// hits per interval, (N−1) · rate/N · interval: how long, in sync
+// intervals, the nodes went on admitting the key unaware of each other.
+// It is 0 without an overshoot, and for a synchronous row.
+func (o Outcome) Intervals() float64 {
+	over := float64(o.WorstAdmitted) - o.Limit
+	if over <= 0 || o.Claim.Others <= 0 {
+		return 0
+	}
+	return over / o.Claim.Others
+}
+
+// Testable reports whether the row's traffic can show the periodic
+// bound: whether the worst key is sent more per window than the limit
+// plus the others' hits of one interval. Otherwise (steady 1×, or a long
+// sync_rate) the fleet admits all it is sent within the bound anyway.
+func (o Outcome) Testable() bool {
+	if !o.Row.Periodic() {
+		return false
+	}
+	perWindow := o.TargetRate * KeyShare(o.Row.Pattern, o.WorstKey) * Window.Seconds()
+	if o.Row.Pattern.Length > 0 {
+		perWindow = min(perWindow, o.TargetRate*o.Row.Pattern.Length.Seconds())
+	}
+	return perWindow > o.Limit+o.Claim.Others
+}
+
 // Bound is the worst key's promised ceiling of admitted / limit.
 func (o Outcome) Bound() float64 { return 1 + o.Claim.Allowance/o.Limit }
 
 // Analyze sums up a row's results: start is the run's start (a window's
-// start), nodes the number of nodes and limit the route's limit per key.
-func Analyze(row Row, nodes int, limit float64, start time.Time, results []Result) Outcome {
-	o := Outcome{Row: row, Nodes: nodes, Limit: limit, Start: start, Holds: true, WorstKey: -1}
-	o.TargetRate = row.Pattern.Rate * limit / Window.Seconds()
+// start), nodes the number of nodes, limit the route's limit per key and
+// targetRate the limited requests per second the pattern sent.
+func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, results []Result) Outcome {
+	o := Outcome{Row: row, Nodes: nodes, Limit: limit, TargetRate: targetRate, Start: start, Holds: true, WorstKey: -1}
 	var limitedLat, bareLat, late []time.Duration
 	var first, last time.Time
 	type keyWindow struct {
@@ -126,7 +162,8 @@ func Analyze(row Row, nodes int, limit float64, start time.Time, results []Resul
 		window int64
 	}
 	admitted := map[keyWindow]int{}
-	var hottest []int64 // server times of key 0's admitted requests
+	sent := map[keyWindow]int{} // by the client's clock: rejections carry no other
+	var hottest []int64         // server times of key 0's admitted requests
 	windowMs := Window.Milliseconds()
 	for _, r := range results {
 		if !r.Sent.IsZero() {
@@ -146,6 +183,7 @@ func Analyze(row Row, nodes int, limit float64, start time.Time, results []Resul
 			if r.Sent.After(last) {
 				last = r.Sent
 			}
+			sent[keyWindow{r.Key, r.Sent.UnixMilli() / windowMs}]++
 		}
 		switch {
 		case r.Status == http.StatusOK && r.ServerMs > 0:
@@ -179,16 +217,18 @@ func Analyze(row Row, nodes int, limit float64, start time.Time, results []Resul
 	o.LimitedP50, o.LimitedP99 = Percentile(limitedLat, 0.5), Percentile(limitedLat, 0.99)
 	o.BareP50, o.BareP99 = Percentile(bareLat, 0.5), Percentile(bareLat, 0.99)
 
-	// The worst window, and whether each key kept its own promise: a key
-	// of a many-keys pattern gets its share of the rate.
-	claims := map[int]Claim{}
+	// The worst window, and whether each key kept its own promise. A key
+	// of a many-keys pattern gets its share of the rate, and in a window
+	// where chance sent it more, the rate it was sent at.
 	for kw, n := range admitted {
-		c, ok := claims[kw.key]
-		if !ok {
-			c = ClaimFor(row, nodes, limit, o.TargetRate*KeyShare(row.Pattern, kw.key))
-			claims[kw.key] = c
-		}
-		if float64(n) > limit+c.Allowance+1e-9 {
+		rate := max(o.TargetRate*KeyShare(row.Pattern, kw.key), float64(sent[kw])/Window.Seconds())
+		c := ClaimFor(row, nodes, limit, rate)
+		if allowed := limit + c.Allowance; float64(n) > allowed+1e-9 {
+			past := float64(n) - allowed
+			if o.Holds || past > float64(o.Breach.Admitted)-o.Breach.Allowed ||
+				past == float64(o.Breach.Admitted)-o.Breach.Allowed && kw.key < o.Breach.Key {
+				o.Breach = Breach{Key: kw.key, Admitted: n, Allowed: allowed}
+			}
 			o.Holds = false
 		}
 		ratio := float64(n) / limit

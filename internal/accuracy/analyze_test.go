@@ -67,7 +67,7 @@ func TestAnalyze(t *testing.T) {
 			Latency: time.Millisecond, Status: http.StatusOK})
 	}
 
-	o := Analyze(row, 3, 10, start, results)
+	o := Analyze(row, 3, 10, 20, start, results)
 	if o.Limited != 26 || o.Admitted != 21 || o.Rejected != 5 || o.Failed != 0 {
 		t.Errorf("counts: limited %d admitted %d rejected %d failed %d, want 26 21 5 0", o.Limited, o.Admitted, o.Rejected, o.Failed)
 	}
@@ -88,13 +88,13 @@ func TestAnalyze(t *testing.T) {
 
 	// Two more in window 0 are past the bound.
 	results = append(results, admittedAt(start, 0, 990, time.Millisecond), admittedAt(start, 0, 995, time.Millisecond))
-	if o := Analyze(row, 3, 10, start, results); o.Holds || o.WorstAdmitted != 13 {
+	if o := Analyze(row, 3, 10, 20, start, results); o.Holds || o.WorstAdmitted != 13 {
 		t.Errorf("13 admitted of 10: holds %v, worst %d; want not kept, 13", o.Holds, o.WorstAdmitted)
 	}
 
 	// A failed request and a 200 without the node's clock count as failed.
 	bad := []Result{{Status: http.StatusBadGateway}, {Status: http.StatusOK}}
-	if o := Analyze(row, 3, 10, start, bad); o.Failed != 2 || o.FirstError != "status 502" {
+	if o := Analyze(row, 3, 10, 20, start, bad); o.Failed != 2 || o.FirstError != "status 502" {
 		t.Errorf("failed %d (%q), want 2 (status 502)", o.Failed, o.FirstError)
 	}
 }
@@ -109,9 +109,9 @@ func TestAnalyzeManyKeys(t *testing.T) {
 	for i := range 9 { // key 50, far less popular: 9 of 8 is past its own bound
 		results = append(results, admittedAt(start, 50, int64(i), time.Millisecond))
 	}
-	o := Analyze(row, 3, 8, start, results)
-	if o.WorstKey != 50 || o.WorstAdmitted != 9 || o.Holds {
-		t.Errorf("worst key %d (%d), holds %v: want key 50 (9), not kept", o.WorstKey, o.WorstAdmitted, o.Holds)
+	o := Analyze(row, 3, 8, 80, start, results)
+	if o.WorstKey != 50 || o.WorstAdmitted != 9 || o.Holds || o.Breach.Key != 50 || o.Breach.Admitted != 9 {
+		t.Errorf("worst key %d (%d), holds %v, breach %+v: want key 50 (9), not kept", o.WorstKey, o.WorstAdmitted, o.Holds, o.Breach)
 	}
 }
 

@@ -3,6 +3,7 @@ package accuracy
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,6 +236,34 @@ func (d docData) ExactTable() string {
 		return ""
 	}
 	return b.String()
+}
+
+// IntervalsLines sum up, per store and sync_rate, the overshoot in
+// intervals of the rows without sync_above whose traffic can show it.
+func (d docData) IntervalsLines() []string {
+	var lines []string
+	for _, store := range d.storeOrder() {
+		title := store
+		if st, ok := d.Stores[store]; ok {
+			title = st.Title()
+		}
+		var parts []string
+		for _, rate := range SyncRates {
+			lo, hi, n := math.Inf(1), math.Inf(-1), 0
+			for _, o := range d.Outcomes {
+				if o.Row.Store == store && o.Row.SyncRate == rate && o.Row.SyncAbove == 0 && o.Testable() {
+					lo, hi, n = math.Min(lo, o.Intervals()), math.Max(hi, o.Intervals()), n+1
+				}
+			}
+			if n > 0 {
+				parts = append(parts, fmt.Sprintf("%v: %.2f–%.2f (%d rows)", rate, lo, hi, n))
+			}
+		}
+		if len(parts) > 0 {
+			lines = append(lines, title+": "+strings.Join(parts, "; "))
+		}
+	}
+	return lines
 }
 
 // BareEvery is the bare requests' share, for the prose.

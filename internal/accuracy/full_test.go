@@ -40,6 +40,7 @@ func TestAccuracyFull(t *testing.T) {
 
 	bin := buildCaddy(t)
 	stores := map[string]Store{}
+	versions := []string{"Caddy: " + Version(bin, "version")}
 	for _, name := range storeNames {
 		switch name {
 		case "redis":
@@ -47,6 +48,7 @@ func TestAccuracyFull(t *testing.T) {
 			st := NewRedisStore(srv.Addr)
 			t.Cleanup(func() { st.Close() })
 			stores[name] = st
+			versions = append(versions, "Redis: "+Version("redis-server", "--version"))
 		case "postgres":
 			srv := pgtest.Start(t)
 			dsn := srv.CreateDB(t, "accuracy")
@@ -56,6 +58,9 @@ func TestAccuracyFull(t *testing.T) {
 			}
 			t.Cleanup(func() { st.Close() })
 			stores[name] = st
+			if b, err := pgtest.Find(); err == nil {
+				versions = append(versions, "PostgreSQL: "+Version(b.Postgres, "--version"))
+			}
 		default:
 			t.Fatalf("ACCURACY_STORES: unknown store %q: want redis and/or postgres", name)
 		}
@@ -92,6 +97,7 @@ func TestAccuracyFull(t *testing.T) {
 		Machine:  Machine(),
 		Command:  envString("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
 		Go:       runtime.Version(),
+		Versions: versions,
 		Nodes:    nodes,
 		Limit:    float64(limit),
 		Duration: duration,

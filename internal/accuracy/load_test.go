@@ -28,8 +28,8 @@ func TestSchedule(t *testing.T) {
 		limited++
 		perNode[r.Node]++
 	}
-	if limited != 1200 || bare != 120 {
-		t.Errorf("%d limited, %d bare; want 2·200/s·3s = 1200 and 120", limited, bare)
+	if limited != 1200 || bare != 1200/BareEvery {
+		t.Errorf("%d limited, %d bare; want 2·200/s·3s = 1200 and %d", limited, bare, 1200/BareEvery)
 	}
 	if last := reqs[len(reqs)-1].At; last >= 3*time.Second {
 		t.Errorf("last request at %v, past the run", last)
@@ -42,7 +42,7 @@ func TestSchedule(t *testing.T) {
 }
 
 func TestScheduleManyKeys(t *testing.T) {
-	reqs := Schedule(ManyKeys, 3, 40, 3*time.Second, 1)
+	reqs := Schedule(ManyKeys, 3, 200, 3*time.Second, 1)
 	counts := map[int]int{}
 	n := 0
 	for _, r := range reqs {
@@ -52,7 +52,7 @@ func TestScheduleManyKeys(t *testing.T) {
 		}
 	}
 	// The same seed sends the same keys.
-	again := Schedule(ManyKeys, 3, 40, 3*time.Second, 1)
+	again := Schedule(ManyKeys, 3, 200, 3*time.Second, 1)
 	for i := range reqs {
 		if reqs[i] != again[i] {
 			t.Fatalf("request %d differs between two schedules of one seed", i)

@@ -33,16 +33,24 @@ func WriteTables(w io.Writer, outcomes []Outcome, stores map[string]Store) {
 
 // WriteTable writes outcomes of one store as a markdown table.
 func WriteTable(w io.Writer, outcomes []Outcome) {
-	fmt.Fprintln(w, "| pattern | limit | sync_rate | sync_above | req/s sent (target) | admitted / limit, worst window | bound | kept | ops/1k | added latency p50 / p99 (ms) |")
-	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|:-:|--:|--:|")
+	fmt.Fprintln(w, "| pattern | limit | sync_rate | sync_above | req/s sent (target) | admitted / limit, worst window | bound | kept | overshoot, in intervals | ops/1k | added latency p50 / p99 (ms) |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|")
 	for _, o := range outcomes {
 		kept := "yes"
-		if !o.Holds {
+		switch {
+		case !o.Holds && o.Breach.Key != o.WorstKey:
+			// Another key than the worst went past its own, lower bound.
+			kept = fmt.Sprintf("**no** (key %d: %d > %.1f)", o.Breach.Key+1, o.Breach.Admitted, o.Breach.Allowed)
+		case !o.Holds:
 			kept = "**no**"
 		}
-		fmt.Fprintf(w, "| %s | %g | %s | %s | %.0f (%.0f) | %s | %s | %s | %.0f | %s / %s |\n",
+		intervals := "–"
+		if o.Testable() {
+			intervals = fmt.Sprintf("%.2f", o.Intervals())
+		}
+		fmt.Fprintf(w, "| %s | %g | %s | %s | %.0f (%.0f) | %s | %s | %s | %s | %.0f | %s / %s |\n",
 			o.Row.Pattern.Label, o.Limit, o.Row.SyncRateString(), o.Row.SyncAboveString(),
-			o.SentRate, o.TargetRate, worst(o), bound(o), kept, o.OpsPer1k(),
+			o.SentRate, o.TargetRate, worst(o), bound(o), kept, intervals, o.OpsPer1k(),
 			ms1(o.AddedP50()), ms1(o.AddedP99()))
 	}
 }

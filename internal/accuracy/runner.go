@@ -42,8 +42,8 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Outcome, error) {
 			return out, fmt.Errorf("row %d (%s): %w", i+1, row, err)
 		}
 		if r.Progress != nil {
-			fmt.Fprintf(r.Progress, "%3d/%d %-62s worst %.3f (bound %.3f) %s %7.1f ops/1k  added p50 %s p99 %s  sent %.0f/%.0f req/s\n",
-				i+1, len(rows), row.String(), o.Worst, o.Bound(), holds(o.Holds), o.OpsPer1k(),
+			fmt.Fprintf(r.Progress, "%3d/%d %-62s worst %.3f (bound %.3f, %.2f intervals) %s %7.1f ops/1k  added p50 %s p99 %s  sent %.0f/%.0f req/s\n",
+				i+1, len(rows), row.String(), o.Worst, o.Bound(), o.Intervals(), holds(o.Holds), o.OpsPer1k(),
 				ms(o.AddedP50()), ms(o.AddedP99()), o.SentRate, o.TargetRate)
 		}
 		out = append(out, o)
@@ -130,7 +130,9 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	if start.Sub(now) < 200*time.Millisecond {
 		start = start.Add(Window)
 	}
-	reqs := Schedule(p, r.Nodes, limit, r.Duration, 1)
+	// The pattern's rate is a multiple of the one-key limit's rate, also
+	// for the many keys pattern, whose keys each have a smaller limit.
+	reqs := Schedule(p, r.Nodes, r.Limit, r.Duration, 1)
 	results := Send(ctx, client, t, start, reqs)
 	if err := ctx.Err(); err != nil {
 		return Outcome{}, err
@@ -151,7 +153,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 		return Outcome{}, err
 	}
 
-	o := Analyze(row, r.Nodes, limit, start, results)
+	o := Analyze(row, r.Nodes, limit, p.Rate*r.Limit/Window.Seconds(), start, results)
 	o.Ops = after - before
 	o.OpsRequests = o.Limited + len(nodes)
 	if o.Failed > 0 {
