@@ -9,12 +9,15 @@
 #	./scripts/bench-accuracy.sh                         # the full table: about 10 minutes
 #	OUT=docs/accuracy.md ./scripts/bench-accuracy.sh    # and write that page with its SVG plots
 #	QUICK=1 ./scripts/bench-accuracy.sh                 # the quick rows of go test: under a minute
+#	REV=HEAD OUT=docs/accuracy.md ./scripts/bench-accuracy.sh   # measure a commit, not the working tree
 #
 # Settings, from the environment:
 #	ACCURACY_NODES=3 ACCURACY_LIMIT=200 ACCURACY_DURATION=3s
 #	ACCURACY_STORES=redis,postgres
+#	ACCURACY_VERBOSE=1 (how the worst window of each row over the limit went)
 #	ACCURACY_ROWS=<regexp of row IDs>, such as 'redis-steady2x' or 'sync100ms'
 #	   (an ID is <store>-<pattern>-sync<rate>-above<off|08|09>)
+#	ACCURACY_REPEAT=1 (run each row this many times in a row: how much a row varies)
 #
 # It installs Debian's redis-server and postgresql when they are missing,
 # and never touches the machine's own Redis or PostgreSQL: its servers,
@@ -22,7 +25,7 @@
 set -euo pipefail
 
 command="./scripts/bench-accuracy.sh"
-for v in QUICK OUT ACCURACY_NODES ACCURACY_LIMIT ACCURACY_DURATION ACCURACY_STORES ACCURACY_ROWS; do
+for v in QUICK REV OUT ACCURACY_NODES ACCURACY_LIMIT ACCURACY_DURATION ACCURACY_STORES ACCURACY_ROWS ACCURACY_REPEAT ACCURACY_VERBOSE; do
 	[ -n "${!v:-}" ] && command="$v=$(printf %q "${!v}") $command"
 done
 invoked_from=$PWD
@@ -54,6 +57,23 @@ if [ -n "${OUT:-}" ]; then
 	case $OUT in /*) ;; *) OUT="$invoked_from/$OUT" ;; esac
 	mkdir -p "$(dirname "$OUT")"
 	export OUT
+fi
+
+# What the nodes run: the working tree (the harness builds it), or with REV
+# a commit, exported and built here.
+if [ -n "${REV:-}" ]; then
+	rev=$(git rev-parse --short "$REV^{commit}")
+	echo "building Caddy from commit $rev..." >&2
+	mkdir "$work/src"
+	git archive "$REV" | tar -x -C "$work/src"
+	(cd "$work/src" && go build -o "$work/caddy" ./cmd/caddy)
+	export ACCURACY_CADDY="$work/caddy" ACCURACY_SOURCE="commit $rev"
+else
+	ACCURACY_SOURCE="the working tree at commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	if [ -n "$(git status --porcelain -- '*.go' go.mod go.sum 2>/dev/null)" ]; then
+		ACCURACY_SOURCE="$ACCURACY_SOURCE, with uncommitted changes"
+	fi
+	export ACCURACY_SOURCE
 fi
 
 cd "$root/internal/accuracy"

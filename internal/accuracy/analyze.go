@@ -1,10 +1,12 @@
 package accuracy
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -81,6 +83,9 @@ type Outcome struct {
 	WorstAdmitted int
 	WorstKey      int
 	WorstWindow   time.Time
+	// WorstDetail tells how the worst window's admitted requests went:
+	// per node, and when past the limit.
+	WorstDetail string
 	// Claim is the promise for the worst key, and Holds whether every
 	// key's every window kept its own. When one did not, Breach is the
 	// window that went furthest past its promise.
@@ -246,7 +251,43 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 		o.Claim = ClaimFor(row, nodes, limit, o.TargetRate*KeyShare(row.Pattern, 0))
 	}
 	o.Series = series(hottest, start, windowMs)
+	o.WorstDetail = detail(results, o.WorstKey, o.WorstWindow, nodes, limit)
 	return o
+}
+
+// detail describes the admitted requests of a key in a window: how many
+// each node admitted, and when those past the limit were admitted, in
+// milliseconds after the window's start, with their node.
+func detail(results []Result, key int, window time.Time, nodes int, limit float64) string {
+	var ms []Result
+	from, to := window.UnixMilli(), window.Add(Window).UnixMilli()
+	for _, r := range results {
+		if !r.Bare && r.Key == key && r.Status == http.StatusOK && r.ServerMs >= from && r.ServerMs < to {
+			ms = append(ms, r)
+		}
+	}
+	slices.SortStableFunc(ms, func(a, b Result) int { return cmp.Compare(a.ServerMs, b.ServerMs) })
+	perNode := make([]int, nodes)
+	var past []string
+	for i, r := range ms {
+		if r.Node < nodes {
+			perNode[r.Node]++
+		}
+		if float64(i+1) > limit {
+			past = append(past, fmt.Sprintf("%dms@node%d", r.ServerMs-from, r.Node+1))
+		}
+	}
+	s := fmt.Sprintf("admitted per node %v", perNode)
+	if len(ms) > 0 && float64(len(ms)) >= limit {
+		s += fmt.Sprintf("; the limit was reached at %dms", ms[int(limit)-1].ServerMs-from)
+	}
+	if len(past) > 0 {
+		if len(past) > 12 {
+			past = append(past[:12], fmt.Sprintf("and %d more", len(past)-12))
+		}
+		s += "; past it: " + strings.Join(past, " ")
+	}
+	return s
 }
 
 // series turns the server times of a key's admitted requests into its

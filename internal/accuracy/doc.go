@@ -23,6 +23,7 @@ type Report struct {
 	Date     time.Time
 	Machine  string
 	Command  string
+	Source   string // what Caddy was built from
 	Go       string
 	Versions []string // of the servers, one line each
 	Nodes    int

@@ -69,10 +69,13 @@ func TestAccuracyFull(t *testing.T) {
 	if !above {
 		t.Log("the plugin does not know sync_above yet: its rows are left out")
 	}
+	repeat := envInt(t, "ACCURACY_REPEAT", 1)
 	var rows []Row
 	for _, row := range FullPlan(storeNames, above) {
 		if filter == nil || filter.MatchString(row.ID()) {
-			rows = append(rows, row)
+			for range max(repeat, 1) {
+				rows = append(rows, row)
+			}
 		}
 	}
 	if len(rows) == 0 {
@@ -83,7 +86,7 @@ func TestAccuracyFull(t *testing.T) {
 
 	r := &Runner{
 		Caddy: bin, Dir: t.TempDir(), Nodes: nodes, Limit: float64(limit), Duration: duration,
-		Stores: stores, Progress: os.Stderr,
+		Stores: stores, Progress: os.Stderr, Verbose: os.Getenv("ACCURACY_VERBOSE") != "",
 	}
 	began := time.Now()
 	outcomes, err := r.Run(t.Context(), rows)
@@ -96,6 +99,7 @@ func TestAccuracyFull(t *testing.T) {
 		Date:     time.Now().UTC(),
 		Machine:  Machine(),
 		Command:  envString("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
+		Source:   envString("ACCURACY_SOURCE", "the working tree"),
 		Go:       runtime.Version(),
 		Versions: versions,
 		Nodes:    nodes,

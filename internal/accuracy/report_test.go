@@ -37,7 +37,7 @@ func TestWriteTables(t *testing.T) {
 		}
 	}
 	lines := MustShow(outcomes(), "redis")
-	if len(lines) != 2 || !strings.Contains(lines[0], "15.0 %") || !strings.Contains(lines[1], "0 of 1") {
+	if len(lines) != 2 || !strings.Contains(lines[0], "15.0 %") || !strings.Contains(lines[1], "0 of 1; of those whose traffic can exceed it, 0 of 1") {
 		t.Errorf("MustShow = %q", lines)
 	}
 }

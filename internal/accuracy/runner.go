@@ -28,8 +28,10 @@ type Runner struct {
 	Duration time.Duration
 	// Stores are the stores, by name.
 	Stores map[string]Store
-	// Progress, when set, receives a line per row.
+	// Progress, when set, receives a line per row; with Verbose, also how
+	// the worst window of a row over the limit went.
 	Progress io.Writer
+	Verbose  bool
 }
 
 // Run runs the rows in order. It stops at the first row that fails: a
@@ -45,6 +47,9 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Outcome, error) {
 			fmt.Fprintf(r.Progress, "%3d/%d %-62s worst %.3f (bound %.3f, %.2f intervals) %s %7.1f ops/1k  added p50 %s p99 %s  sent %.0f/%.0f req/s\n",
 				i+1, len(rows), row.String(), o.Worst, o.Bound(), o.Intervals(), holds(o.Holds), o.OpsPer1k(),
 				ms(o.AddedP50()), ms(o.AddedP99()), o.SentRate, o.TargetRate)
+		}
+		if r.Progress != nil && o.Worst > 1 && r.Verbose {
+			fmt.Fprintf(r.Progress, "        worst window: %s\n", o.WorstDetail)
 		}
 		out = append(out, o)
 	}
