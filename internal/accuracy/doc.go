@@ -115,7 +115,8 @@ func (r Report) WriteDoc(path string) error {
 			if spec.Pattern.Length > 0 {
 				length = spec.Pattern.Start + spec.Pattern.Length
 			}
-			p.Length = length.Truncate(Window) + Window
+			// Whole windows: a burst's last one too.
+			p.Length = (length + Window - 1).Truncate(Window)
 			p.Series = append(p.Series, PlotSeries{Label: seriesLabel(o.Row), Points: o.Series})
 		}
 		if len(p.Series) == 0 {

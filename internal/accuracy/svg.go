@@ -52,9 +52,16 @@ func (p Plot) SVG() []byte {
 		length = 1
 	}
 	yMax := p.Limit
-	for _, s := range p.Series {
+	// Points past the time axis (a request sent at the end of the last
+	// window and answered in the next) are left out.
+	series := make([]PlotSeries, len(p.Series))
+	for i, s := range p.Series {
+		series[i].Label = s.Label
 		for _, pt := range s.Points {
-			yMax = math.Max(yMax, float64(pt.Admitted))
+			if pt.T >= 0 && pt.T.Seconds() < length {
+				series[i].Points = append(series[i].Points, pt)
+				yMax = math.Max(yMax, float64(pt.Admitted))
+			}
 		}
 	}
 	yMax = niceCeil(yMax * 1.08)
@@ -94,9 +101,9 @@ func (p Plot) SVG() []byte {
 	// and until its window's end, where it falls back to 0. The first
 	// series is drawn widest and the last narrowest, so that lines that
 	// coincide (exact rows all stop at the limit) stay visible.
-	for i, s := range p.Series {
+	for i, s := range series {
 		color := palette[i%len(palette)]
-		width := seriesWidth(i, len(p.Series))
+		width := seriesWidth(i, len(series))
 		pts := thin(s.Points, maxPointsPerSeries)
 		var path strings.Builder
 		window := time.Duration(-1)
@@ -135,7 +142,7 @@ func (p Plot) SVG() []byte {
 }
 
 // seriesWidth is the line width of series i of n: the first widest.
-func seriesWidth(i, n int) float64 { return 1.5 + 1.4*float64(n-1-i) }
+func seriesWidth(i, n int) float64 { return 1.5 + 1.1*float64(n-1-i) }
 
 // thin keeps at most n points, always keeping the last of each window
 // (its peak), so that a long series stays a small file.
