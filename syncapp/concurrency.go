@@ -227,16 +227,7 @@ func (h *slotHolder) loop() {
 			h.releaseAll()
 			return
 		case first := <-h.releases:
-			batch := []heldSlot{first}
-			for len(batch) < maxReleaseBatch {
-				select {
-				case s := <-h.releases:
-					batch = append(batch, s)
-					continue
-				default:
-				}
-				break
-			}
+			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
 			h.each(batch, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
 				return st.ReleaseSlots(ctx, ns, slots)
 			})
@@ -276,6 +267,20 @@ func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slo
 	}
 }
 
+// drain appends the slots queued for release to batch, until it holds
+// limit or the queue is empty.
+func (h *slotHolder) drain(batch []heldSlot, limit int) []heldSlot {
+	for len(batch) < limit {
+		select {
+		case s := <-h.releases:
+			batch = append(batch, s)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
 // releaseAll releases the slots still queued or held, at the end.
 func (h *slotHolder) releaseAll() {
 	h.mu.Lock()
@@ -285,15 +290,7 @@ func (h *slotHolder) releaseAll() {
 	}
 	clear(h.held)
 	h.mu.Unlock()
-	for {
-		select {
-		case s := <-h.releases:
-			all = append(all, s)
-			continue
-		default:
-		}
-		break
-	}
+	all = h.drain(all, cap(h.releases)+len(all))
 	// The config that held a store may have closed it already: what
 	// cannot be released here runs out its lease.
 	h.each(all, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
