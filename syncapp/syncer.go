@@ -41,6 +41,9 @@ type syncer struct {
 	health   *health
 	retries  retryQueue
 	inflight inflight
+	// taking is held by a run from taking the zone's diffs until inflight
+	// has them, and shared by synchronous hits reading inflight.
+	taking sync.RWMutex
 
 	// Requests in flight per key (max_concurrent) on this node, and the
 	// slots they hold in stores.
@@ -238,8 +241,28 @@ func (s *syncer) runSafely(ctx context.Context, ns *Namespace) {
 	}
 	defer s.unlockRun()
 	if s.current() == ns {
-		_ = s.runLocked(ctx, ns, true)
+		_ = s.runLocked(ctx, ns, true, fetchAfter(time.Now(), ns.runInterval()))
 	}
+}
+
+// fetchAfter returns when the periodic run aligned at or just before now
+// fetches: a beat after the instant at which every node pushes, so that
+// the other nodes' pushes of that instant have landed and a node sees the
+// others' hits one interval (and a beat) after they were made, not two. A
+// push that takes longer is fetched by the next run: each key touched is
+// fetched twice.
+func fetchAfter(now time.Time, interval time.Duration) time.Time {
+	iv := int64(interval)
+	aligned := now.UnixNano() / iv * iv
+	return time.Unix(0, aligned).Add(fetchBeat(interval))
+}
+
+// fetchBeat is how long after the aligned instant a periodic run fetches:
+// a fifth of the interval, at most 10ms. A push of a few thousand keys
+// lands within it on a local network, and it adds at most a fifth of an
+// interval to how long the others' hits stay unseen.
+func fetchBeat(interval time.Duration) time.Duration {
+	return min(interval/5, 10*time.Millisecond)
 }
 
 // lockRun waits for the run lock, or for ctx to end.
@@ -265,14 +288,15 @@ func (s *syncer) run(ctx context.Context, ns *Namespace, fetch bool) error {
 		return err
 	}
 	defer s.unlockRun()
-	return s.runLocked(ctx, ns, fetch)
+	return s.runLocked(ctx, ns, fetch, time.Time{})
 }
 
-// runLocked is run, with the run lock held.
-func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool) error {
+// runLocked is run, with the run lock held; with fetch, the fetch waits
+// until fetchAt, which the run's duration does not count.
+func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool, fetchAt time.Time) error {
 	start := time.Now()
-	contacted, err := s.pushAndFetch(ctx, ns, fetch && ns.mode == Periodic)
-	metrics.syncDuration.WithLabelValues(s.name).Observe(time.Since(start).Seconds())
+	contacted, waited, err := s.pushAndFetch(ctx, ns, fetch && ns.mode == Periodic, fetchAt)
+	metrics.syncDuration.WithLabelValues(s.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
 	case err != nil:
 		s.health.failedRun(err, ns.rate)
@@ -283,11 +307,39 @@ func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool) error
 }
 
 // pushAndFetch does one run's work, and reports whether it asked the store
-// anything.
-func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (contacted bool, err error) {
+// anything and how long it waited for fetchAt.
+func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
+	contacted, err = s.pushPending(ctx, ns)
+	if err != nil || !fetch || len(s.fetch)+len(s.fetchPrev) == 0 {
+		return contacted, 0, err
+	}
+	if wait := time.Until(fetchAt); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return contacted, wait, ctx.Err()
+		}
+		waited = wait
+	}
+	return true, waited, s.fetchCounts(ctx, ns)
+}
+
+// pushPending pushes the hits to retry, a batch whose push failed, and
+// what the zone gained since the last run, and reports whether it asked
+// the store anything. In a periodic namespace, the keys touched join
+// those the next fetch reads.
+func (s *syncer) pushPending(ctx context.Context, ns *Namespace) (contacted bool, err error) {
+	// From Take until inflight has them, the diffs taken are in neither
+	// the zone nor inflight: a near hit must not read in between.
+	track := ns.hitter != nil
+	if track {
+		s.taking.Lock()
+	}
 	diffs, keys := ns.counters.Take()
 	diffs = s.storable(ns, diffs)
-	if fetch {
+	if ns.mode == Periodic {
 		for _, k := range keys {
 			if len(s.fetch) >= ns.counters.Zone().Capacity() {
 				break // touched again, a key is fetched again
@@ -300,9 +352,12 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 		batch = &strategy.Batch{ID: newBatchID(), Namespace: s.name, Diffs: diffs}
 	}
 	retries := s.retries.take()
-	if ns.hitter != nil || len(retries) > 0 {
+	if track || len(retries) > 0 {
 		s.inflight.set(retries, s.pending, batch)
 		defer func() { s.inflight.set(s.retries.queued(), s.pending) }()
+	}
+	if track {
+		s.taking.Unlock()
 	}
 	for i, r := range retries {
 		if err := s.push(ctx, ns, r); err != nil {
@@ -332,10 +387,13 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 		}
 		contacted = true
 	}
-	if !fetch || len(s.fetch)+len(s.fetchPrev) == 0 {
-		return contacted, nil
-	}
-	keys = keys[:0]
+	return contacted, nil
+}
+
+// fetchCounts reads the store's counts of the keys touched in the last two
+// runs into the zone.
+func (s *syncer) fetchCounts(ctx context.Context, ns *Namespace) error {
+	keys := make([]string, 0, len(s.fetch)+len(s.fetchPrev))
 	for k := range s.fetch {
 		keys = append(keys, k)
 	}
@@ -346,12 +404,12 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool) (c
 	}
 	counts, err := ns.store.GetCounters(ctx, s.name, keys, ns.WindowSizes(), time.Now())
 	if err != nil {
-		return true, err
+		return err
 	}
 	ns.counters.Apply(counts)
 	clear(s.fetchPrev)
 	s.fetch, s.fetchPrev = s.fetchPrev, s.fetch
-	return true, nil
+	return nil
 }
 
 // storable drops diffs of windows the store cannot keep, which only the

@@ -25,6 +25,10 @@ import (
 func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
 	now := window.SystemClock()
 	windows := make([]strategy.WindowHit, len(limits))
+	// A run's diffs taken from the zone are in inflight before this reads
+	// it: a near hit's unsynced diffs and inflight never both miss them.
+	// Some may be in both, which only lowers the limits it sends.
+	s.taking.RLock()
 	for i, l := range limits {
 		w := strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
 		if !fixed {
@@ -41,6 +45,7 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 		}
 		windows[i] = w
 	}
+	s.taking.RUnlock()
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
 	id := newBatchID()
@@ -63,8 +68,10 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 	}
 	s.health.succeeded()
 	giveBack(ns, key, windows, unsynced, rejected, undo)
+	// Diffs on their way to the store are not in its counts yet.
+	s.taking.RLock()
+	defer s.taking.RUnlock()
 	for i, w := range windows {
-		// Diffs on their way to the store are not in its counts yet.
 		cur := counts[i].Current + s.inflight.of(key, w.Size, w.Start)
 		prev := counts[i].Previous + s.inflight.of(key, w.Size, w.Start-int64(w.Size))
 		out[i] = ns.counters.Observe(key, w.Size, w.Start, cur, prev)
