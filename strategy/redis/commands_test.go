@@ -30,19 +30,30 @@ func sumCalls(calls map[string]int) (n int) {
 }
 
 // Synchronous hits on a standalone server, in steady state (the script
-// loaded, the connection open): what each kind of hit costs.
+// loaded, the connection open, the key hit before in its window, more
+// than two seconds after its previous window ended): what each kind of hit
+// costs. The store's clock stands still, at the middle of a minute, so
+// that every previous count the store remembers stays usable.
 func TestCommandsPerSyncHit(t *testing.T) {
 	srv, r := startStandalone(t)
 	c := srv.Client("")
 	ctx := testCtx(t)
 	now := steadyNow().UnixNano()
-	win := func(size time.Duration, max float64) strategy.WindowHit {
-		return strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: max, Weight: 0.5}
+	r.now = func() time.Time { return time.Unix(0, now) }
+	win := func(size time.Duration, max, weight float64) strategy.WindowHit {
+		return strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: max, Weight: weight}
 	}
-	hour := []strategy.WindowHit{win(time.Hour, 1e9)}
-	three := []strategy.WindowHit{win(time.Second, 1e9), win(time.Minute, 1e9), win(time.Hour, 1e9)}
-	full := []strategy.WindowHit{win(time.Hour, 0)} // rejects every hit that counts
+	hour := []strategy.WindowHit{win(time.Hour, 1e9, 0.5)}
+	three := []strategy.WindowHit{win(time.Minute, 1e9, 0.5), win(time.Hour, 1e9, 0.5), win(24*time.Hour, 1e9, 0.5)}
+	withSecond := []strategy.WindowHit{win(time.Second, 1e9, 0.5), win(time.Minute, 1e9, 0.5), win(time.Hour, 1e9, 0.5)}
+	full := []strategy.WindowHit{win(time.Hour, 0, 0.5)} // rejects every hit that counts
+	atLimit := []strategy.WindowHit{win(time.Hour, 10, 0)}
 	if _, _, err := r.Hit(ctx, "cmds", "warm", newID(), hour, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "cmds", Diffs: []window.Diff{
+		{Key: "at-limit", Size: time.Hour, Start: atLimit[0].Start, Value: 10},
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Ping(ctx).Err(); err != nil { // connect the stats client
@@ -53,9 +64,22 @@ func TestCommandsPerSyncHit(t *testing.T) {
 	var seq int
 	same := func(int) string { return "k" }
 	fresh := func(int) string { seq++; return fmt.Sprint("fresh-", seq) }
+	limited := func(int) string { return "at-limit" }
 	unique := func(int) string { return newID() }
 	none := func(int) string { return "" }
 	repeated := func(int) string { return "the-same-id" }
+	// unforeseen makes the store forget that the key is at its limit, as
+	// when other nodes filled it since this node's last hit.
+	unforeseen := func() {
+		b := bucketOf("cmds", "at-limit")
+		pk := counterKeyOf(r, "cmds", "at-limit", time.Hour, atLimit[0].Start-int64(time.Hour))
+		e, ok := r.prevs.get(b, pk)
+		if !ok {
+			t.Fatal("the store remembers nothing of the key")
+		}
+		e.cur = 0
+		r.prevs.put(b, pk, e, now/int64(time.Millisecond))
+	}
 
 	const hits = 100
 	for _, tc := range []struct {
@@ -64,26 +88,35 @@ func TestCommandsPerSyncHit(t *testing.T) {
 		id      func(i int) string
 		windows []strategy.WindowHit
 		undo    bool
-		want    map[string]int // per hit
+		before  func() // before each counted hit
+		want    map[string]int
 	}{
-		// The case the sync app sends: EVALSHA; MGET of the current and
-		// previous counters and the marker; SET of the marker;
-		// INCRBYFLOAT of the current counter, which keeps its expiry.
-		{"one window, with an ID", same, unique, hour, false, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrbyfloat": 1}},
-		// A new counter costs the same: SET ... PXAT ... NX makes it with
-		// its expiry.
-		{"one window, with an ID, new key", fresh, unique, hour, false, map[string]int{"evalsha": 1, "mget": 1, "set": 2}},
-		{"one window, no ID", same, none, hour, false, map[string]int{"evalsha": 1, "mget": 1, "incrbyfloat": 1}},
-		// Each further window adds the write of its current counter; the
-		// MGET reads them all.
-		{"three windows, with an ID", same, unique, three, false, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrbyfloat": 3}},
-		// A hit whose ID was applied only reads.
-		{"an ID sent again", same, repeated, hour, false, map[string]int{"evalsha": 1, "mget": 1}},
+		// The case the sync app sends: EVALSHA; SET NX of the marker;
+		// INCRBYFLOAT of the current counter, which keeps its expiry and
+		// returns the count. The previous count is the one the store
+		// remembers, sent with the hit: no read.
+		{"one window, with an ID", same, unique, hour, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1}},
+		{"one window, no ID", same, none, hour, false, nil, map[string]int{"evalsha": 1, "incrbyfloat": 1}},
+		// A key the store knows nothing of (a new key, or the first hit of
+		// a window, or the first in two seconds after a window starts)
+		// reads its counters with one MGET first, and makes a new counter
+		// with SET NX PXAT: the marker, the MGET and the counter's SET.
+		{"one window, with an ID, new key", fresh, unique, hour, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 2}},
+		// Each further window adds the INCRBYFLOAT of its current counter.
+		{"three windows, with an ID", same, unique, three, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 3}},
+		// A sliding window of a second never has a previous count two
+		// seconds old: the MGET reads it, and the current counters with it.
+		{"three windows, one of a second, with an ID", same, unique, withSecond, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrbyfloat": 3}},
+		// A hit whose ID was applied reads the current counter.
+		{"an ID sent again", same, repeated, hour, false, nil, map[string]int{"evalsha": 1, "set": 1, "mget": 1}},
 		// Rejected with the penalty: it counts, as any hit.
-		{"rejected, with an ID", same, unique, full, false, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrbyfloat": 1}},
-		// Rejected and undone: no counter written, only the marker.
-		{"rejected and undone, with an ID", same, unique, full, true, map[string]int{"evalsha": 1, "mget": 1, "set": 1}},
-		{"rejected and undone, no ID", same, none, full, true, map[string]int{"evalsha": 1, "mget": 1}},
+		{"rejected, with an ID", same, unique, full, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1}},
+		// Rejected and undone, as the last reply foresaw: the current
+		// count is read, and no counter written.
+		{"rejected and undone, with an ID", same, unique, full, true, nil, map[string]int{"evalsha": 1, "set": 1, "mget": 1}},
+		{"rejected and undone, no ID", same, none, full, true, nil, map[string]int{"evalsha": 1, "mget": 1}},
+		// Rejected and undone, unforeseen: the increment and its undo.
+		{"rejected and undone, unforeseen, with an ID", limited, unique, atLimit, true, unforeseen, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := r.Hit(ctx, "cmds", tc.key(-1), tc.id(-1), tc.windows, tc.undo); err != nil {
@@ -91,6 +124,9 @@ func TestCommandsPerSyncHit(t *testing.T) {
 			}
 			resetStats(t, c)
 			for i := range hits {
+				if tc.before != nil {
+					tc.before()
+				}
 				if _, _, err := r.Hit(ctx, "cmds", tc.key(i), tc.id(i), tc.windows, tc.undo); err != nil {
 					t.Fatal(err)
 				}
@@ -270,7 +306,8 @@ func TestCommandsPerNewKeyPushCluster(t *testing.T) {
 	t.Logf("on a Cluster, %d new keys in %d buckets: %.3f commands per key, push %v and fetch %v; %.3f with two fetches",
 		n, b, float64(sumCalls(push)+sumCalls(fetch))/n, push, fetch, float64(sumCalls(push)+2*sumCalls(fetch))/n)
 
-	// A synchronous hit costs the same on a Cluster: its keys share a slot.
+	// A synchronous hit costs the same on a Cluster: its keys share a
+	// slot. (A fixed window: its previous count is usable at once.)
 	hit := []strategy.WindowHit{{Size: time.Hour, Start: window.Start(now.UnixNano(), time.Hour), Value: 1, Max: math.Inf(1)}}
 	if _, _, err := r.Hit(ctx, "new-keys", "k", newID(), hit, false); err != nil {
 		t.Fatal(err)
@@ -281,7 +318,7 @@ func TestCommandsPerNewKeyPushCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := map[string]int{"evalsha": 10, "mget": 10, "set": 10, "incrbyfloat": 10}; !maps.Equal(calls(), want) {
+	if want := map[string]int{"evalsha": 10, "set": 10, "incrbyfloat": 10}; !maps.Equal(calls(), want) {
 		t.Errorf("10 hits on a Cluster ran %v, want %v", calls(), want)
 	}
 }

@@ -126,6 +126,10 @@ type Redis struct {
 	// The store's state, made by Open or OpenStore (on a copy).
 	client goredis.UniversalClient
 	closed *atomic.Bool // set by Close
+	// prevs remembers the counts that synchronous hits' replies gave, so
+	// that a hit can send its previous window's count instead of having
+	// the script read it.
+	prevs *prevCache
 	// cluster is set when client is a Cluster client, whose scripts and
 	// MGETs must keep to one slot (one bucket); a standalone server or a
 	// Sentinel-managed primary takes keys of any buckets in one.
@@ -317,6 +321,7 @@ func (r *Redis) connect() {
 		ContextTimeoutEnabled: true,
 	})
 	r.closed = new(atomic.Bool)
+	r.prevs = newPrevCache()
 	_, r.cluster = r.client.(*goredis.ClusterClient)
 }
 

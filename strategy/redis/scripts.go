@@ -62,68 +62,118 @@ return 1
 // counter; once one has, it only reads. The first window whose rate,
 // current + previous * weight, exceeds its limit rejects the hit.
 //
-// It reads every key it needs with one MGET: the current and previous
-// counters of every window and the hit's marker. A counter is then written
-// with one command: SET ... PXAT ... NX makes a new one (the MGET found
-// none) with its value and its fixed expiry, and INCRBYFLOAT, which keeps
-// the expiry, adds to one that exists (or that the SET NX found after all,
-// as when two windows share a counter). The rate is decided on what
-// INCRBYFLOAT returns, the count as stored. So a hit of one window with an
-// ID costs the EVALSHA, the MGET, the marker's SET and the counter's
-// INCRBYFLOAT; a hit without an ID no marker.
-//
-// With undo, the script first decides the hit in doubles on the counts
-// read; a hit surely rejected (its rate over the limit by more than
-// doubles can err) writes no counter at all, and replies with the counts
-// read. Otherwise, and for a rate too close to its limit to tell, it
-// applies the hit as above and, if it is rejected after all, takes the
-// increments back, by adding their negation, before the script ends: the
-// script is atomic, so no other client ever sees them.
-//
-// A hit with an ID whose marker is already there (the same hit sent twice,
-// or its diffs pushed as a batch of its ID) increments nothing: it reads
+// A hit with an ID first sets its marker with SET NX PX, which tells in
+// one command whether the hit was applied before: if the marker was
+// already there (the same hit sent twice, or its diffs pushed as a batch
+// of its ID), the hit increments nothing and undoes nothing: it reads
 // every counter and decides on the counts as they are, as a hit whose
-// increments are all "0" would, and undoes nothing. Otherwise the script
-// sets the marker with SET PX (the MGET found it absent), even for a hit
-// that is rejected and undone, so that a batch of its ID is then skipped.
+// increments are all "0" would. Otherwise the marker stays set, even for a
+// hit that is rejected and undone, so that a batch of its ID is then
+// skipped.
+//
+// The caller may send a window's previous count, which it got from an
+// earlier reply (see prevCache); the script then does not read it. A
+// previous count sent as "" is read. The script writes the current
+// counters in one of two ways, which the caller chooses:
+//
+//   - Incrementing first (ARGV[2] "0"), when the caller knows every
+//     previous count: INCRBYFLOAT, which keeps a counter's expiry and
+//     returns the count, as stored, that the rate is decided on. A
+//     counter that INCRBYFLOAT made (its count is then the increment)
+//     gets its expiry with PEXPIREAT, in the same script run; a counter
+//     that held 0 gets the same expiry again, which changes nothing. So
+//     a hit of one window costs the EVALSHA, the marker's SET and the
+//     INCRBYFLOAT, and reads nothing.
+//   - Reading first (ARGV[2] "1"): one MGET reads every current counter
+//     and the previous ones not sent; a counter is then written with one
+//     command, SET ... PXAT ... NX for a new one (the MGET found none),
+//     with its value and its fixed expiry, or INCRBYFLOAT for one that
+//     exists (or that the SET NX found after all, as when two windows
+//     share a counter). The caller reads first when it lacks a previous
+//     count, which the MGET then reads at no extra cost, and when it
+//     expects a hit with undo to be rejected.
+//
+// With undo, a hit that reads first is decided in doubles on the counts
+// read; one surely rejected (its rate over the limit by more than doubles
+// can err) writes no counter at all. Otherwise, and for a rate too close
+// to its limit to tell, the hit is applied as above and, if it is rejected
+// after all, its increments are taken back, by adding their negation,
+// before the script ends: the script is atomic, so no other client ever
+// sees them. Once a window has rejected the hit, the current counts of
+// the windows after it that were not read are read with one MGET.
 //
 // KEYS[2i-1] and KEYS[2i] are window i's current and previous counters,
 // and KEYS[2N+1], present only for a hit with an ID, is the hit's marker,
-// all in one slot. ARGV[1] is "1" to undo a rejected hit, and ARGV[4i-2]
-// to ARGV[4i+1] are window i's increment ("0" only reads), the current
-// counter's expiry in Unix milliseconds, the limit ("" for none, "-" for
-// one that every rate exceeds: Lua 5.1's tonumber cannot be trusted with
-// "inf") and the previous window's weight. ARGV[4N+2], with the marker,
-// is its time to live in milliseconds.
+// all in one slot. ARGV[1] is "1" to undo a rejected hit and ARGV[2] "1"
+// to read first; ARGV[5i-2] to ARGV[5i+2] are window i's increment ("0"
+// only reads), the current counter's expiry in Unix milliseconds, the
+// limit ("" for none, "-" for one that every rate exceeds: Lua 5.1's
+// tonumber cannot be trusted with "inf"), the previous window's weight
+// and its count ("" to read it). ARGV[5N+3], with the marker, is its time
+// to live in milliseconds.
 //
 // It replies, as strings (Redis would truncate Lua numbers to integers,
 // and fractional counts must survive), the 0-based index of the window
 // that rejected the hit or -1, then each window's current and previous
 // counts.
 //
-// Every step above was measured against the previous script, which ran
-// INCRBYFLOAT, PEXPIREAT and GET per window: Redis spends about as long
-// per hit on either (some 8µs a hit of one window on the test machine), as
-// the EVALSHA's own cost dominates; deciding every hit in Lua and writing
-// the sums with SET cost a fifth more, so the script does that only for
-// the rejections of undo.
+// The two ways were measured against each other and against the previous
+// script (which read first on every hit, the marker with the counters):
+// Redis spends about as long per hit on each (some 8µs a hit of one window
+// on the test machine), as the EVALSHA's own cost dominates. Deciding
+// every hit in Lua and writing the sums with SET cost a fifth more, so the
+// script does that only for the rejections of undo.
 const hitSource = `
 local n = math.floor(#KEYS / 2)
-local held = redis.call('MGET', unpack(KEYS))
 local marked = #KEYS > 2 * n
-local apply = not (marked and held[#KEYS])
+local apply = true
+if marked and not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'PX', ARGV[5 * n + 3]) then
+	apply = false
+end
+-- vals[key] is a counter read: its count, or false when it does not exist.
+local vals = {}
+local function read(keys)
+	if #keys > 0 then
+		local got = redis.call('MGET', unpack(keys))
+		for j = 1, #keys do
+			vals[keys[j]] = got[j]
+		end
+	end
+end
+local first = {}
+local readcur = ARGV[2] == '1' or not apply
+for i = 1, n do
+	local a = 5 * i - 2
+	local k, pk = KEYS[2 * i - 1], KEYS[2 * i]
+	if (readcur or ARGV[a] == '0') and vals[k] == nil then
+		vals[k] = false
+		first[#first + 1] = k
+	end
+	if ARGV[a + 4] == '' and vals[pk] == nil then
+		vals[pk] = false
+		first[#first + 1] = pk
+	end
+end
+read(first)
+local function prevOf(i)
+	local p = ARGV[5 * i + 2]
+	if p == '' then
+		p = vals[KEYS[2 * i]] or '0'
+	end
+	return p
+end
 local undo = apply and ARGV[1] == '1'
 local rejected = 0
-if undo then
+if undo and readcur then
 	-- Decide the hit in doubles on the counts read: one surely rejected
 	-- writes no counter, so has nothing to take back. A rate too close to
 	-- its limit for doubles to tell leaves the decision to the counts that
 	-- INCRBYFLOAT stores, below, as without undo.
 	local sum = {}
 	for i = 1, n do
-		local a = 4 * i - 2
+		local a = 5 * i - 2
 		local k, pk = KEYS[2 * i - 1], KEYS[2 * i]
-		local cur = (sum[k] or tonumber(held[2 * i - 1] or '0')) + tonumber(ARGV[a])
+		local cur = (sum[k] or tonumber(vals[k] or '0')) + tonumber(ARGV[a])
 		sum[k] = cur
 		local limit = ARGV[a + 2]
 		if limit == '-' then
@@ -131,7 +181,7 @@ if undo then
 			break
 		elseif limit ~= '' then
 			local l = tonumber(limit)
-			local rate = cur + (sum[pk] or tonumber(held[2 * i] or '0')) * tonumber(ARGV[a + 3])
+			local rate = cur + (sum[pk] or tonumber(prevOf(i))) * tonumber(ARGV[a + 3])
 			local margin = 1e-12 * math.max(math.abs(l), math.abs(rate))
 			if rate > l + margin then
 				rejected = i
@@ -142,37 +192,49 @@ if undo then
 		end
 	end
 	if rejected > 0 then
-		if marked then
-			redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[4 * n + 2])
-		end
 		local reply = {tostring(rejected - 1)}
-		for i = 1, 2 * n do
-			reply[i + 1] = held[i] or '0'
+		for i = 1, n do
+			reply[2 * i], reply[2 * i + 1] = vals[KEYS[2 * i - 1]] or '0', prevOf(i)
 		end
 		return reply
 	end
 end
-if apply and marked then
-	redis.call('SET', KEYS[#KEYS], '1', 'PX', ARGV[4 * n + 2])
-end
 local fresh = {} -- the counters this hit wrote, by key, for windows that share one
 local reply = {}
 for i = 1, n do
-	local a = 4 * i - 2
+	local a = 5 * i - 2
 	local inc, limit = ARGV[a], ARGV[a + 2]
-	local k = KEYS[2 * i - 1]
+	local k, pk = KEYS[2 * i - 1], KEYS[2 * i]
 	local cur
 	if apply and rejected == 0 and inc ~= '0' then
-		if held[2 * i - 1] or fresh[k] or not redis.call('SET', k, inc, 'PXAT', ARGV[a + 1], 'NX') then
+		if vals[k] == nil and not fresh[k] then
+			cur = redis.call('INCRBYFLOAT', k, inc)
+			if tonumber(cur) == tonumber(inc) then
+				redis.call('PEXPIREAT', k, ARGV[a + 1]) -- a new counter, or one at 0
+			end
+		elseif vals[k] or fresh[k] or not redis.call('SET', k, inc, 'PXAT', ARGV[a + 1], 'NX') then
 			cur = redis.call('INCRBYFLOAT', k, inc)
 		else
 			cur = inc
 		end
 		fresh[k] = cur
 	else
-		cur = fresh[k] or held[2 * i - 1] or '0'
+		if fresh[k] == nil and vals[k] == nil then
+			-- Rejected by an earlier window: read the current counts not
+			-- read yet, of this window and those after it, at once.
+			local rest = {}
+			for j = i, n do
+				local kj = KEYS[2 * j - 1]
+				if fresh[kj] == nil and vals[kj] == nil then
+					vals[kj] = false
+					rest[#rest + 1] = kj
+				end
+			end
+			read(rest)
+		end
+		cur = fresh[k] or vals[k] or '0'
 	end
-	local prev = fresh[KEYS[2 * i]] or held[2 * i] or '0'
+	local prev = fresh[pk] or prevOf(i)
 	if rejected == 0 and limit ~= '' and
 		(limit == '-' or tonumber(cur) + tonumber(prev) * tonumber(ARGV[a + 3]) > tonumber(limit)) then
 		rejected = i
@@ -183,7 +245,7 @@ if undo and rejected > 0 then
 	-- Take the increments back, negated as text, which is exact where
 	-- arithmetic in Lua (tostring keeps 14 digits) would not be.
 	for i = 1, rejected do
-		local inc = ARGV[4 * i - 2]
+		local inc = ARGV[5 * i - 2]
 		if inc ~= '0' then
 			if string.sub(inc, 1, 1) == '-' then
 				inc = string.sub(inc, 2)

@@ -382,7 +382,10 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		return nil
 	}
 	k, nsp := bucketOf(namespace, key), nsPart(namespace)
-	var buf []byte
+	var (
+		buf      []byte
+		counters []string
+	)
 	pipe := r.client.TxPipeline()
 	for _, size := range sizes {
 		sizeMs, _, err := windowMs(size, 0)
@@ -393,6 +396,7 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		for _, startMs := range [2]int64{curMs, curMs - sizeMs} {
 			var counter string
 			counter, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
+			counters = append(counters, counter)
 			// SET with PXAT, which go-redis's Set cannot send (its
 			// ExpireAt is in seconds): the value and the expiry in one
 			// command.
@@ -400,6 +404,9 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		}
 	}
 	_, err := pipe.Exec(ctx)
+	// What the store remembers of the key's counts (its previous counts
+	// above all) is wrong now, or may be after an error.
+	r.prevs.forget(k, counters...)
 	return err
 }
 
@@ -499,9 +506,10 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 	n := len(windows)
 	// The command, built in one slice: EVALSHA, the script, the number of
 	// keys, the current and previous counters of every window and, with an
-	// ID, the hit's marker, then the undo flag, four arguments per window
-	// and, with an ID, the marker's time to live (see hitSource).
-	nkeys, nargs := 2*n, 1+4*n
+	// ID, the hit's marker, then the undo and read-first flags, five
+	// arguments per window and, with an ID, the marker's time to live (see
+	// hitSource).
+	nkeys, nargs := 2*n, 2+5*n
 	if id != "" {
 		nkeys, nargs = nkeys+1, nargs+1
 	}
@@ -513,18 +521,29 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 	if undo {
 		undoArg = "1"
 	}
-	cmdArgs = append(cmdArgs, undoArg)
+	readFirstAt := len(cmdArgs) + 1
+	cmdArgs = append(cmdArgs, undoArg, "0")
 	k := bucketOf(namespace, key)
 	nsp := nsPart(namespace)
+	nowMs := r.now().UnixMilli()
 	var (
-		buf     []byte
-		lastExp int64 // the latest expiry of the hit's counters
+		buf       []byte
+		lastExp   int64 // the latest expiry of the hit's counters
+		readFirst bool
+		// What the cache gave each window: whether it is cached at all (a
+		// window whose size another window of the hit shares is not: its
+		// previous counter may be that window's current one), and when
+		// the previous count that was sent was read.
+		cacheable [strategy.MaxHitWindows]bool
+		sentAt    [strategy.MaxHitWindows]int64
 	)
 	for i := range windows {
 		w := &windows[i]
 		sizeMs, startMs := int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
+		var prevKey string
 		cmdArgs[3+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
-		cmdArgs[4+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
+		prevKey, buf = r.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
+		cmdArgs[4+2*i] = prevKey
 		var inc any = "0" // only reads; also keeps -0 away from Redis
 		if w.Value != 0 {
 			inc = formatValue(w.Value)
@@ -533,6 +552,7 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		switch {
 		case math.IsInf(w.Max, -1):
 			limit = "-" // every rate exceeds it
+			readFirst = readFirst || undo
 		case !math.IsInf(w.Max, 1):
 			limit = formatValue(w.Max)
 		}
@@ -542,11 +562,37 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		}
 		exp := expireAtMs(sizeMs, startMs)
 		lastExp = max(lastExp, exp)
-		cmdArgs = append(cmdArgs, inc, exp, limit, weight)
+		var prev any = "" // read it
+		cacheable[i] = r.prevs != nil
+		for j := range windows {
+			if j != i && windows[j].Size == w.Size {
+				cacheable[i] = false
+			}
+		}
+		if cacheable[i] {
+			if e, ok := r.prevs.get(k, prevKey); ok {
+				if e.usablePrev(startMs, nowMs, w.Weight) {
+					prev, sentAt[i] = e.prev, e.readAt
+				}
+				// With undo, a hit that the counts of the last reply
+				// reject is likely rejected: read first, and it writes
+				// nothing.
+				if undo && e.cur+w.Value+e.prevCount*w.Weight > w.Max {
+					readFirst = true
+				}
+			}
+		}
+		if prev == "" {
+			readFirst = true // the MGET that reads it reads the current counters too
+		}
+		cmdArgs = append(cmdArgs, inc, exp, limit, weight, prev)
+	}
+	if readFirst {
+		cmdArgs[readFirstAt] = "1"
 	}
 	if id != "" {
 		cmdArgs[3+2*n] = r.layout.dedupeKey(k, 0, id)
-		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, r.now().UnixMilli()))
+		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 
 	reply, err := runOnce(ctx, r.client, hitScript, hitSource, cmdArgs).Slice()
@@ -579,6 +625,18 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		if c.Previous, ok = parse(reply[2+2*i]); !ok {
 			return nil, -1, fmt.Errorf("windows[%d]: the previous counter holds %v, not a number", i, reply[2+2*i])
 		}
+	}
+	// Remember the counts for the key's next hits: a previous count read
+	// now is read at nowMs at the earliest.
+	for i := range windows {
+		if !cacheable[i] {
+			continue
+		}
+		e := prevEntry{prev: reply[2+2*i].(string), readAt: sentAt[i], prevCount: counts[i].Previous, cur: counts[i].Current}
+		if e.readAt == 0 {
+			e.readAt = nowMs
+		}
+		r.prevs.put(k, cmdArgs[4+2*i].(string), e, nowMs)
 	}
 	return counts, rejected, nil
 }
