@@ -18,10 +18,16 @@ import (
 
 // slowUpstream serves every request after delay, on loopback.
 func slowUpstream(t *testing.T, delay time.Duration) string {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return slowUpstreamFunc(t, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(delay)
 		fmt.Fprint(w, "slow ok")
-	}))
+	})
+}
+
+// slowUpstreamFunc serves every request with serve, on loopback, and
+// returns its address.
+func slowUpstreamFunc(t *testing.T, serve http.HandlerFunc) string {
+	srv := httptest.NewUnstartedServer(serve)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

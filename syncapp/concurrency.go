@@ -17,8 +17,10 @@ import (
 )
 
 // SlotLease is how long a slot taken in a store lives unless its node
-// renews it: the slots of a node that dies come back within it.
-const SlotLease = 30 * time.Second
+// renews it: the slots of a node that dies come back within it, which
+// leaves 5 s to the 30 s that users are promised, for the store's expiry
+// and a renewal in flight at the node's death.
+const SlotLease = 25 * time.Second
 
 // slotLease is SlotLease, which tests shorten.
 var slotLease = SlotLease

@@ -1,6 +1,8 @@
 package accuracy
 
 import (
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
+
 	"bytes"
 	"context"
 	"os"
@@ -53,18 +55,18 @@ func buildCaddy(t *testing.T) string {
 			caddyErr = err
 			return
 		}
-		root, err := ModuleRoot(ctx, wd)
+		root, err := caddyproc.ModuleRoot(ctx, wd)
 		if err != nil {
 			caddyErr = err
 			return
 		}
-		caddyBin, err = CaddyPath(root)
+		caddyBin, err = caddyproc.BinaryPath(root)
 		if err != nil {
 			caddyErr = err
 			return
 		}
 		start := time.Now()
-		caddyErr = BuildCaddy(ctx, root, caddyBin)
+		caddyErr = caddyproc.Build(ctx, root, caddyBin)
 		t.Logf("go build ./cmd/caddy: %v", time.Since(start).Round(time.Millisecond))
 	})
 	if caddyErr != nil {

@@ -62,12 +62,6 @@ func TestNodeConfig(t *testing.T) {
 	}
 }
 
-func TestWithoutRace(t *testing.T) {
-	if got := withoutRace("-buildvcs=false -race -tags=x"); got != "-buildvcs=false -tags=x" {
-		t.Errorf("withoutRace = %q", got)
-	}
-}
-
 func TestRowID(t *testing.T) {
 	r := Row{Pattern: Steady2x, Store: "redis", SyncRate: 100 * time.Millisecond, SyncAbove: 0.8}
 	if got := r.ID(); got != "redis-steady2x-sync100ms-above08" {

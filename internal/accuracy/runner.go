@@ -1,6 +1,8 @@
 package accuracy
 
 import (
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
+
 	"context"
 	"errors"
 	"fmt"
@@ -86,7 +88,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 		return Outcome{}, err
 	}
 
-	nodes, err := startNodes(ctx, r.Caddy, dir, r.Nodes, func(port int) ([]byte, error) {
+	nodes, err := caddyproc.StartAll(ctx, r.Caddy, dir, r.Nodes, BarePath, func(port int) ([]byte, error) {
 		return NodeConfig{
 			Port: port, SyncRate: row.SyncRate, SyncAbove: row.SyncAbove, Strategy: st.Strategy(),
 			Limit: r.Limit, ManyLimit: r.Limit / max(p.LimitDiv, 1),
@@ -98,7 +100,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	stopped := false
 	defer func() {
 		if !stopped {
-			stopNodes(nodes)
+			caddyproc.StopAll(nodes)
 		}
 	}()
 
@@ -125,7 +127,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 		res := Send(ctx, client, warm, time.Now(), []Request{{Node: i}})
 		if res[0].Status != http.StatusOK {
 			return Outcome{}, fmt.Errorf("warm-up request to node %d: status %d, %v; its log:\n%s",
-				i+1, res[0].Status, res[0].Err, tail(nodes[i].log, 20))
+				i+1, res[0].Status, res[0].Err, nodes[i].Log(20))
 		}
 	}
 
@@ -144,11 +146,11 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	}
 	client.CloseIdleConnections()
 	for i, n := range nodes {
-		if !n.running() {
-			return Outcome{}, fmt.Errorf("node %d exited during the load; its log:\n%s", i+1, tail(n.log, 30))
+		if !n.Running() {
+			return Outcome{}, fmt.Errorf("node %d exited during the load; its log:\n%s", i+1, n.Log(30))
 		}
 	}
-	stopNodes(nodes)
+	caddyproc.StopAll(nodes)
 	stopped = true
 	if err := st.Settle(ctx); err != nil {
 		return Outcome{}, err

@@ -1,9 +1,9 @@
 //go:build !linux
 
-package accuracy
+package caddyproc
 
 import "os/exec"
 
 // setDeathSignal does nothing where the kernel has no parent-death
-// signal: the harness stops its nodes itself.
+// signal: callers stop their nodes themselves.
 func setDeathSignal(*exec.Cmd) {}

@@ -1,0 +1,276 @@
+// Package caddyproc builds Caddy with the plugin and runs it as separate
+// processes on loopback, for tests and harnesses that need real nodes: a
+// fleet sharing a store, or a node killed outright.
+package caddyproc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ModuleRoot returns the directory of the go.mod of the module that dir
+// is in, from `go env GOMOD` run in dir.
+func ModuleRoot(ctx context.Context, dir string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "env", "GOMOD")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("no go.mod above %s", dir)
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// BinaryPath is where Build puts the binary of the module in root: a
+// directory of the user's cache per checkout, so that go build finds its
+// previous output up to date and does not link again.
+func BinaryPath(root string) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	sum := sha256.Sum256([]byte(root))
+	return filepath.Join(cache, "caddy-ratelimit-accuracy", hex.EncodeToString(sum[:6]), "caddy"), nil
+}
+
+// Build builds Caddy with the plugin (./cmd/caddy of the module in root)
+// into out. It leaves -race out of GOFLAGS: nodes are often measured, and
+// the race detector would slow them down several times.
+func Build(ctx context.Context, root, out string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/caddy")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/caddy: %w\n%s", err, b)
+	}
+	return nil
+}
+
+// BuildHere builds the binary of the module that dir is in, at its
+// BinaryPath, and returns that path.
+func BuildHere(ctx context.Context, dir string) (string, error) {
+	root, err := ModuleRoot(ctx, dir)
+	if err != nil {
+		return "", err
+	}
+	bin, err := BinaryPath(root)
+	if err != nil {
+		return "", err
+	}
+	return bin, Build(ctx, root, bin)
+}
+
+// withoutRace drops -race from a GOFLAGS value.
+func withoutRace(flags string) string {
+	var kept []string
+	for _, f := range strings.Fields(flags) {
+		if f != "-race" && f != "-race=true" && f != "--race" {
+			kept = append(kept, f)
+		}
+	}
+	return strings.Join(kept, " ")
+}
+
+// Node is one Caddy process.
+type Node struct {
+	// Port is the port its config was made for.
+	Port int
+	// LogPath is the file of its standard output and error.
+	LogPath string
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// ErrUnknownField reports a config that the Caddy binary refuses because
+// it does not know one of its fields, such as an option newer than the
+// binary.
+var ErrUnknownField = errors.New("unknown config field")
+
+// Start starts one Caddy process of the binary bin, in dir, with the JSON
+// config made for a free port, and waits until it answers readyPath with
+// 200. A port taken meanwhile by another process is tried again with
+// another. The kernel kills the process if the caller dies first.
+func Start(ctx context.Context, bin, dir, name, readyPath string, config func(port int) ([]byte, error)) (*Node, error) {
+	var lastErr error
+	for range 3 {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := config(port)
+		if err != nil {
+			return nil, err
+		}
+		cfgPath := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
+			return nil, err
+		}
+		n := &Node{Port: port, LogPath: filepath.Join(dir, name+".log"), exited: make(chan struct{})}
+		f, err := os.Create(n.LogPath)
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin, "run", "--config", cfgPath)
+		cmd.Stdout, cmd.Stderr = f, f
+		// Caddy's data and config directories: the node's own.
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		setDeathSignal(cmd)
+		err = cmd.Start()
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("starting Caddy: %w", err)
+		}
+		n.cmd = cmd
+		go func() {
+			_ = cmd.Wait()
+			close(n.exited)
+		}()
+		if err = n.waitReady(ctx, readyPath); err == nil {
+			return n, nil
+		}
+		n.Stop()
+		log := n.Log(20)
+		if strings.Contains(log, "unknown field") {
+			return nil, fmt.Errorf("%w: Caddy refused its config:\n%s", ErrUnknownField, log)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		lastErr = fmt.Errorf("Caddy on port %d: %v; its log:\n%s", port, err, log)
+	}
+	return nil, lastErr
+}
+
+// StartAll starts n nodes at once, named node1 to noden, or none: on an
+// error, those started are stopped.
+func StartAll(ctx context.Context, bin, dir string, n int, readyPath string, config func(port int) ([]byte, error)) ([]*Node, error) {
+	nodes := make([]*Node, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			nodes[i], errs[i] = Start(ctx, bin, dir, fmt.Sprintf("node%d", i+1), readyPath, config)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		StopAll(nodes)
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// StopAll stops the nodes at once and waits for all of them.
+func StopAll(nodes []*Node) {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		if n != nil {
+			wg.Go(n.Stop)
+		}
+	}
+	wg.Wait()
+}
+
+// URL returns the address of path on the node.
+func (n *Node) URL(path string) string {
+	return "http://127.0.0.1:" + strconv.Itoa(n.Port) + path
+}
+
+// Running reports whether the process has not exited.
+func (n *Node) Running() bool {
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop asks Caddy to stop gracefully (it pushes its pending diffs and
+// gives back what it holds), and kills it if it has not exited within
+// 15 s.
+func (n *Node) Stop() {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-n.exited:
+	case <-time.After(15 * time.Second):
+		n.Kill()
+	}
+}
+
+// Kill kills the process outright, as a crash or the OOM killer would:
+// it runs no cleanup, and waits for it to be gone.
+func (n *Node) Kill() {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	<-n.exited
+}
+
+// Log returns the last lines of the node's output.
+func (n *Node) Log(lines int) string {
+	data, _ := os.ReadFile(n.LogPath)
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// waitReady polls path until it answers 200 or the node exits.
+func (n *Node) waitReady(ctx context.Context, path string) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get(n.URL(path))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !n.Running() {
+			return errors.New("exited at start")
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after 30s: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// FreePort returns a loopback port that was free a moment ago; a node
+// that cannot bind it is started again on another.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
