@@ -138,24 +138,43 @@
 //
 // Hit applies one hit to every window of a key's limits (up to 16) and
 // decides it with one Lua script run: one round trip per hit, whatever the
-// number of windows. The script reads, with one MGET, the current and
-// previous counters of every window and the hit's marker. It follows
-// Kong's order: window by window, in the order given (ascending size), it
-// adds the hit to the current counter, with SET ... PXAT ... NX for a new
-// one (the value and its expiry) or INCRBYFLOAT for one that exists (the
-// expiry kept), and the first window whose rate, current + previous *
-// weight, exceeds its limit rejects the hit; the windows after it are only
-// read, not incremented. The rate is decided on the count INCRBYFLOAT
-// returns, as stored. With undo (disable_penalty), the script first
-// decides the hit in doubles on the counts it read: a hit surely rejected
-// writes no counter at all; one that is admitted, or whose rate is too
-// close to its limit for doubles to tell, is applied as above, and if it
-// is rejected after all the script takes its increments back before it
-// ends, so no other node ever sees them. An infinite limit travels as an
-// empty string, since Lua 5.1 does not parse "inf" reliably.
-// The script replies with strings, since Redis truncates Lua numbers to
-// integers. It is sent with EVALSHA, and with EVAL once per server when the
-// server does not hold it (a new or restarted server).
+// number of windows. It follows Kong's order: window by window, in the
+// order given (ascending size), it adds the hit to the current counter,
+// and the first window whose rate, current + previous * weight, exceeds
+// its limit rejects the hit; the windows after it are only read, not
+// incremented. The rate is decided on the count INCRBYFLOAT returns, as
+// stored. An infinite limit travels as an empty string, since Lua 5.1 does
+// not parse "inf" reliably. The script replies with strings, since Redis
+// truncates Lua numbers to integers. It is sent with EVALSHA, and with
+// EVAL once per server when the server does not hold it (a new or
+// restarted server).
+//
+// The script writes the current counters in one of two ways, which the
+// store chooses per hit:
+//
+//   - Incrementing first, when the store sends every window's previous
+//     count (see Remembered previous counts): INCRBYFLOAT adds to the
+//     counter, keeps its expiry and returns the count to decide on. A
+//     counter that INCRBYFLOAT made (its count is then the increment) gets
+//     its expiry with PEXPIREAT in the same run; one that held 0 gets the
+//     same expiry again. The script reads nothing, unless a window rejects
+//     the hit: the current counts of the windows after it are then read
+//     with one MGET.
+//   - Reading first, otherwise: one MGET reads the current counters and
+//     the previous ones not sent, and each current counter is written with
+//     one command, SET ... PXAT ... NX for a new one (the value and its
+//     expiry) or INCRBYFLOAT for one that exists. A previous count to read
+//     costs the MGET anyway, and this way a new counter costs one write,
+//     not two.
+//
+// With undo (disable_penalty), a hit that reads first is decided in doubles
+// on the counts read: one surely rejected writes no counter at all. One
+// that is admitted, or whose rate is too close to its limit for doubles to
+// tell, is applied as above, and if it is rejected after all the script
+// takes its increments back before it ends, so no other node ever sees
+// them. The store has a hit with undo read first, too, when the counts of
+// the key's last reply reject it: a key at its limit whose clients keep
+// trying then costs a read per try, not an increment and its undo.
 //
 // A hit is never resent after a network error: go-redis would resend a
 // command whose reply was lost (a read timeout, a reset), and a hit applied
@@ -167,10 +186,11 @@
 // applied: it timed out after it was sent, and Redis may run it later.
 // For that case a hit may carry an ID, which the caller gives every hit
 // (the sync app does), under the hit ID rule of strategy.Hitter. The
-// script's MGET then reads the hit's marker, <prefix>:{<bucket>}:push:0:<ID>,
-// in the slot of the hit's counters, with the counters; the hit is applied
-// only if the marker was not there, and sets it with SET PX (even when it
-// is rejected and undone, so that its batch is then skipped). A caller
+// script then first sets the hit's marker, <prefix>:{<bucket>}:push:0:<ID>,
+// in the slot of the hit's counters, with SET NX PX, which checks and
+// records it in one command: the hit is applied only if that made the
+// marker, which stays even when the hit is rejected and undone, so that
+// its batch is then skipped. A caller
 // whose hit failed counts it locally and pushes its diffs later as a batch
 // of the hit's ID, which sets and checks the same marker (see Pushing
 // diffs): the hit counts once, whether Redis ran it, runs it after the
@@ -190,6 +210,45 @@
 // marker's life, of a hit that Redis applied although its reply was lost,
 // would count it twice, which errs towards limiting. A hit without an ID
 // sets no marker.
+//
+// # Remembered previous counts
+//
+// A previous window's count hardly changes once the window has ended. So
+// the store remembers, for each window of a key it hit recently, the
+// previous count and the current count that the last reply gave, and sends
+// the previous count with the key's next hits, which then do not read it.
+// A count is sent only
+//
+//   - if it was read at least two seconds after the previous window ended
+//     (by this node's clock), when every synchronous hit of that window
+//     has reached Redis: a hit reaches it within its timeout (a second in
+//     the sync app) of the moment its node chose the window, and nodes'
+//     clocks may differ by up to a second (the layout's expiry margin). A
+//     window of weight 0 (a fixed window) does not use its previous count
+//     in its decision, so its count is sent even if it was read sooner:
+//     only the previous count in the reply may then lack a hit that came
+//     late;
+//   - and for a second after it was read. What reaches a previous window
+//     later than those two seconds (a failed hit, pushed as a batch once
+//     Redis answers again; the diffs of a node that syncs less often; a
+//     reset through another node) reaches this node's hits at most a
+//     second later than a read would have seen it. A key that this node
+//     hits more than once a second reads its previous count about once a
+//     second.
+//
+// So a hit is decided on the counts its script would have read, unless a
+// write reached the previous window more than two seconds after it ended,
+// and then the hit sees it within a second: at sync_rate 0 a fleet still
+// admits exactly the limit. A reset through this store forgets what
+// it remembered of the key. A sliding window of two seconds or less never
+// has a previous count to send, and reads it on every hit.
+//
+// Client keys are chosen by clients, so the memory is bounded: 16 shards
+// (by bucket), each of two generations of at most 1,024 windows, a new
+// generation started (and the older one dropped) when the current one is
+// full or a second old. That is at most 32,768 windows, a few megabytes; a
+// window pushed out early only has its previous count read again. Each
+// store has its own, so the configs that share a store share it too.
 //
 // # Concurrency slots
 //
@@ -237,14 +296,28 @@
 // command its script runs), in steady state; commands_test.go holds these
 // numbers.
 //
-//   - A synchronous hit of one window with an ID (what the sync app sends):
-//     4 commands, the EVALSHA, its MGET, the SET of the marker and the
-//     INCRBYFLOAT (or, for a new counter, SET NX) of the counter, where
-//     the previous script ran 5 (it set the expiry again and read the
-//     previous counter with a GET of its own). Without an ID, 3. Each
-//     further window adds one write (3 windows with an ID: 6, not 11). A
-//     hit whose ID was applied already, 2; one that its counts surely
-//     reject, with undo, 3 with an ID and 2 without.
+//   - A synchronous hit of one window with an ID (what the sync app
+//     sends), of a key this node hit before in the window, its previous
+//     count remembered: 3 commands, the EVALSHA, the SET NX of the marker
+//     and the INCRBYFLOAT of the counter, where the script before ran 4
+//     (an MGET read the counters and the marker, and the marker's SET
+//     followed). Without an ID, 2. Each further window adds its
+//     INCRBYFLOAT (3 windows with an ID: 5, where it ran 6).
+//   - A synchronous hit that reads first adds an MGET: 4 commands for one
+//     window with an ID (a new counter's write is then its SET NX PXAT),
+//     6 for three. That is a key new to the node; the first hit of a
+//     window, or the first in the two seconds after a sliding window
+//     starts; a previous count read again after a second; and every hit
+//     of a sliding window of two seconds or less. A counter that an
+//     incrementing hit makes (only when this node remembered a previous
+//     count but the counter was not there, as after an undone hit) adds
+//     its PEXPIREAT.
+//   - A synchronous hit whose ID was applied already: 3, the EVALSHA, the
+//     SET NX that fails and the MGET. A rejected hit with the penalty
+//     costs what an admitted one does; with undo, one that the key's last
+//     reply foresaw costs 3 with an ID (the MGET instead of the
+//     INCRBYFLOAT) and 2 without, one that it did not, 4 (the INCRBYFLOAT
+//     and its undo).
 //   - A periodic push, standalone: about one command per diff, new counter
 //     (SET NX) or not (INCRBYFLOAT), plus 3 per run of 256 diffs. A new key
 //     hit once, pushed and then fetched, costs about 1.02 commands: a
@@ -264,36 +337,39 @@
 //     renewal: per key, EVALSHA, TIME, PTTL, PEXPIRE, and a ZSCORE and a
 //     ZADD per slot (one request renewing its one slot: 6).
 //
-// Three commands for a synchronous hit with an ID would leave two inside
-// the script: one read and one write. The write would have to add to the
-// counter and record the marker at once, in one key, since Redis 7.0 has
-// no command that writes several keys and keeps or sets their expiries
-// (MSET and MSETNX drop them). The counter would then be a hash (or a
-// sorted set) holding its count and the markers of its hits. Such a key
-// cannot be made with its expiry in one command (SET ... PXAT makes
-// strings only), so every counter a push makes would cost two, and hashes
-// cannot be read many at a time (there is no multi-key HMGET), so every
-// fetch would cost a command per counter instead of one per 512: a new key
-// would cost at least three commands, not one. The markers, too, would live
-// as long as their window (twice its size: two hours for an hour window)
-// without per-field expiry (HEXPIRE, Redis 7.4), unless extra commands
-// pruned them. So the layout stays strings, and a synchronous hit with an
-// ID costs four.
+// Three commands for a synchronous hit with an ID leave two inside the
+// script, and the hit must write two keys: its marker and its counter.
+// Redis 7.0 has no command that writes several keys and keeps or sets
+// their expiries (MSET and MSETNX drop them), and holding the markers in
+// the counter (a hash of its count and its hits' markers) would make every
+// new counter a push makes cost two commands (SET ... PXAT makes strings
+// only), every fetch a command per counter (there is no multi-key HMGET),
+// and keep the markers as long as their window without per-field expiry
+// (HEXPIRE, Redis 7.4). So the layout stays strings, and the script saves
+// its reads instead: SET NX checks and writes the marker at once,
+// INCRBYFLOAT returns the count it made, and the previous count, the one
+// read left, comes from the store's memory (see Remembered previous
+// counts), which the previous window's end makes safe to keep. No command
+// reads another key while it writes one (SET ... GET returns the key's own
+// value), so a read of the previous counter would be a third command in
+// the script.
 //
 // Fewer commands do not make a hit much cheaper for Redis, though: the
 // EVALSHA's own cost (the script's call, its KEYS and ARGV, its reply)
-// dominates, and a hit of one window takes about as long in Redis as it
-// did with five (some 8µs on the test machine, in INFO commandstats). A
-// script that decided every hit in Lua before writing the sums with SET
-// ran three commands too, but cost Redis a fifth more; so the script adds
-// with INCRBYFLOAT and decides on its result, as before, and decides in
-// Lua only the rejections of undo, which then write nothing. Pushes gain
-// the most: a standalone server runs a push of 1,000 counters in four
-// script runs instead of one per bucket touched, in a fifth of the time.
+// dominates, and a hit of one window takes about as long in Redis with
+// three commands as with four or five (in INFO commandstats, alternating
+// runs of 20,000 hits gave 19-23µs per EVALSHA either way on a loaded test
+// machine, where an idle one gave some 8µs). A script that decided every
+// hit in Lua before writing the sums with SET cost Redis a fifth more; so
+// the script adds with INCRBYFLOAT and decides on its result, and decides
+// in Lua only the rejections of undo that read first, which then write
+// nothing. Pushes gain the most from fewer commands: a standalone server
+// runs a push of 1,000 counters in four script runs instead of one per
+// bucket touched, in a fifth of the time.
 //
 // The layout (key names, values, expiries, markers) is the same as before
 // the commands were trimmed: only the number of commands changed, and
-// nodes running either version can share a store.
+// nodes running any of these versions can share a store.
 //
 // # Windows and values
 //

@@ -49,10 +49,11 @@ func TestHitIsOneRoundTrip(t *testing.T) {
 		t.Errorf("%d hits sent %d commands (%v) and %d pipelines; want %d EVALSHA, nothing else",
 			hits, process, h.names, pipelines, hits)
 	}
-	// Each EVALSHA runs, inside the server, one MGET of every counter and
-	// the marker, one SET of the hit's marker and one write of each
-	// window's current counter: INCRBYFLOAT, or SET NX for a counter that
-	// a new window (of a second, say) starts.
+	// Each EVALSHA runs, inside the server, the SET NX of the hit's
+	// marker, one MGET of the counters (the sliding window of a second
+	// never has a previous count to send, so the hit reads first) and one
+	// write of each window's current counter: INCRBYFLOAT, or SET NX for a
+	// counter that a new window (of a second, say) starts.
 	calls := serverCalls(t, c)
 	n := len(windows) * hits
 	if len(calls) != 4 || calls["evalsha"] != hits || calls["mget"] != hits ||

@@ -358,8 +358,10 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 // GetCounters reports them as zero, not missing, until they expire, and
 // diffs pushed later add to zero. The counters of one (namespace, key)
 // share a bucket, hence a Cluster slot, so one MULTI/EXEC of a SET ... PXAT
-// per counter does it, atomically, in one round trip. Sizes must
-// be valid for the layout (ErrInvalidWindow); with none, nothing is sent.
+// per counter does it, atomically, in one round trip, and the store
+// forgets the previous counts it remembered of the key (see Hit). Sizes
+// must be valid for the layout (ErrInvalidWindow); with none, nothing is
+// sent.
 //
 // A reset after Close fails with an error that wraps strategy.ErrNotSent.
 // Other errors never do: go-redis resends the transaction after a network
@@ -449,11 +451,17 @@ func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.
 // rejected the hit, and the first window whose rate, current +
 // previous*Weight, exceeds its Max rejects it; with undo, the increments
 // of a rejected hit are taken back in the same script (or, when the counts
-// read surely reject it, never made). The script reads every counter (and
-// the marker) with one MGET, so in steady state a hit of one window costs
-// Redis 4 commands with an id and 3 without (see the package
-// documentation). All the counters of a call share the (namespace, key)
-// bucket, so one slot of a Cluster holds them all.
+// read surely reject it, never made). The store remembers the previous
+// windows' counts that its hits' replies gave and sends them with the
+// key's next hits, while they are usable (read at least two seconds after
+// the previous window ended, unless its weight is 0, and less than a
+// second ago), so that the script reads nothing: in steady state a hit of
+// one window costs Redis 3 commands with an id (EVALSHA, the marker's SET
+// NX, INCRBYFLOAT) and 2 without. A hit without them reads the counters
+// with one MGET first: one more command (see the package documentation).
+// A window whose previous count was sent returns that count. All the counters
+// of a call share the (namespace, key) bucket, so one slot of a Cluster
+// holds them all.
 //
 // It takes 1 to 16 windows, each valid for the layout (ErrInvalidWindow),
 // with a finite Value, a Weight in [0, 1] and a Max that is not NaN
@@ -461,12 +469,11 @@ func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.
 // is refused, before anything is sent, with an error that wraps
 // strategy.ErrRejected.
 //
-// A non-empty id names the hit. The script reads the hit's marker,
-// <prefix>:{<bucket>}:push:0:<id>, with the counters: the key that
-// PushDiffs sets for a batch of that ID holding only this key's diffs, in
-// the same slot as the counters. If the marker is not there, the hit is
-// applied as above and sets it with SET PX.
-// If it exists (the same id sent twice, or a batch of that ID pushed
+// A non-empty id names the hit. The script first sets the hit's marker,
+// <prefix>:{<bucket>}:push:0:<id>, with SET NX PX: the key that PushDiffs
+// sets for a batch of that ID holding only this key's diffs, in the same
+// slot as the counters. If that made the marker, the hit is applied as
+// above, and the marker stays even if the hit is undone. If it existed (the same id sent twice, or a batch of that ID pushed
 // first), nothing is incremented or undone: the counts are only read, and
 // rejected is decided on them as they are, Kong's way, as for a hit whose
 // every Value is 0. So a rejected hit that was undone may come back
