@@ -56,6 +56,9 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		c.advance(k)
 		if rejected < 0 {
 			add(c, value)
+			if value > 0 {
+				c.curAt = stamp(r)
+			}
 		}
 		out[j] = c.sample(k, r)
 		if rejected < 0 && out[j].Rate(fixed) > l.Max {

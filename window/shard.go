@@ -1,6 +1,9 @@
 package window
 
-import "sync"
+import (
+	"math"
+	"sync"
+)
 
 // Entries live in fixed-size chunks so that growing a shard never copies the
 // entries it already holds, and a full shard wastes at most one chunk.
@@ -32,6 +35,8 @@ type counts struct {
 	index int64 // the current window is [index*size, (index+1)*size)
 	cur   cell
 	prev  cell
+	// When this node last counted a hit in each window: see stamp.
+	curAt, prevAt uint32
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -42,12 +47,24 @@ func (c *counts) advance(k int64) {
 	case k <= c.index:
 		return
 	case k == c.index+1:
-		c.prev = c.cur
+		c.prev, c.prevAt = c.cur, c.curAt
 	default:
-		c.prev = cell{}
+		c.prev, c.prevAt = cell{}, 0
 	}
-	c.cur = cell{}
+	c.cur, c.curAt = cell{}, 0
 	c.index = k
+}
+
+// stampEnd is the stamp of a hit too far into its window for a stamp to
+// tell: it counts as at the window's end.
+const stampEnd = math.MaxUint32
+
+// stamp returns the stamp of a hit r nanoseconds into its window: the
+// milliseconds into it, rounded up, so that a stamp is never earlier than
+// the hit; 0 means no hit. HitIfRoom reads them: a window's hits are all
+// out of the last window length once its last one is.
+func stamp(r int64) uint32 {
+	return uint32(min(r/1e6+1, stampEnd))
 }
 
 // cellAt returns the cell of window k, or nil when c no longer holds it.

@@ -288,6 +288,9 @@ func (n *Namespace) increment(key string, size time.Duration, value float64, syn
 	} else {
 		c.cur.diff += value
 	}
+	if value > 0 {
+		c.curAt = stamp(r)
+	}
 	n.mark(s, i, e, !synced)
 	out := c.sample(k, r)
 	s.mu.Unlock()

@@ -1,0 +1,96 @@
+package window
+
+import "time"
+
+// HitIfRoom is Hit for a request that may wait for its turn (max_delay),
+// judged by the hits that can lie in the last window length rather than
+// by the sliding estimate. A window's hits leave the last window length
+// once its last hit does: this node stamps its hits, and counts that the
+// store reported are taken as late as they can be (the previous window's
+// at its end, the current window's now). So no span of one window length
+// ever holds more than Max hits of those this node counts, however the
+// previous window's hits were spread, which the estimate, assuming them
+// spread evenly, cannot promise after a burst.
+//
+// It counts the hit when every limit has room for value, and returns -1;
+// out then receives each limit's window state after it. Otherwise it
+// counts nothing and returns the index of the first limit without room,
+// and how long until every limit has room if no other hit comes, or a
+// negative duration if some limit can never hold value.
+func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []Sample) (rejected int, wait time.Duration) {
+	z := n.zone
+	now := z.now()
+	h := z.fullHash(n.id, key)
+	s := z.lock(h)
+	defer s.mu.Unlock()
+	i := s.findOrInsert(z, uint32(h), n.id, key, now)
+	e := s.at(i)
+	rejected = -1
+	for j, l := range limits {
+		size := int64(l.Size)
+		k, _ := position(now, size)
+		c := e.countsFor(size, true)
+		c.advance(k)
+		if w := c.untilRoom(k, now, value, l.Max); w != 0 {
+			if rejected < 0 {
+				rejected = j
+			}
+			if w < 0 || wait < 0 {
+				wait = -1
+			} else {
+				wait = max(wait, w)
+			}
+		}
+	}
+	if rejected >= 0 {
+		return rejected, wait
+	}
+	for j, l := range limits {
+		size := int64(l.Size)
+		k, r := position(now, size)
+		c := e.countsFor(size, false)
+		c.cur.diff += value
+		if value > 0 {
+			c.curAt = stamp(r)
+		}
+		out[j] = c.sample(k, r)
+	}
+	n.mark(s, i, e, true)
+	return -1, 0
+}
+
+// untilRoom returns how long after now the windows' hits that can lie in
+// the last window length leave room for value within max: 0 if they do
+// now, negative if they never will. c's current window is k.
+func (c *counts) untilRoom(k, now int64, value, max float64) time.Duration {
+	if value > max {
+		return -1
+	}
+	start := k * c.size
+	// When each window's hits have all left the last window length.
+	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size
+	curGone := c.lastHit(start, c.curAt, c.cur, now) + c.size
+	cur, prev := c.cur.total(), c.prev.total()
+	if prevGone <= now {
+		prev = 0
+	}
+	switch {
+	case cur+prev+value <= max:
+		return 0
+	case cur+value <= max:
+		return time.Duration(prevGone - now)
+	default:
+		return time.Duration(curGone - now) // curGone > now: the window holds now
+	}
+}
+
+// lastHit returns when the last hit of the window starting at start
+// happened, at the latest: its stamp, or latest when the store reported
+// some of its count (another node's hits have no stamp here) or the stamp
+// cannot tell.
+func (c *counts) lastHit(start int64, at uint32, cell cell, latest int64) int64 {
+	if cell.synced != 0 || at == stampEnd || at == 0 && cell.diff != 0 {
+		return latest
+	}
+	return start + int64(at)*1e6
+}
