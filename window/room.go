@@ -59,6 +59,12 @@ func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []S
 	return -1, 0
 }
 
+// roomMargin is how much later than a window length after a window's last
+// hit HitIfRoom takes its hits to be gone: a hit admitted at the end of a
+// wait is then a window length and a millisecond after the hits it waited
+// for, which anyone timing the two, a little after each, still sees.
+const roomMargin = int64(time.Millisecond)
+
 // untilRoom returns how long after now the windows' hits that can lie in
 // the last window length leave room for value within max: 0 if they do
 // now, negative if they never will. c's current window is k.
@@ -68,8 +74,8 @@ func (c *counts) untilRoom(k, now int64, value, max float64) time.Duration {
 	}
 	start := k * c.size
 	// When each window's hits have all left the last window length.
-	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size
-	curGone := c.lastHit(start, c.curAt, c.cur, now) + c.size
+	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size + roomMargin
+	curGone := c.lastHit(start, c.curAt, c.cur, now) + c.size + roomMargin
 	cur, prev := c.cur.total(), c.prev.total()
 	if prevGone <= now {
 		prev = 0

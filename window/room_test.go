@@ -24,18 +24,18 @@ func TestHitIfRoomAfterABurst(t *testing.T) {
 		}
 	}
 	rej, wait := n.HitIfRoom("k", limits, 1, out)
-	if rej != 0 || wait != time.Second+time.Millisecond {
-		t.Fatalf("right after the burst: rejected %d, wait %v; want 0 and 1.001s (the burst a window old, stamps rounded up)", rej, wait)
+	if rej != 0 || wait != time.Second+2*time.Millisecond {
+		t.Fatalf("right after the burst: rejected %d, wait %v; want 0 and 1.002s (the burst a window old, its stamp rounded up, and the margin)", rej, wait)
 	}
 	clock.advance(500 * time.Millisecond) // 0.2 into the next window
 	if n.Hit("k", limits, 1, false, true, false, out) != -1 {
 		t.Fatal("the estimate (5 × 0.8 = 4) should admit one more here; the test assumes it")
 	}
 	n.Hit("k", limits, -1, false, false, false, out) // take it back
-	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != 501*time.Millisecond {
-		t.Fatalf("0.2 into the next window: rejected %d, wait %v; want 0 and 501ms", rej, wait)
+	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != 502*time.Millisecond {
+		t.Fatalf("0.2 into the next window: rejected %d, wait %v; want 0 and 502ms", rej, wait)
 	}
-	clock.advance(501 * time.Millisecond)
+	clock.advance(502 * time.Millisecond)
 	for i := range 5 {
 		if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != -1 {
 			t.Fatalf("hit %d once the burst left: rejected %d, wait %v", i+1, rej, wait)
@@ -45,8 +45,8 @@ func TestHitIfRoomAfterABurst(t *testing.T) {
 		t.Fatalf("count after 5 admitted: %+v", out[0])
 	}
 	// Full again: room when these 5 are a window length old.
-	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+time.Millisecond {
-		t.Fatalf("full: rejected %d, wait %v; want 1.001s", rej, wait)
+	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+2*time.Millisecond {
+		t.Fatalf("full: rejected %d, wait %v; want 1.002s", rej, wait)
 	}
 	if rej, wait := n.HitIfRoom("k", limits, 6, out); rej != 0 || wait >= 0 {
 		t.Fatalf("a hit over the limit: rejected %d, wait %v; want never", rej, wait)
@@ -63,12 +63,12 @@ func TestHitIfRoomStoreCounts(t *testing.T) {
 	out := make([]Sample, 1)
 	start := base.UnixNano()
 	n.Observe("k", time.Second, start, 1, 4) // 4 in the previous window, 1 now
-	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != 800*time.Millisecond {
-		t.Fatalf("rejected %d, wait %v; want 0 and 800ms (the previous window's end)", rej, wait)
+	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != 801*time.Millisecond {
+		t.Fatalf("rejected %d, wait %v; want 0 and 801ms (the previous window's end, and the margin)", rej, wait)
 	}
 	n.Observe("k", time.Second, start, 5, 0)
-	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second {
-		t.Fatalf("rejected %d, wait %v; want 0 and 1s (the current count as of now)", rej, wait)
+	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+time.Millisecond {
+		t.Fatalf("rejected %d, wait %v; want 0 and 1.001s (the current count as of now, and the margin)", rej, wait)
 	}
 }
 
@@ -84,14 +84,14 @@ func TestHitIfRoomTwoLimits(t *testing.T) {
 			t.Fatal("rejected under both limits")
 		}
 	}
-	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+time.Millisecond {
+	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+2*time.Millisecond {
 		t.Fatalf("second full: rejected %d, wait %v", rej, wait)
 	}
-	clock.advance(time.Second + time.Millisecond)
+	clock.advance(time.Second + 2*time.Millisecond)
 	if rej, _ := n.HitIfRoom("k", limits, 1, out); rej != -1 {
 		t.Fatal("rejected with room in both")
 	}
-	clock.advance(time.Second + time.Millisecond)
+	clock.advance(time.Second + 2*time.Millisecond)
 	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 1 || wait != 59*time.Second {
 		t.Fatalf("minute full: rejected %d, wait %v", rej, wait)
 	}
