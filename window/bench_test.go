@@ -1,11 +1,13 @@
 package window
 
 import (
+	"math"
 	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // filledZone returns a zone holding n keys of one window size, named
@@ -59,6 +61,28 @@ func BenchmarkIncrementParallel(b *testing.B) {
 			ns.Increment(mine[i&(len(mine)-1)], time.Minute, 1)
 		}
 	})
+}
+
+// BenchmarkHitNewKey hits a key the zone has never seen, with two window
+// sizes as a handler with two limits does, in a full zone of 1,000,000
+// keys: every hit looks the key up in vain, inserts it and evicts another.
+// It is the path of a client key per request (or a flood of new clients).
+func BenchmarkHitNewKey(b *testing.B) {
+	z, ns, _ := filledZone(b, 1_000_000)
+	limits := []Limit{{Size: time.Second, Max: math.Inf(1)}, {Size: time.Minute, Max: math.Inf(1)}}
+	out := make([]Sample, len(limits))
+	buf := []byte("new.")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		buf = strconv.AppendInt(buf[:4], int64(i), 10)
+		// The zone copies a key it keeps, so the buffer may be reused.
+		ns.Hit(unsafe.String(&buf[0], len(buf)), limits, 1, false, false, false, out)
+	}
+	b.StopTimer()
+	if z.Len() != 1_000_000 {
+		b.Fatalf("zone holds %d keys", z.Len())
+	}
 }
 
 // BenchmarkSlidingRate reads the sliding rate of an existing key.

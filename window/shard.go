@@ -150,8 +150,8 @@ type orphan struct {
 // spares every entry whose bit is set once, clearing it.
 type shard struct {
 	mu      sync.Mutex
-	retired bool    // replaced by a resize: look up the zone's shards again
-	table   []int32 // entry index+1 per slot, 0 when empty; linear probing
+	retired bool   // replaced by a resize: look up the zone's shards again
+	table   []slot // linear probing
 	chunks  [][]entry
 	used    int32   // indices handed out so far
 	free    []int32 // indices given back by removals
@@ -164,22 +164,38 @@ type shard struct {
 }
 
 func newShard(quota int) *shard {
-	return &shard{quota: max(quota, minShardCapacity), table: make([]int32, 16)}
+	return &shard{quota: max(quota, minShardCapacity), table: make([]slot, 16)}
 }
+
+// slot is one place in a shard's hash table: 0 when empty, or else the
+// entry's hash in the high 32 bits and its index+1 in the low ones. With
+// the hash in the table, a probe passes over other keys' slots without
+// reading their entries, each likely a cache miss in a large zone: a key
+// the shard lacks costs one look at the table, and moving slots (grow,
+// unplace) reads no entry at all.
+type slot uint64
+
+func makeSlot(h uint32, i int32) slot { return slot(h)<<32 | slot(uint32(i+1)) }
+
+func (sl slot) hash() uint32 { return uint32(sl >> 32) }
+
+func (sl slot) index() int32 { return int32(uint32(sl)) - 1 }
 
 func (s *shard) at(i int32) *entry { return &s.chunks[i>>chunkShift][i&chunkMask] }
 
 // find returns the index of the entry for (ns, key), or -1.
 func (s *shard) find(h uint32, ns uint16, key string) int32 {
 	mask := uint32(len(s.table) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
-		slot := s.table[i]
-		if slot == 0 {
+	for j := h & mask; ; j = (j + 1) & mask {
+		sl := s.table[j]
+		if sl == 0 {
 			return -1
 		}
-		e := s.at(slot - 1)
-		if e.hash == h && e.ns == ns && e.key == key {
-			return slot - 1
+		if sl.hash() != h {
+			continue
+		}
+		if i := sl.index(); s.at(i).ns == ns && s.at(i).key == key {
+			return i
 		}
 	}
 }
@@ -338,21 +354,24 @@ func (s *shard) compact(l []int32, ns uint16) []int32 {
 }
 
 // place puts entry i in the hash table.
-func (s *shard) place(i int32) {
+func (s *shard) place(i int32) { s.placeSlot(makeSlot(s.at(i).hash, i)) }
+
+func (s *shard) placeSlot(sl slot) {
 	mask := uint32(len(s.table) - 1)
-	j := s.at(i).hash & mask
+	j := sl.hash() & mask
 	for s.table[j] != 0 {
 		j = (j + 1) & mask
 	}
-	s.table[j] = i + 1
+	s.table[j] = sl
 }
 
 // unplace takes entry i out of the hash table, shifting later entries of
 // its probe run back so that lookups never need tombstones.
 func (s *shard) unplace(i int32) {
 	mask := uint32(len(s.table) - 1)
-	j := s.at(i).hash & mask
-	for s.table[j] != i+1 {
+	want := makeSlot(s.at(i).hash, i)
+	j := want.hash() & mask
+	for s.table[j] != want {
 		j = (j + 1) & mask
 	}
 	for {
@@ -363,7 +382,7 @@ func (s *shard) unplace(i int32) {
 				s.table[j] = 0
 				return
 			}
-			home := s.at(s.table[k]-1).hash & mask
+			home := s.table[k].hash() & mask
 			// The entry at k may move to j unless its home lies in (j, k].
 			if (k > j && (home <= j || home > k)) || (k < j && home <= j && home > k) {
 				s.table[j] = s.table[k]
@@ -376,10 +395,10 @@ func (s *shard) unplace(i int32) {
 
 func (s *shard) grow() {
 	old := s.table
-	s.table = make([]int32, 2*len(old))
-	for _, slot := range old {
-		if slot != 0 {
-			s.place(slot - 1)
+	s.table = make([]slot, 2*len(old))
+	for _, sl := range old {
+		if sl != 0 {
+			s.placeSlot(sl)
 		}
 	}
 }
