@@ -68,9 +68,18 @@ func TestCommandsPerSyncHit(t *testing.T) {
 	unique := func(int) string { return newID() }
 	none := func(int) string { return "" }
 	repeated := func(int) string { return "the-same-id" }
+	// remembered has the store remember the previous count of a key new
+	// to Redis, as when this node hit it before but the counter was not
+	// made (the hit was rejected and undone, say).
+	remembered := func(key string) {
+		b := bucketOf("cmds", key)
+		pk := counterKeyOf(r, "cmds", key, time.Hour, hour[0].Start-int64(time.Hour))
+		nowMs := now / int64(time.Millisecond)
+		r.prevs.put(b, pk, prevEntry{prev: "0", readAt: nowMs}, nowMs)
+	}
 	// unforeseen makes the store forget that the key is at its limit, as
 	// when other nodes filled it since this node's last hit.
-	unforeseen := func() {
+	unforeseen := func(string) {
 		b := bucketOf("cmds", "at-limit")
 		pk := counterKeyOf(r, "cmds", "at-limit", time.Hour, atLimit[0].Start-int64(time.Hour))
 		e, ok := r.prevs.get(b, pk)
@@ -88,7 +97,7 @@ func TestCommandsPerSyncHit(t *testing.T) {
 		id      func(i int) string
 		windows []strategy.WindowHit
 		undo    bool
-		before  func() // before each counted hit
+		before  func(key string) // before each counted hit
 		want    map[string]int
 	}{
 		// The case the sync app sends: EVALSHA; SET NX of the marker;
@@ -102,6 +111,9 @@ func TestCommandsPerSyncHit(t *testing.T) {
 		// reads its counters with one MGET first, and makes a new counter
 		// with SET NX PXAT: the marker, the MGET and the counter's SET.
 		{"one window, with an ID, new key", fresh, unique, hour, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 2}},
+		// A counter that an incrementing hit makes gets its expiry with
+		// PEXPIREAT: rare, as the store reads first for a key new to it.
+		{"one window, with an ID, new counter, previous count remembered", fresh, unique, hour, false, remembered, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1, "pexpireat": 1}},
 		// Each further window adds the INCRBYFLOAT of its current counter.
 		{"three windows, with an ID", same, unique, three, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 3}},
 		// A sliding window of a second never has a previous count two
@@ -124,10 +136,11 @@ func TestCommandsPerSyncHit(t *testing.T) {
 			}
 			resetStats(t, c)
 			for i := range hits {
+				key := tc.key(i)
 				if tc.before != nil {
-					tc.before()
+					tc.before(key)
 				}
-				if _, _, err := r.Hit(ctx, "cmds", tc.key(i), tc.id(i), tc.windows, tc.undo); err != nil {
+				if _, _, err := r.Hit(ctx, "cmds", key, tc.id(i), tc.windows, tc.undo); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -80,6 +80,18 @@ func TestHitRemembersPreviousCounts(t *testing.T) {
 	hit("sliding", 0.5, 0, true)
 	hit("sliding", 0.5, 0, false)
 
+	// A counter that a hit makes by incrementing first (the store
+	// remembered a previous count, but the counter was not there) gets
+	// the expiry of its window.
+	at(prevSettle)
+	pk := counterKeyOf(r, "prev", "made", size, start-int64(size))
+	r.prevs.put(bucketOf("prev", "made"), pk, prevEntry{prev: "0", readAt: clock.UnixMilli()}, clock.UnixMilli())
+	hit("made", 0.5, 0, false)
+	exp, err := c.Do(ctx, "PEXPIRETIME", counterKeyOf(r, "prev", "made", size, start)).Int64()
+	if want := expireAtMs(size.Milliseconds(), start/int64(time.Millisecond)); err != nil || exp != want {
+		t.Errorf("the counter made by INCRBYFLOAT expires at %d, %v; want %d", exp, err, want)
+	}
+
 	// A fixed window's previous count plays no part in the decision: it
 	// is remembered at once, for a second.
 	push("fixed", 4)
