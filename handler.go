@@ -115,10 +115,12 @@ type Handler struct {
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
 	policy    string // the RateLimit-Policy header
-	nsValue   any    // the namespace name, boxed once for the replacer
 	allowed   prometheus.Counter
 	rejected  prometheus.Counter
 	dryRun    prometheus.Counter
+	// newBlock allocates what a request that shows headers keeps: see
+	// blockFor.
+	newBlock func() (*placeholders, []string, []byte)
 	// concurrencyRejected counts requests rejected by max_concurrent.
 	concurrencyRejected prometheus.Counter
 	logger              *zap.Logger
@@ -157,7 +159,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("namespace: %v", err)
 	}
 	h.ns = ns
-	h.nsValue = h.Namespace
 	h.key = keyFunc(h.Key)
 	h.hitLimits = h.hitLimits[:0]
 	for _, l := range h.limits {
@@ -227,6 +228,7 @@ func (h *Handler) validate() error {
 		items = append(items, sfString(h.Namespace+"-concurrency")+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
 	h.policy = strings.Join(items, ", ")
+	h.newBlock = blockFor(h.headerRoom())
 	return nil
 }
 
@@ -236,7 +238,8 @@ const maxInlineLimits = 4
 // ServeHTTP counts the request against every limit and rejects it when one
 // is exceeded.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	ctx := r.Context()
+	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	key := boundKey(h.key(r, repl))
 
 	var buf [maxInlineLimits]window.Sample
@@ -246,41 +249,43 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
 	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
-	rejected := h.ns.Hit(r.Context(), key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
+	rejected := h.ns.Hit(ctx, key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
 	for i, s := range samples {
 		left[i] = h.remaining(i, s)
 	}
 
 	shown := shown(left, rejected)
 	remaining := left[shown]
-	now := time.Unix(0, window.SystemClock()) // the zones' clock, cheaper than time.Now
+	now := window.SystemClock() // the zones' clock, cheaper than time.Now
 	reset := h.reset(shown, samples[shown], remaining, now)
-	// One allocation holds what outlives the call: the placeholders
-	// (unless an earlier rate_limit handler registered them) and the
-	// header values.
+	// What outlives the call takes one allocation, sized for the
+	// handler: the placeholders (unless an earlier rate_limit handler
+	// registered them) and the header values. Registering the
+	// placeholders takes a second one, the method value.
 	ph := findPlaceholders(repl)
-	var blk *headerBlock
-	switch {
-	case !h.HideClientHeaders:
-		st := new(requestState)
-		blk = &st.headers
+	var own *placeholders
+	var vals []string
+	var text []byte
+	if h.HideClientHeaders {
 		if ph == nil {
-			ph = &st.placeholders
-			repl.Map(ph.get)
+			own = new(placeholders)
 		}
-	case ph == nil:
-		ph = new(placeholders)
+	} else {
+		own, vals, text = h.newBlock()
+	}
+	if ph == nil {
+		ph = own
 		repl.Map(ph.get)
 	}
-	*ph = placeholders{namespace: h.nsValue, exceeded: rejected >= 0, lim: &h.limits[shown], remaining: remaining, reset: reset}
-	if blk != nil {
-		h.setHeaders(w.Header(), blk, left, shown, reset)
+	*ph = placeholders{lim: &h.limits[shown], remaining: remaining, reset: reset, exceeded: rejected >= 0}
+	if !h.HideClientHeaders {
+		h.setHeaders(w.Header(), vals, text, left, shown, reset)
 	}
 
 	switch {
 	case rejected < 0:
 		if h.MaxConcurrent > 0 {
-			release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
+			release, ok := h.ns.Acquire(ctx, key, h.MaxConcurrent)
 			if !ok {
 				h.concurrencyRejected.Inc()
 				w.Header().Set("Retry-After", "1")
@@ -348,7 +353,7 @@ func (h *Handler) remaining(i int, s window.Sample) int {
 // left, or else until one more request's worth of quota comes back. Both
 // depend on the key's own counts, never on the window alone, except in a
 // fixed window, whose counts all restart at its end.
-func (h *Handler) reset(i int, s window.Sample, left int, now time.Time) int {
+func (h *Handler) reset(i int, s window.Sample, left int, now int64) int {
 	target := h.limits[i].max - 1
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
@@ -358,8 +363,8 @@ func (h *Handler) reset(i int, s window.Sample, left int, now time.Time) int {
 
 // wait returns the seconds until the rate of limit i's window falls to
 // target, if no more hits come.
-func (h *Handler) wait(i int, s window.Sample, target float64, now time.Time) float64 {
-	return s.Until(target, now.UnixNano(), h.fixed).Seconds()
+func (h *Handler) wait(i int, s window.Sample, target float64, now int64) float64 {
+	return s.Until(target, now, h.fixed).Seconds()
 }
 
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
@@ -368,7 +373,7 @@ func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 // admits one more request (a larger window may be exhausted too, though
 // only the first to reject was incremented), at least 1, plus up to
 // retry_after_jitter, in whole seconds.
-func (h *Handler) retryAfter(samples []window.Sample, left []int, now time.Time) int {
+func (h *Handler) retryAfter(samples []window.Sample, left []int, now int64) int {
 	secs := 1
 	for i, s := range samples {
 		if left[i] == 0 {
@@ -381,54 +386,118 @@ func (h *Handler) retryAfter(samples []window.Sample, left []int, now time.Time)
 	return secs
 }
 
-// maxHeaderValues is how many header values a request with up to
-// maxInlineLimits limits sets: two per limit, three RateLimit-* fields and
-// the two draft fields.
-const maxHeaderValues = 2*maxInlineLimits + 5
-
-// requestState is what a request allocates, once, when it shows headers.
-type requestState struct {
-	placeholders placeholders
-	headers      headerBlock
-}
-
-// headerBlock holds what a request's headers point into: the
-// value slices of the header map point into vals, and the numbers (each
-// limit's remaining and the reset, at most 20 digits each) are formatted
-// into text, whose bytes the value strings share.
-type headerBlock struct {
-	vals [maxHeaderValues]string
-	text [(maxInlineLimits + 1) * 20]byte
-}
-
-// setHeaders writes the rate limit headers. Every value slice is capped
-// so that a later Add copies instead of writing into its neighbour.
-func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, left []int, shown, reset int) {
-	// More limits than the block holds grow vals and text by append; the
-	// strings made so far keep the old arrays alive.
-	vals, text := blk.vals[:0], blk.text[:0]
-	// num formats n into text and returns it as a string sharing text's
-	// bytes, which are never written again.
-	num := func(n int) string {
-		start := len(text)
-		text = strconv.AppendInt(text, int64(n), 10)
-		return unsafe.String(&text[start], len(text)-start)
+// headerRoom returns how many header values a request sets, and how many
+// bytes the numbers among them take as long as no count is negative.
+func (h *Handler) headerRoom() (vals, text int) {
+	vals = 2*len(h.limits) + 3
+	resetDigits := 0
+	for _, l := range h.limits {
+		text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
+		// RateLimit-Reset is at most two windows.
+		resetDigits = max(resetDigits, len(strconv.FormatInt(int64(2*l.size/time.Second)+1, 10)))
 	}
+	text += resetDigits
+	if h.DraftHeaders {
+		vals += 2
+		longest := 0
+		for _, l := range h.limits {
+			longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
+		}
+		text += longest + len(";r=;t=") + resetDigits
+	}
+	return vals, text
+}
+
+// The blocks a request that shows headers allocates, one per request: the
+// placeholders, the backing arrays of the header values, and the bytes
+// of the numbers among them. Each fills a size class of Go's allocator.
+type (
+	block5 struct { // 160 bytes: one limit
+		ph   placeholders
+		vals [5]string
+		text [48]byte
+	}
+	block7 struct { // 192 bytes: two limits
+		ph   placeholders
+		vals [7]string
+		text [48]byte
+	}
+	block9 struct { // 256 bytes: three limits, or two with the draft's fields
+		ph   placeholders
+		vals [9]string
+		text [80]byte
+	}
+	block13 struct { // 352 bytes: four limits with the draft's fields
+		ph   placeholders
+		vals [13]string
+		text [112]byte
+	}
+)
+
+func (b *block5) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
+func (b *block7) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
+func (b *block9) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
+func (b *block13) parts() (*placeholders, []string, []byte) { return &b.ph, b.vals[:0], b.text[:0] }
+
+func newBlock[B any, P interface {
+	*B
+	parts() (*placeholders, []string, []byte)
+}]() (*placeholders, []string, []byte) {
+	return P(new(B)).parts()
+}
+
+// blockFor returns how to allocate what a request's headers need: the
+// smallest block with room for vals header values and text bytes of
+// numbers, or else three allocations.
+func blockFor(vals, text int) func() (*placeholders, []string, []byte) {
+	for _, b := range []struct {
+		vals, text int
+		alloc      func() (*placeholders, []string, []byte)
+	}{
+		{5, 48, newBlock[block5]},
+		{7, 48, newBlock[block7]},
+		{9, 80, newBlock[block9]},
+		{13, 112, newBlock[block13]},
+	} {
+		if vals <= b.vals && text <= b.text {
+			return b.alloc
+		}
+	}
+	return func() (*placeholders, []string, []byte) {
+		return new(placeholders), make([]string, 0, vals), make([]byte, 0, text)
+	}
+}
+
+// setHeaders writes the rate limit headers. Their values are appended to
+// vals, and the numbers among them to text, whose bytes the value strings
+// share. Each header gets its own one-element slice of vals,
+// capped so that a later Add copies instead of writing into its
+// neighbour: no slice is shared with another request, since a later
+// handler may rewrite a value in place (Caddy's header directive does).
+func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left []int, shown, reset int) {
 	put := func(name, v string) {
-		vals = append(vals, v)
-		i := len(vals) - 1
-		hdr[name] = vals[i : i+1 : i+1]
+		vals = append(vals, v) // within the block's capacity
+		n := len(vals)
+		hdr[name] = vals[n-1 : n : n]
 	}
+	// str returns text[start:] as a string sharing its bytes, which are
+	// never written again: text only grows by append, and growing it
+	// past its capacity leaves the strings made so far in the old array.
+	str := func(start int) string { return unsafe.String(&text[start], len(text)-start) }
 	var shownLeft string
 	for i, l := range h.limits {
-		s := num(left[i])
+		start := len(text)
+		text = strconv.AppendInt(text, int64(left[i]), 10)
+		s := str(start)
 		if i == shown {
 			shownLeft = s
 		}
 		put(l.limitHeader, l.limitValue)
 		put(l.leftHeader, s)
 	}
-	resetText := num(reset)
+	start := len(text)
+	text = strconv.AppendInt(text, int64(reset), 10)
+	resetText := str(start)
 	put("Ratelimit-Limit", h.limits[shown].limitValue)
 	put("Ratelimit-Remaining", shownLeft)
 	put("Ratelimit-Reset", resetText)
@@ -439,8 +508,14 @@ func (h *Handler) setHeaders(hdr http.Header, blk *headerBlock, left []int, show
 		if h.policy != "" {
 			put("Ratelimit-Policy", h.policy)
 		}
-		if h.limits[shown].policy != "" {
-			put("Ratelimit", h.limits[shown].policyName+";r="+shownLeft+";t="+resetText)
+		if l := &h.limits[shown]; l.policy != "" {
+			start := len(text)
+			text = append(text, l.policyName...)
+			text = append(text, ";r="...)
+			text = append(text, shownLeft...)
+			text = append(text, ";t="...)
+			text = append(text, resetText...)
+			put("Ratelimit", str(start))
 		}
 	}
 }

@@ -33,6 +33,7 @@ type limit struct {
 	policy      string // the limit's item in RateLimit-Policy, or "" if it has none
 
 	// Placeholder values, boxed once rather than per request.
+	nsValue    any // the handler's namespace
 	nameValue  any
 	limitAsAny any
 }
@@ -56,6 +57,7 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		name:        name,
 		policyName:  policyName,
 		policy:      draftPolicy(policyName, l.Limit, size),
+		nsValue:     namespace,
 		nameValue:   name,
 		limitAsAny:  formatCount(l.Limit),
 	}, nil

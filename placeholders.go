@@ -23,13 +23,13 @@ const stateKey = placeholderPrefix + "\x00state"
 // provider (a method value: one small allocation, instead of six replacer
 // entries), and every later one overwrites its values, so the
 // placeholders describe the last handler that counted the request, which
-// is the one that rejected it, if any.
+// is the one that rejected it, if any. Values are boxed or formatted only
+// when something reads them.
 type placeholders struct {
-	namespace any // the handler's namespace name, boxed once
-	exceeded  bool
-	lim       *limit // the limit shown
+	lim       *limit // the limit shown, which also knows its namespace
 	remaining int
 	reset     int
+	exceeded  bool
 }
 
 // findPlaceholders returns the placeholders an earlier rate_limit handler
@@ -51,7 +51,7 @@ func (p *placeholders) get(key string) (any, bool) {
 	case "\x00state":
 		return p, true
 	case "namespace":
-		return p.namespace, true
+		return p.lim.nsValue, true
 	case "exceeded":
 		return p.exceeded, true
 	case "window":
