@@ -237,10 +237,37 @@ const maxInlineLimits = 4
 
 // ServeHTTP counts the request against every limit and rejects it when one
 // is exceeded.
+//
+// The counting is in count, whose frame (the samples of the limits, and
+// what their headers and a rejection need) is gone from the stack before
+// the next handler runs: a route's goroutine whose stack the garbage
+// collector shrank grows it again only if a request goes deeper.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	key, admitted, err := h.count(w, r)
+	if err != nil {
+		return err
+	}
+	if admitted {
+		if h.MaxConcurrent > 0 {
+			release, err := h.acquire(w, r, key)
+			if err != nil {
+				return err
+			}
+			defer release()
+		}
+		h.allowed.Inc()
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// count counts the request against every limit, sets its headers and
+// placeholders, and decides: a non-nil error rejects it; admitted says that
+// no limit rejected it (false in a dry run that would have rejected it).
+// It returns the key too.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, admitted bool, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	key := boundKey(h.key(r, repl))
+	key = boundKey(h.key(r, repl))
 
 	var buf [maxInlineLimits]window.Sample
 	var leftBuf [maxInlineLimits]int
@@ -281,32 +308,39 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.HideClientHeaders {
 		h.setHeaders(w.Header(), vals, text, left, shown, reset)
 	}
+	if rejected < 0 {
+		return key, true, nil
+	}
+	return key, false, h.reject(w, rejected, samples, left, now)
+}
 
-	switch {
-	case rejected < 0:
-		if h.MaxConcurrent > 0 {
-			release, ok := h.ns.Acquire(ctx, key, h.MaxConcurrent)
-			if !ok {
-				h.concurrencyRejected.Inc()
-				w.Header().Set("Retry-After", "1")
-				return caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
-					h.MaxConcurrent, h.Namespace))
-			}
-			defer release()
-		}
-		h.allowed.Inc()
-	case h.DryRun:
+// reject handles a request that limit i rejected: nil in a dry run, which
+// lets it through, or else the error that ends it, with Retry-After set.
+func (h *Handler) reject(w http.ResponseWriter, i int, samples []window.Sample, left []int, now int64) error {
+	if h.DryRun {
 		h.dryRun.Inc()
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[rejected].name))
+			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[i].name))
 		}
-	default:
-		h.rejected.Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, left, now)))
-		return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
-			h.limits[rejected].limitValue, h.limits[rejected].size, h.Namespace))
+		return nil
 	}
-	return next.ServeHTTP(w, r)
+	h.rejected.Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, left, now)))
+	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
+		h.limits[i].limitValue, h.limits[i].size, h.Namespace))
+}
+
+// acquire takes one of max_concurrent places of the key for the request,
+// or returns the error that rejects it.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string) (release func(), err error) {
+	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
+	if !ok {
+		h.concurrencyRejected.Inc()
+		w.Header().Set("Retry-After", "1")
+		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
+			h.MaxConcurrent, h.Namespace))
+	}
+	return release, nil
 }
 
 // maxKeyLen is the longest client key held as it is. Zones are bounded in
