@@ -15,8 +15,13 @@ const placeholderPrefix = "http.rate_limit."
 
 // stateKey is a placeholder no one writes: asking the replacer for it
 // finds the placeholders a rate_limit handler already registered for the
-// request.
-const stateKey = placeholderPrefix + "\x00state"
+// request. Every request asks, and the replacer asks each provider before
+// ours, so the key is shorter than every prefix and name Caddy's providers
+// look for (env., file., http.request.…): each turns it down on its length
+// alone, without comparing bytes. (In a CPU profile of Caddy under load,
+// looking up the former key, http.rate_limit.\x00state, took a fifth of
+// the handler's own time, most of it in Caddy's http.* provider.)
+const stateKey = "\x00rl"
 
 // placeholders answers the request's http.rate_limit.* placeholders. The
 // first rate_limit handler of a request registers it as a replacer
@@ -43,13 +48,14 @@ func findPlaceholders(repl *caddy.Replacer) *placeholders {
 
 // get is the replacer provider.
 func (p *placeholders) get(key string) (any, bool) {
+	if key == stateKey {
+		return p, true
+	}
 	name, ok := strings.CutPrefix(key, placeholderPrefix)
 	if !ok {
 		return nil, false
 	}
 	switch name {
-	case "\x00state":
-		return p, true
 	case "namespace":
 		return p.lim.nsValue, true
 	case "exceeded":
