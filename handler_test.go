@@ -98,11 +98,19 @@ func TestKeyFuncMatchesReplaceAll(t *testing.T) {
 		newRequest("203.0.113.7:4711", &early, "X-Key", "{not a placeholder}"),
 		newRequest("", nil, "X-Key", ""),
 	}
+	for i, v := range []any{"10.0.0.1", nil, 42, "", nil} {
+		if v != nil {
+			caddyhttp.SetVar(requests[i].Context(), "client_ip", v)
+		}
+	}
 	for _, template := range []string{
 		"{http.request.remote.host}",
 		"{http.request.header.X-Key}",
 		"{http.request.header.x-key}",
+		"{http.request.uri.query}",
 		"{http.request.uri.query.x}",
+		"{http.vars.client_ip}",
+		"{http.vars.nosuch}",
 		"{http.request.method}-{http.request.header.X-Key}",
 		"static",
 		"{unknown.placeholder}",

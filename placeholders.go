@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // placeholderPrefix starts the name of every placeholder the handler sets.
@@ -75,11 +76,12 @@ func (p *placeholders) get(key string) (any, bool) {
 // keyFunc returns how a handler builds its key for a request. A key that
 // is one placeholder, as most are, is looked up directly, which is what
 // ReplaceAll does for it without parsing the template or building a
-// string. The two most common ones, the client address (the default key)
-// and a request header, are read from the request the way Caddy's own
-// provider of http.request.* placeholders reads them, which also spares
-// boxing the value into an interface; the one difference is that a
-// static value another module set under that exact name with
+// string. The most common ones are read from the request the way Caddy's
+// own provider of http.* placeholders reads them, which also spares asking
+// every provider in turn and boxing the value into an interface: the
+// client address (the default key), a request header, the query string,
+// and a variable (http.vars.*, such as {client_ip}). The one difference is
+// that a static value another module set under that exact name with
 // Replacer.Set, which no Caddy module does, would not be seen.
 func keyFunc(template string) func(r *http.Request, repl *caddy.Replacer) string {
 	name, ok := singlePlaceholder(template)
@@ -91,6 +93,13 @@ func keyFunc(template string) func(r *http.Request, repl *caddy.Replacer) string
 	case strings.HasPrefix(name, "http.request.header."):
 		field := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(name, "http.request.header."))
 		return func(r *http.Request, _ *caddy.Replacer) string { return strings.Join(r.Header[field], ",") }
+	case name == "http.request.uri.query":
+		return func(r *http.Request, _ *caddy.Replacer) string { return r.URL.RawQuery }
+	case strings.HasPrefix(name, "http.vars."):
+		v := strings.TrimPrefix(name, "http.vars.")
+		return func(r *http.Request, _ *caddy.Replacer) string {
+			return caddy.ToString(caddyhttp.GetVar(r.Context(), v))
+		}
 	}
 	return func(_ *http.Request, repl *caddy.Replacer) string {
 		v, _ := repl.Get(name)
