@@ -44,6 +44,9 @@ type data struct {
 	// id to when it expires, in Unix nanoseconds. A key without slots is
 	// removed.
 	slots map[slotKey]map[string]int64
+	// bans maps a namespace to its bans; a namespace without bans is
+	// removed.
+	bans map[string]*namespaceBans
 	// expiries lists what expires when, earliest first: one entry per
 	// counter or marker created, and per slot taken or renewed, so that a
 	// sweep drops exactly what has expired, at a cost of O(log n) per entry
@@ -60,6 +63,7 @@ func newData() *data {
 		spaces:  make(map[string]map[cell]float64),
 		markers: make(map[marker]int64),
 		slots:   make(map[slotKey]map[string]int64),
+		bans:    make(map[string]*namespaceBans),
 	}
 }
 

@@ -140,6 +140,28 @@
 // index scan of the key's slots (twice) and one upsert; a release or a
 // renewal a lock per key and a primary key lookup per slot.
 //
+// # Bans
+//
+// The store is a strategy.Banner: it holds the bans of a namespace, for a
+// fleet, in two tables and a PL/pgSQL function, created by the first ban
+// call:
+//
+//	<table>_bans (namespace bytea, key_id bytea, key bytea, until_ms bigint,
+//	              PRIMARY KEY (namespace, key_id))
+//	<table>_banver (namespace bytea PRIMARY KEY, version bigint)
+//	FUNCTION <table>_set_bans(...)
+//
+// key_id is the key as the other tables hold keys (long keys end in their
+// SHA-256), key the whole key, to read back. SetBans is one call of the
+// function, which takes a transaction advisory lock of the namespace, so
+// that the calls of one namespace take turns, deletes the namespace's bans
+// that ended, lifts and upserts (keeping the later end) the bans given,
+// and when anything changed sets the namespace's version to the server's
+// time in microseconds (or one more than the last). GetBans is one query:
+// the version, 0 when no ban has an end to come, and, unless the caller
+// knows that version, the bans that have not ended. Ended bans are deleted
+// by the namespace's next SetBans and by the periodic purge.
+//
 // # Expiry
 //
 // A counter expires when it can no longer be a previous window, plus a

@@ -271,6 +271,7 @@ func checkTable(table string) error {
 type names struct {
 	counters, ids, hit                     string // qualified and quoted
 	slots, acquire, renew, release         string // the same, for concurrency slots
+	bans, banVersions, setBans             string // the same, for bans
 	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
 	countersExpRef, idsExpRef, slotsExpRef string // the same, qualified
 	schemaLock, purgeLock                  int64
@@ -294,6 +295,9 @@ func newNames(table string) *names {
 		acquire:        qualified(base + "_acquire"),
 		renew:          qualified(base + "_renew"),
 		release:        qualified(base + "_release"),
+		bans:           qualified(base + "_bans"),
+		banVersions:    qualified(base + "_banver"),
+		setBans:        qualified(base + "_set_bans"),
 		countersExpIdx: pgx.Identifier{base + "_exp"}.Sanitize(),
 		idsExpIdx:      pgx.Identifier{base + "_ids_exp"}.Sanitize(),
 		slotsExpIdx:    pgx.Identifier{base + "_slotexp"}.Sanitize(),

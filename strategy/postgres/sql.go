@@ -22,6 +22,10 @@ type statements struct {
 	purgeCounters string
 	purgeIDs      string
 	purgeSlots    string
+	banSchema     string
+	setBans       string
+	getBans       string
+	purgeBans     string
 }
 
 // expiryMarginMs keeps a counter a little past the end of its life as a
@@ -38,6 +42,9 @@ func newStatements(n *names) *statements {
 		"{acquire}", n.acquire,
 		"{renew}", n.renew,
 		"{release}", n.release,
+		"{bans}", n.bans,
+		"{ban_versions}", n.banVersions,
+		"{set_bans}", n.setBans,
 		"{slots_exp}", n.slotsExpIdx,
 		"{slots_exp_ref}", n.slotsExpRef,
 		"{counters_exp}", n.countersExpIdx,
@@ -66,6 +73,10 @@ func newStatements(n *names) *statements {
 		purgeCounters: r.Replace(purgeCountersSQL),
 		purgeIDs:      r.Replace(purgeIDsSQL),
 		purgeSlots:    r.Replace(purgeSlotsSQL),
+		banSchema:     strings.ReplaceAll(r.Replace(banSchemaSQL), "{set_bans_body}", r.Replace(setBansBodySQL)),
+		setBans:       r.Replace(setBansSQL),
+		getBans:       r.Replace(getBansSQL),
+		purgeBans:     r.Replace(purgeBansSQL),
 	}
 }
 
@@ -450,3 +461,102 @@ DELETE FROM {ids} WHERE ctid = ANY(ARRAY(
 const purgeSlotsSQL = `
 DELETE FROM {slots} WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM {slots} WHERE expires_at <= clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED))`
+
+// banSchemaSQL creates what bans need, when missing, as slotSchemaSQL
+// does for slots, under the same lock. It is apart from schemaSQL so that
+// a store whose namespaces never ban needs no more than that.
+//
+// Bans: one row per banned key of a namespace, with the end of its ban in
+// Unix milliseconds, keyed by the key as the tables hold keys (see
+// appendStored) but keeping the whole key, to read back; and one row per
+// namespace with bans, holding their version (see setBansBodySQL).
+const banSchemaSQL = `
+SELECT pg_advisory_xact_lock({schema_lock});
+DO $do$
+BEGIN
+	IF to_regclass('{bans}') IS NULL THEN
+		CREATE TABLE {bans} (
+			namespace bytea NOT NULL,
+			key_id bytea NOT NULL,
+			key bytea NOT NULL,
+			until_ms bigint NOT NULL,
+			PRIMARY KEY (namespace, key_id)
+		);
+	END IF;
+	IF to_regclass('{ban_versions}') IS NULL THEN
+		CREATE TABLE {ban_versions} (
+			namespace bytea PRIMARY KEY,
+			version bigint NOT NULL
+		);
+	END IF;
+	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{set_bans}(bytea, bytea[], bytea[], bigint[], bigint)')
+		AND prosrc = $body${set_bans_body}$body$) THEN
+		CREATE OR REPLACE FUNCTION {set_bans}(
+			p_namespace bytea, p_key_ids bytea[], p_keys bytea[], p_until bigint[], p_lock bigint,
+			OUT changed boolean)
+		LANGUAGE plpgsql AS $fn${set_bans_body}$fn$;
+	END IF;
+END
+$do$;
+`
+
+// setBansBodySQL is the body of the set_bans function: under a
+// transaction advisory lock of the namespace (p_lock), so that the calls
+// of one namespace take turns, it deletes the namespace's bans that ended
+// by the server's clock, lifts the bans whose end is 0, and sets the
+// others unless the table holds a later end. When anything changed it
+// gives the namespace's bans a new version: the server's time in
+// microseconds, or one more than the last version if that is not larger;
+// a namespace left without bans loses its version row.
+const setBansBodySQL = `
+DECLARE
+	now_ms bigint;
+	n bigint;
+BEGIN
+	PERFORM pg_advisory_xact_lock(p_lock);
+	now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+	DELETE FROM {bans} b WHERE b.namespace = p_namespace AND b.until_ms <= now_ms;
+	DELETE FROM {bans} b USING unnest(p_key_ids, p_until) AS i(key_id, until_ms)
+		WHERE i.until_ms = 0 AND b.namespace = p_namespace AND b.key_id = i.key_id;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	changed := n > 0;
+	INSERT INTO {bans} AS b (namespace, key_id, key, until_ms)
+		SELECT p_namespace, i.key_id, i.key, i.until_ms
+		FROM unnest(p_key_ids, p_keys, p_until) AS i(key_id, key, until_ms)
+		WHERE i.until_ms > now_ms
+		ON CONFLICT (namespace, key_id) DO UPDATE SET until_ms = excluded.until_ms
+		WHERE b.until_ms < excluded.until_ms;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	changed := changed OR n > 0;
+	IF NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace) THEN
+		DELETE FROM {ban_versions} v WHERE v.namespace = p_namespace;
+	ELSIF changed THEN
+		INSERT INTO {ban_versions} AS v (namespace, version)
+			VALUES (p_namespace, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+			ON CONFLICT (namespace) DO UPDATE SET version = greatest(v.version + 1, excluded.version);
+	END IF;
+END
+`
+
+// setBansSQL calls the set_bans function.
+const setBansSQL = `SELECT {set_bans}($1, $2, $3, $4, $5)`
+
+// getBansSQL reads the version of a namespace's bans ($1), 0 when none
+// has not ended by the server's clock, and, unless that version is $2,
+// the key and end of every ban that ends after $3 (Unix milliseconds):
+// one row with NULLs when there are none to return.
+const getBansSQL = `
+SELECT v.version, b.key, b.until_ms
+FROM (SELECT CASE WHEN EXISTS (
+		SELECT FROM {bans} WHERE namespace = $1 AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+	THEN coalesce((SELECT version FROM {ban_versions} WHERE namespace = $1), 0) ELSE 0 END AS version) v
+LEFT JOIN {bans} b ON v.version <> $2 AND b.namespace = $1 AND b.until_ms > $3`
+
+// purgeBansSQL deletes up to $2 bans that ended before $1 (Unix
+// milliseconds), skipping rows that a set_bans call holds. A namespace's
+// version row stays until its next set_bans call, which deletes it if the
+// namespace has no ban left: one small row per namespace, which reads as
+// version 0 meanwhile (getBansSQL).
+const purgeBansSQL = `
+DELETE FROM {bans} WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {bans} WHERE until_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`

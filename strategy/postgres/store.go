@@ -65,6 +65,7 @@ type Store struct {
 	schemaMu    sync.Mutex
 	schemaReady atomic.Bool
 	slotsReady  atomic.Bool
+	bansReady   atomic.Bool // the bans' part, made by the first ban call
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
@@ -191,6 +192,7 @@ func (s *Store) sent(err error) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") { // undefined_table, undefined_function
 		s.schemaReady.Store(false)
 		s.slotsReady.Store(false)
+		s.bansReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
@@ -295,7 +297,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	var total int64
 	for i := 0; chunks < 0 || i < chunks; i++ {
 		nowMs := s.now().UnixMilli()
-		var counters, ids, slots int64
+		var counters, ids, slots, bans int64
 		locked := true
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if wait {
@@ -326,10 +328,18 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 				return err
 			}
 			slots = tag.RowsAffected()
+			if !s.bansReady.Load() {
+				return nil
+			}
+			tag, err = tx.Exec(ctx, s.sql.purgeBans, nowMs, purgeChunk)
+			if err != nil {
+				return err
+			}
+			bans = tag.RowsAffected()
 			return nil
 		})
-		total += counters + ids + slots
-		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk {
+		total += counters + ids + slots + bans
+		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk {
 			return total, err
 		}
 	}

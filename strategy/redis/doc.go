@@ -250,6 +250,25 @@
 // window pushed out early only has its previous count read again. Each
 // store has its own, so the configs that share a store share it too.
 //
+// # Bans
+//
+// The store is a strategy.Banner: it holds the bans of a namespace, for a
+// fleet, in a sorted set and a string under the keys
+//
+//	<prefix>:{<bucket>}:bans:<len(namespace)>:<namespace>
+//	<prefix>:{<bucket>}:bansv:<len(namespace)>:<namespace>
+//
+// in the bucket of the namespace's empty key, so one script reaches both
+// on a Cluster. A member of the set is a banned key, its score the ban's
+// end in Unix milliseconds; the string is the bans' version, the server's
+// time in microseconds at the last change (or one more than the last
+// version). SetBans is one script run: it drops the bans that ended,
+// keeps the later of two ends (ZSCORE, ZADD), lifts with ZREM, sets a new
+// version when anything changed, and has both keys expire a second after
+// the last ban ends. GetBans is one script run that returns the version
+// alone when the caller knows it (a GET), and otherwise every ban that has
+// not ended (ZRANGEBYSCORE).
+//
 // # Concurrency slots
 //
 // The store is a strategy.Slotter: it holds the slots of max_concurrent

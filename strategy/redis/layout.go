@@ -112,6 +112,17 @@ func (l *layout) slotsKey(bucket int, nsp, key string) string {
 	return l.tags[bucket] + "slots:" + nsp + key
 }
 
+// bansKeys returns the keys of a namespace's bans: the sorted set of the
+// bans, <prefix>:{<bucket>}:bans:<len(ns)>:<ns>, and the string of their
+// version, <prefix>:{<bucket>}:bansv:<len(ns)>:<ns>, in the bucket of the
+// namespace's empty key, so that one script reaches both. Neither
+// "bans" nor "bansv" is a number, "push" or "slots", so they never read
+// as another kind of key.
+func (l *layout) bansKeys(namespace string) (set, version string) {
+	tag, nsp := l.tags[bucketOf(namespace, "")], nsPart(namespace)
+	return tag + "bans:" + nsp, tag + "bansv:" + nsp
+}
+
 // hitMarkerTTL returns the time to live, in milliseconds, of the marker of
 // a hit whose counters' latest expiry is lastExpMs (Unix milliseconds),
 // made at nowMs: as long as the counters, within [strategy.MinHitIDLife,

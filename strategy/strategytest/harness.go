@@ -26,7 +26,12 @@
 // place, that acquiring a held id renews it, that a lease that ends frees
 // its place and a renewal keeps it (short leases, waited for by polling),
 // that hostile keys and namespaces never share slots, that slots expire
-// on their own (with Harness.Slots), input checks and closed stores; and
+// on their own (with Harness.Slots), input checks and closed stores; a
+// Banner's bans (Bans, skipped likewise): that they read back with their
+// ends, a later end winning, that lifts remove them, that every change and
+// only a change gives a new version and a known version reads no bans,
+// that bans end by themselves and leave nothing, hostile keys and input
+// checks; and
 // that calls on a closed store fail with strategy.ErrNotSent (Close).
 //
 // Benchmarks runs the stores' benchmarks (pushes, fetches, hits and slots) the

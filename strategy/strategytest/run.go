@@ -32,8 +32,8 @@ const callTimeout = time.Minute
 // Run runs the conformance suite against the store that h opens, as
 // subtests of t (see the package documentation). They run one after the
 // other, so that Harness.Cost sees only the work of the fetch it measures.
-// Stores that implement strategy.Hitter or strategy.Slotter are checked as
-// such too.
+// Stores that implement strategy.Hitter, strategy.Slotter or
+// strategy.Banner are checked as such too.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil {
@@ -58,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 		{"InvalidWindows", testInvalidWindows},
 		{"Hit", testHit},
 		{"Slots", testSlots},
+		{"Bans", testBans},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })

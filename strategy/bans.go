@@ -1,0 +1,62 @@
+package strategy
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Banner is a Store that can hold bans: the capability that a handler's
+// ban needs to reach the whole fleet. A ban shuts a key of a namespace
+// out until its end; the nodes push the bans they start and read the
+// namespace's bans with each sync run, so that every node rejects a
+// banned key without a round trip per request.
+//
+// A namespace's bans carry a version that changes whenever they change
+// (a ban set, lengthened or lifted), so that a node whose view is current
+// learns so in one cheap round trip, whatever the number of bans. Bans
+// expire by themselves at their end, and the store never grows without
+// bound. Keys are arbitrary bytes, only ever data. Errors follow the
+// conventions of Store: they wrap ErrNotSent when the request surely
+// never reached the store, and ErrRejected for input that can never be
+// accepted (see CheckBans).
+type Banner interface {
+	Store
+
+	// SetBans records bans of a namespace, in one round trip: each Ban
+	// with an end bans its key until then, or until a later end the store
+	// already holds; a Ban with a zero Until lifts the key's ban. A Ban
+	// whose end has passed changes nothing. Setting a ban again is
+	// harmless, so a failed call may be sent again.
+	SetBans(ctx context.Context, namespace string, bans []Ban) error
+
+	// GetBans returns the namespace's version of its bans and, unless it
+	// equals known, every ban that has not ended by now: in one round
+	// trip, at a cost that does not depend on the number of bans when the
+	// version is known. A namespace without bans has version 0; a
+	// version is otherwise unique to one state of the bans.
+	GetBans(ctx context.Context, namespace string, known int64, now time.Time) (bans []Ban, version int64, err error)
+}
+
+// Ban shuts a key out until a time.
+type Ban struct {
+	// Key is the banned key.
+	Key string
+	// Until is when the ban ends; a zero Until lifts a ban (SetBans).
+	Until time.Time
+}
+
+// MaxBanLength is the longest a ban may last from now, as a store takes it.
+const MaxBanLength = 366 * 24 * time.Hour
+
+// CheckBans checks the input of SetBans: every end is zero or at most
+// MaxBanLength after now. The error names the key's ban at fault and wraps
+// ErrRejected.
+func CheckBans(bans []Ban, now time.Time) error {
+	for _, b := range bans {
+		if !b.Until.IsZero() && b.Until.Sub(now) > MaxBanLength {
+			return fmt.Errorf("%w: a ban ends %v from now, later than %v", ErrRejected, b.Until.Sub(now).Round(time.Second), MaxBanLength)
+		}
+	}
+	return nil
+}

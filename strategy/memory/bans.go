@@ -1,0 +1,117 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// banVersions numbers the states of every data set's bans, so that a
+// version is never reused, even by a namespace whose bans all ended.
+var banVersions atomic.Int64
+
+// namespaceBans are the bans of one namespace: each key's end, in Unix
+// nanoseconds, and the version of that state.
+type namespaceBans struct {
+	until   map[string]int64
+	version int64
+}
+
+// SetBans records bans of a namespace, atomically (see strategy.Banner):
+// a later end wins, a zero end lifts the key's ban, an end that has
+// passed changes nothing. Every change gives the namespace's bans a new
+// version. Ends more than strategy.MaxBanLength away are refused, before
+// anything changes, with an error that wraps strategy.ErrRejected.
+func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if err := s.setBans(ctx, namespace, bans); err != nil {
+		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	now := s.now()
+	if err := strategy.CheckBans(bans, now); err != nil {
+		return err
+	}
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	nb := d.bansOf(namespace, now.UnixNano())
+	changed := false
+	for _, b := range bans {
+		if b.Until.IsZero() {
+			if _, ok := nb.until[b.Key]; ok {
+				delete(nb.until, b.Key)
+				changed = true
+			}
+			continue
+		}
+		if u := b.Until.UnixNano(); u > now.UnixNano() && u > nb.until[b.Key] {
+			nb.until[b.Key] = u
+			changed = true
+		}
+	}
+	if changed {
+		nb.version = banVersions.Add(1)
+	}
+	if len(nb.until) == 0 {
+		delete(d.bans, namespace)
+	}
+	return nil
+}
+
+// GetBans returns the version of the namespace's bans and, unless it is
+// known, the bans that have not ended by now (see strategy.Banner).
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+	if err := s.check(ctx); err != nil {
+		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
+	}
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	nb := d.bansOf(namespace, s.now().UnixNano())
+	defer func() {
+		if len(nb.until) == 0 {
+			delete(d.bans, namespace)
+		}
+	}()
+	if nb.version == known {
+		return nil, known, nil
+	}
+	var bans []strategy.Ban
+	for k, u := range nb.until {
+		if u > now.UnixNano() {
+			bans = append(bans, strategy.Ban{Key: k, Until: time.Unix(0, u)})
+		}
+	}
+	return bans, nb.version, nil
+}
+
+// bansOf returns the bans of a namespace, without those that ended by
+// now (the store's clock): the ones that ended no longer count, and an
+// ended ban changes no version, as in Redis, whose bans expire.
+func (d *data) bansOf(namespace string, now int64) *namespaceBans {
+	nb := d.bans[namespace]
+	if nb == nil {
+		nb = &namespaceBans{until: make(map[string]int64)}
+		d.bans[namespace] = nb
+	}
+	for k, u := range nb.until {
+		if u <= now {
+			delete(nb.until, k)
+		}
+	}
+	if len(nb.until) == 0 {
+		nb.version = 0
+	}
+	return nb
+}
+
+var _ strategy.Banner = (*Store)(nil)

@@ -1,0 +1,130 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// SetBans records bans of a namespace (see strategy.Banner) in one call of
+// the table's set_bans function: one round trip (plus, once per store, the
+// creation of the bans' tables when missing; see banSchemaSQL). The calls
+// of one namespace take turns under a transaction advisory lock of it.
+// Ends are kept in whole milliseconds; a key given twice takes its last
+// ban.
+//
+// pgx never resends a query; setting the same bans again is harmless. An
+// error wraps strategy.ErrNotSent when the call surely never reached the
+// server, and strategy.ErrRejected for an end more than
+// strategy.MaxBanLength away.
+func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if err := s.setBans(ctx, namespace, bans); err != nil {
+		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
+	}
+	return nil
+}
+
+func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if s.isClosed() {
+		return errClosed
+	}
+	if err := strategy.CheckBans(bans, time.Now()); err != nil {
+		return err
+	}
+	if len(bans) == 0 {
+		return nil
+	}
+	last := make(map[string]int, len(bans))
+	for i, b := range bans {
+		last[b.Key] = i
+	}
+	ids := make([][]byte, 0, len(last))
+	keys := make([][]byte, 0, len(last))
+	until := make([]int64, 0, len(last))
+	for i, b := range bans {
+		if last[b.Key] != i {
+			continue
+		}
+		ids = append(ids, stored(b.Key, maxStoredKey))
+		keys = append(keys, append([]byte{}, b.Key...))
+		var ms int64
+		if !b.Until.IsZero() {
+			ms = b.Until.UnixMilli()
+		}
+		until = append(until, ms)
+	}
+	conn, err := s.acquireBans(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	ns := stored(namespace, maxStoredNamespace)
+	lock := int64(fnv1a(fnv1a(fnvOffset, "caddy-ratelimit bans "), string(ns)))
+	_, err = conn.Exec(ctx, s.sql.setBans, ns, ids, keys, until, lock)
+	return s.sent(err)
+}
+
+// GetBans returns the version of a namespace's bans and, unless it is
+// known, every ban that ends after now (see strategy.Banner), in one
+// query: one round trip, which reads the namespace's version and one of
+// its bans when the version is known.
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+	bans, version, err := s.getBans(ctx, namespace, known, now)
+	if err != nil {
+		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
+	}
+	return bans, version, nil
+}
+
+func (s *Store) getBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+	if s.isClosed() {
+		return nil, 0, errClosed
+	}
+	conn, err := s.acquireBans(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer conn.Release()
+	rows, err := conn.Query(ctx, s.sql.getBans, stored(namespace, maxStoredNamespace), known, now.UnixMilli())
+	if err != nil {
+		return nil, 0, s.sent(err)
+	}
+	defer rows.Close()
+	var bans []strategy.Ban
+	var version int64
+	for rows.Next() {
+		var key []byte
+		var until *int64
+		if err := rows.Scan(&version, &key, &until); err != nil {
+			return nil, 0, err
+		}
+		if until != nil {
+			bans = append(bans, strategy.Ban{Key: string(key), Until: time.UnixMilli(*until)})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, s.sent(err)
+	}
+	return bans, version, nil
+}
+
+// acquireBans returns a connection as acquire does, with the bans' part
+// of the schema in place too, as acquireSlots does for slots.
+func (s *Store) acquireBans(ctx context.Context) (*pgxpool.Conn, error) {
+	if !s.bansReady.Load() {
+		pool, err := s.getPool()
+		if err != nil {
+			return nil, err
+		}
+		if err := s.createSchema(ctx, pool, s.sql.banSchema, &s.bansReady); err != nil {
+			return nil, fmt.Errorf("%w: creating the bans tables: %w", strategy.ErrNotSent, err)
+		}
+	}
+	return s.acquire(ctx)
+}
+
+var _ strategy.Banner = (*Store)(nil)

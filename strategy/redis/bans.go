@@ -1,0 +1,163 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// setBansSource is the source of setBansScript, kept to send with EVAL
+// when a server does not hold the script.
+//
+// A namespace's bans are the sorted set KEYS[1]: member the key, score
+// the ban's end in Unix milliseconds; KEYS[2] holds their version. ARGV
+// holds pairs of a key and its ban's end, 0 to lift it. The script drops
+// the bans that ended (by the server's clock), sets each ban unless the
+// set holds a later end (ZSCORE, ZADD) or lifts it (ZREM), and, when
+// anything changed, sets a new version: the server's time in
+// microseconds, or one more than the last version if that is not
+// larger, so that no two states share one. Both keys expire a second
+// after the last ban ends, so a namespace whose bans all ended holds
+// nothing, and reads as version 0. It replies 1 if anything changed.
+const setBansSource = `
+local t = redis.call('TIME')
+local nowMs = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowMs)
+local changed = 0
+for i = 1, #ARGV, 2 do
+	local u = tonumber(ARGV[i + 1])
+	if u == 0 then
+		changed = changed + redis.call('ZREM', KEYS[1], ARGV[i])
+	elseif u > nowMs then
+		local old = redis.call('ZSCORE', KEYS[1], ARGV[i])
+		if not old or tonumber(old) < u then
+			redis.call('ZADD', KEYS[1], u, ARGV[i])
+			changed = 1
+		end
+	end
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if #last == 0 then
+	redis.call('DEL', KEYS[1], KEYS[2])
+	return changed > 0 and 1 or 0
+end
+if changed > 0 then
+	local v = tonumber(redis.call('GET', KEYS[2]) or '0')
+	redis.call('SET', KEYS[2], string.format('%.0f', math.max(v + 1, t[1] * 1000000 + t[2])))
+end
+local exp = tonumber(last[2]) + 1000
+redis.call('PEXPIREAT', KEYS[1], exp)
+redis.call('PEXPIREAT', KEYS[2], exp)
+return changed > 0 and 1 or 0
+`
+
+// setBansScript is setBansSource, run by its SHA1 digest.
+var setBansScript = goredis.NewScript(setBansSource)
+
+// getBansSource is the source of getBansScript: it replies with the
+// version of the bans (KEYS[2], see setBansSource), and, unless it is
+// ARGV[1], the key and end of every ban of KEYS[1] that ends after
+// ARGV[2] (Unix milliseconds).
+const getBansSource = `
+local v = redis.call('GET', KEYS[2]) or '0'
+if v == ARGV[1] then
+	return {v}
+end
+local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES')
+table.insert(r, 1, v)
+return r
+`
+
+// getBansScript is getBansSource, run by its SHA1 digest.
+var getBansScript = goredis.NewScript(getBansSource)
+
+// SetBans records bans of a namespace (see strategy.Banner) with one
+// script run: one round trip. A namespace's bans are one sorted set and
+// its version one string, in one bucket (one Cluster slot); a call costs
+// Redis, besides the EVALSHA, TIME, ZREMRANGEBYSCORE, a ZSCORE and a ZADD
+// per ban set, a ZREM per ban lifted, then ZRANGE, GET, SET and two
+// PEXPIREAT. Ends are kept in whole milliseconds.
+//
+// It is sent at most once; setting the same bans again is harmless. An
+// error wraps strategy.ErrNotSent when the call surely never reached
+// Redis, and strategy.ErrRejected for an end more than
+// strategy.MaxBanLength away.
+func (r *Redis) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if err := r.setBans(ctx, namespace, bans); err != nil {
+		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
+	}
+	return nil
+}
+
+func (r *Redis) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+	if err := r.checkOpen(); err != nil {
+		return err
+	}
+	if err := strategy.CheckBans(bans, time.Now()); err != nil {
+		return err
+	}
+	if len(bans) == 0 {
+		return nil
+	}
+	set, version := r.layout.bansKeys(namespace)
+	cmdArgs := make([]any, 0, 5+2*len(bans))
+	cmdArgs = append(cmdArgs, nil, nil, 2, set, version)
+	for _, b := range bans {
+		var until int64
+		if !b.Until.IsZero() {
+			until = b.Until.UnixMilli()
+		}
+		cmdArgs = append(cmdArgs, b.Key, until)
+	}
+	if err := runOnce(ctx, r.client, setBansScript, setBansSource, cmdArgs).Err(); err != nil {
+		return notSent(err)
+	}
+	return nil
+}
+
+// GetBans returns the version of a namespace's bans and, unless it is
+// known, every ban that ends after now (see strategy.Banner), with one
+// script run: one round trip, whose cost is a GET when the version is
+// known, and otherwise a ZRANGEBYSCORE of the bans.
+func (r *Redis) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+	bans, version, err := r.getBans(ctx, namespace, known, now)
+	if err != nil {
+		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
+	}
+	return bans, version, nil
+}
+
+func (r *Redis) getBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+	if err := r.checkOpen(); err != nil {
+		return nil, 0, err
+	}
+	set, version := r.layout.bansKeys(namespace)
+	cmdArgs := []any{nil, nil, 2, set, version, known, now.UnixMilli()}
+	reply, err := runOnce(ctx, r.client, getBansScript, getBansSource, cmdArgs).StringSlice()
+	if err != nil {
+		return nil, 0, notSent(err)
+	}
+	if len(reply)%2 != 1 {
+		return nil, 0, fmt.Errorf("the bans script replied %d values, not a version and pairs", len(reply))
+	}
+	v, err := strconv.ParseInt(reply[0], 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the bans' version %q: %w", reply[0], err)
+	}
+	var bans []strategy.Ban
+	for i := 1; i < len(reply); i += 2 {
+		ms, err := strconv.ParseFloat(reply[i+1], 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("the end %q of a ban: %w", reply[i+1], err)
+		}
+		bans = append(bans, strategy.Ban{Key: reply[i], Until: time.UnixMilli(int64(ms))})
+	}
+	return bans, v, nil
+}
+
+var _ strategy.Banner = (*Redis)(nil)
