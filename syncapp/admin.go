@@ -125,7 +125,10 @@ type namespaceInfo struct {
 	WindowSizes  []string `json:"window_sizes"`
 	Keys         int      `json:"keys"`
 	PendingDiffs int      `json:"pending_diffs"`
-	Store        string   `json:"store,omitempty"`
+	// Bans is the number of keys this node holds as banned, ended bans
+	// included until they are swept.
+	Bans  int    `json:"bans"`
+	Store string `json:"store,omitempty"`
 }
 
 // keyInfo is the answer of GET and DELETE /rate_limit/namespaces/<ns>/keys.
@@ -136,6 +139,9 @@ type keyInfo struct {
 	Key     string       `json:"key"`
 	Source  string       `json:"source"`
 	Windows []windowInfo `json:"windows"`
+	// BannedUntil is when the key's ban ends, as this node knows it, if
+	// it is banned.
+	BannedUntil *time.Time `json:"banned_until,omitempty"`
 }
 
 // windowInfo is one window size of a key.
@@ -229,6 +235,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
 			PendingDiffs: ns.syncer.pendingDiffs(),
+			Bans:         ns.syncer.bans.len(),
 			Store:        ns.storeModule,
 		}
 		for zname, zh := range app.zones {
@@ -318,6 +325,9 @@ func (n *Namespace) describeKey(ctx context.Context, key, source string) (keyInf
 	}
 	slices.Sort(sizes)
 	info := keyInfo{Namespace: n.name, Key: url.QueryEscape(key), Source: source, Windows: []windowInfo{}}
+	if until := n.BannedUntil(key); !until.IsZero() {
+		info.BannedUntil = &until
+	}
 	now := time.Now().UnixNano()
 	var samples []windowInfo
 	if source == sourceStore {

@@ -88,6 +88,9 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 // counted and had not pushed yet at the time of the reset (at most one
 // sync_rate of its hits) is pushed after the reset, and counts.
 //
+// A reset also lifts the key's ban (see Ban): on this node, and in a store
+// that holds bans, whose other nodes drop it at their next sync.
+//
 // The reset waits for a sync run of the namespace in progress, so that it
 // never falls between a push and what the push took. ctx bounds that wait
 // and the store's round trip; if the wait ends first, nothing is reset.
@@ -99,6 +102,7 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 // the key stale until the key's next hit.
 func (n *Namespace) Reset(ctx context.Context, key string) error {
 	if n.store == nil {
+		n.syncer.bans.lift(key)
 		n.counters.Reset(key)
 		return nil
 	}
@@ -106,6 +110,9 @@ func (n *Namespace) Reset(ctx context.Context, key string) error {
 		return fmt.Errorf("resetting a key of namespace %q: nothing was reset: %w", n.name, err)
 	}
 	defer n.syncer.unlockRun()
+	// Lifted under the run lock: a run that read the store's bans before
+	// the lift must not put the ban back after it.
+	n.syncer.bans.lift(key)
 	held := n.counters.Reset(key)
 	n.syncer.dropKey(n, key)
 	sizes := n.WindowSizes()
@@ -118,6 +125,12 @@ func (n *Namespace) Reset(ctx context.Context, key string) error {
 	if err := n.store.Reset(ctx, n.name, key, sizes, time.Now()); err != nil {
 		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",
 			n.name, n.storeModule, err)
+	}
+	if n.banner != nil {
+		if err := n.banner.SetBans(ctx, n.name, []strategy.Ban{{Key: key}}); err != nil {
+			return fmt.Errorf("resetting a key of namespace %q: its counts were reset, but its ban in the %s store maybe not (reset again): %w",
+				n.name, n.storeModule, err)
+		}
 	}
 	return nil
 }

@@ -37,6 +37,7 @@ type Namespace struct {
 	store       strategy.Store
 	hitter      strategy.Hitter
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
+	banner      strategy.Banner  // the store, when it can hold bans
 	storeKey    poolKey
 	storeModule string
 	validWindow func(time.Duration) error

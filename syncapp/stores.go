@@ -59,6 +59,7 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 	ns.storeModule = id.Name()
 	ns.validWindow = st.ValidateWindow
 	ns.slotter, _ = ns.store.(strategy.Slotter)
+	ns.banner, _ = ns.store.(strategy.Banner)
 	if ns.mode == Synchronous || ns.syncAbove > 0 {
 		h, ok := ns.store.(strategy.Hitter)
 		switch {

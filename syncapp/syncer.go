@@ -50,6 +50,9 @@ type syncer struct {
 	inFlight inFlight
 	slots    *slotHolder
 
+	// The bans of the namespace this node knows of.
+	bans banTable
+
 	mu       sync.Mutex
 	attached []*Namespace
 	// held are the pool keys of the stores the loop holds a reference to:
@@ -77,6 +80,7 @@ func newSyncer(name string, logger *zap.Logger, pool *caddy.UsagePool) *syncer {
 	h := newHealth(name, logger)
 	return &syncer{
 		slots:     newSlotHolder(logger, h),
+		bans:      newBanTable(),
 		name:      name,
 		logger:    logger,
 		pool:      pool,
@@ -296,6 +300,11 @@ func (s *syncer) run(ctx context.Context, ns *Namespace, fetch bool) error {
 func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool, fetchAt time.Time) error {
 	start := time.Now()
 	contacted, waited, err := s.pushAndFetch(ctx, ns, fetch && ns.mode == Periodic, fetchAt)
+	if err == nil {
+		var asked bool
+		asked, err = s.syncBans(ctx, ns)
+		contacted = contacted || asked
+	}
 	metrics.syncDuration.WithLabelValues(s.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
 	case err != nil:

@@ -1,0 +1,196 @@
+package syncapp
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// Ban bans key until the given time: on this node at once, and, where the
+// namespace's store can hold bans (strategy.Banner), in the store with the
+// next sync run, so that the other nodes learn of it with theirs. A later
+// Ban of a key already banned keeps the later end.
+//
+// A node holds at most as many bans as its zone holds keys; past that, it
+// drops the bans that ended, and then any one, to make room.
+func (n *Namespace) Ban(ctx context.Context, key string, until time.Time) {
+	n.syncer.bans.ban(key, until.UnixNano(), n.banner != nil, n.counters.Zone().Capacity())
+}
+
+// BannedUntil returns when key's ban ends, or the zero time when the key is
+// not banned or its ban has ended. It reads this node's memory only, and
+// costs an atomic load when the namespace holds no ban.
+func (n *Namespace) BannedUntil(key string) time.Time {
+	return n.syncer.bans.bannedUntil(key)
+}
+
+// BansAcrossNodes reports whether the namespace shares its bans with the
+// fleet through its store: false in a local namespace, and with a store
+// that cannot hold bans, where each node bans on its own.
+func (n *Namespace) BansAcrossNodes() bool { return n.banner != nil }
+
+// UseBans tells the namespace that a handler bans keys in it, so that its
+// sync runs read the store's bans (one more round trip per run): a
+// namespace no handler bans in reads none.
+func (n *Namespace) UseBans() { n.syncer.bans.used.Store(true) }
+
+// banTable is what a node knows of a namespace's bans. It lives with the
+// namespace's syncer, so bans outlive reloads.
+type banTable struct {
+	// held is len(until), read without the lock by bannedUntil.
+	held atomic.Int64
+	// used says that a handler bans in the namespace: runs then read the
+	// store's bans.
+	used atomic.Bool
+
+	mu sync.RWMutex
+	// until maps each banned key to the end of its ban, in Unix
+	// nanoseconds.
+	until map[string]int64
+	// pending are the bans (or lifts, 0) to push to the store.
+	pending map[string]int64
+	// version is the store's version of the bans until holds from it, or
+	// -1 before the first read.
+	version int64
+	// dropped counts the bans dropped to make room.
+	dropped int64
+}
+
+func newBanTable() banTable {
+	return banTable{until: make(map[string]int64), pending: make(map[string]int64), version: -1}
+}
+
+func (t *banTable) ban(key string, until int64, push bool, capacity int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if until <= t.until[key] {
+		return
+	}
+	if _, ok := t.until[key]; !ok && len(t.until) >= capacity {
+		t.makeRoom(time.Now().UnixNano(), capacity)
+	}
+	t.until[key] = until
+	t.held.Store(int64(len(t.until)))
+	if push {
+		t.pending[key] = until
+	}
+}
+
+// makeRoom drops the bans that ended, and if that leaves capacity or
+// more, one ban, whichever map iteration meets first. The caller holds the
+// lock.
+func (t *banTable) makeRoom(now int64, capacity int) {
+	for k, u := range t.until {
+		if u <= now {
+			delete(t.until, k)
+		}
+	}
+	for k := range t.until {
+		if len(t.until) < capacity {
+			break
+		}
+		delete(t.until, k)
+		delete(t.pending, k)
+		t.dropped++
+	}
+}
+
+func (t *banTable) bannedUntil(key string) time.Time {
+	if t.held.Load() == 0 {
+		return time.Time{}
+	}
+	t.mu.RLock()
+	u, ok := t.until[key]
+	t.mu.RUnlock()
+	if !ok || u <= time.Now().UnixNano() {
+		return time.Time{}
+	}
+	return time.Unix(0, u)
+}
+
+// lift ends key's ban on this node.
+func (t *banTable) lift(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.until, key)
+	delete(t.pending, key)
+	t.held.Store(int64(len(t.until)))
+}
+
+// len returns the number of bans held, ended ones included until a sweep.
+func (t *banTable) len() int { return int(t.held.Load()) }
+
+// syncBans pushes the bans this node started since the last run and reads
+// the store's, unless its version is the one this node holds: two round
+// trips at most, one when no ban is pending. It reports whether it asked
+// the store anything. Bans the store refuses are dropped, logged; on any
+// other error they are pushed again with the next run.
+func (s *syncer) syncBans(ctx context.Context, ns *Namespace) (contacted bool, err error) {
+	t := &s.bans
+	if ns.banner == nil || !t.used.Load() {
+		return false, nil
+	}
+	t.mu.Lock()
+	var push []strategy.Ban
+	for k, u := range t.pending {
+		push = append(push, strategy.Ban{Key: k, Until: time.Unix(0, u)})
+	}
+	clear(t.pending)
+	known := t.version
+	t.mu.Unlock()
+
+	if len(push) > 0 {
+		if err := ns.banner.SetBans(ctx, s.name, push); err != nil {
+			if errors.Is(err, strategy.ErrRejected) {
+				s.logger.Error("the store refused bans: they hold on this node only", zap.String("namespace", s.name), zap.Error(err))
+			} else {
+				t.repend(push)
+				return true, err
+			}
+		}
+	}
+	bans, version, err := ns.banner.GetBans(ctx, s.name, known, time.Now())
+	if err != nil {
+		return true, err
+	}
+	if version != known {
+		t.replace(bans, version)
+	}
+	return true, nil
+}
+
+// repend puts back bans whose push failed, unless a later one came since.
+func (t *banTable) repend(bans []strategy.Ban) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, b := range bans {
+		if _, newer := t.pending[b.Key]; !newer {
+			t.pending[b.Key] = b.Until.UnixNano()
+		}
+	}
+}
+
+// replace takes the store's bans as this node's, keeping the bans still
+// to push: a ban another node started appears, and one lifted anywhere is
+// gone.
+func (t *banTable) replace(bans []strategy.Ban, version int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.until)
+	for _, b := range bans {
+		t.until[b.Key] = b.Until.UnixNano()
+	}
+	for k, u := range t.pending {
+		if u > t.until[k] {
+			t.until[k] = u
+		}
+	}
+	t.version = version
+	t.held.Store(int64(len(t.until)))
+}

@@ -1,0 +1,112 @@
+package syncapp
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
+)
+
+// TestBansLocal bans keys on one node: a ban holds until its end, a later
+// end wins over an earlier one, a reset lifts it, and the bans a node
+// holds never outnumber its zone's keys.
+func TestBansLocal(t *testing.T) {
+	ns := start(t, caddy.NewUsagePool(), `{"zones": {"small": {"max_keys": 100}}, "namespaces": {"api": {"zone": "small"}}}`).ns("api")
+	if ns.BansAcrossNodes() {
+		t.Fatal("a local namespace shares its bans")
+	}
+	ctx := context.Background()
+	if got := ns.BannedUntil("k"); !got.IsZero() {
+		t.Fatalf("a key never banned is banned until %v", got)
+	}
+	now := time.Now()
+	ns.Ban(ctx, "k", now.Add(time.Hour))
+	ns.Ban(ctx, "k", now.Add(time.Minute))
+	if got := ns.BannedUntil("k"); !got.Equal(now.Add(time.Hour)) {
+		t.Fatalf("banned until %v, want the later end %v", got, now.Add(time.Hour))
+	}
+	ns.Ban(ctx, "short", now.Add(200*time.Millisecond))
+	poll.Until(t, 5*time.Second, "the short ban to end", func() bool { return ns.BannedUntil("short").IsZero() })
+	if err := ns.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if got := ns.BannedUntil("k"); !got.IsZero() {
+		t.Fatalf("after a reset, banned until %v", got)
+	}
+
+	for i := range 1000 {
+		ns.Ban(ctx, fmt.Sprint("flood-", i), now.Add(time.Hour))
+	}
+	if n := ns.syncer.bans.len(); n > 100 {
+		t.Fatalf("%d bans held, more than the zone's 100 keys", n)
+	}
+	if ns.BannedUntil("flood-999").IsZero() {
+		t.Fatal("the latest ban was dropped to make room")
+	}
+}
+
+// TestFleetBans bans a key on one of two nodes sharing a store, periodic
+// and synchronous: the other learns of it with its next sync run and
+// rejects it from memory, and a reset on the first lifts it on both.
+func TestFleetBans(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		for _, rate := range []string{"100ms", "0"} {
+			t.Run("sync_rate "+rate, func(t *testing.T) {
+				var nodes []*Namespace
+				for range 2 {
+					ns := start(t, caddy.NewUsagePool(), s.config(rate, "1h")).ns("api")
+					if !ns.BansAcrossNodes() {
+						t.Fatal("the store cannot hold bans")
+					}
+					ns.UseBans()
+					nodes = append(nodes, ns)
+				}
+				a, b := nodes[0], nodes[1]
+				ctx := context.Background()
+				until := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+				a.Ban(ctx, "k", until)
+				if !a.BannedUntil("k").Equal(until) {
+					t.Fatalf("the node that banned: until %v, want %v", a.BannedUntil("k"), until)
+				}
+				poll.Until(t, 5*time.Second, "the other node to learn of the ban", func() bool {
+					return b.BannedUntil("k").Equal(until)
+				})
+				if !b.BannedUntil("other").IsZero() {
+					t.Fatal("a key never banned is banned on the other node")
+				}
+				if err := a.Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				if !a.BannedUntil("k").IsZero() {
+					t.Fatal("the reset did not lift the ban on its node")
+				}
+				poll.Until(t, 5*time.Second, "the other node to drop the lifted ban", func() bool {
+					return b.BannedUntil("k").IsZero()
+				})
+			})
+		}
+	})
+}
+
+// BenchmarkBannedUntil measures the look-up that every request of a
+// handler with ban makes, with no ban held and with 10,000.
+func BenchmarkBannedUntil(b *testing.B) {
+	ns := start(b, caddy.NewUsagePool(), `{}`).ns(DefaultName)
+	b.Run("none", func(b *testing.B) {
+		for b.Loop() {
+			ns.BannedUntil("client")
+		}
+	})
+	for i := range 10_000 {
+		ns.Ban(context.Background(), fmt.Sprint("banned-", i), time.Now().Add(time.Hour))
+	}
+	b.Run("10000", func(b *testing.B) {
+		for b.Loop() {
+			ns.BannedUntil("client")
+		}
+	})
+}
