@@ -38,6 +38,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    error_code <status>
 //	    dry_run
 //	    max_concurrent <n>
+//	    max_delay <duration>
+//	    max_waiting <n>
+//	    cost <number|placeholders>
+//	    count_status <status...>
+//	    ban <duration>
 //	}
 //
 // limit may be repeated, once per window; every other subdirective may be
@@ -114,6 +119,57 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_concurrent: want a whole number of 0 or more, got %q", v)
 			}
 			h.MaxConcurrent = n
+		case "max_delay":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			delay, err := caddy.ParseDuration(v)
+			if err != nil || delay < 0 {
+				return d.Errf("max_delay: want a duration of 0 or more, got %q", v)
+			}
+			h.MaxDelay = caddy.Duration(delay)
+		case "max_waiting":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return d.Errf("max_waiting: want a whole number of 1 or more, got %q", v)
+			}
+			h.MaxWaiting = n
+		case "ban":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			ban, err := caddy.ParseDuration(v)
+			if err != nil || ban < 0 {
+				return d.Errf("ban: want a duration of 0 or more, got %q", v)
+			}
+			h.Ban = caddy.Duration(ban)
+		case "cost":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			h.Cost = caddyhttp.WeakString(v)
+			if err := h.parseCost(); err != nil {
+				return d.Err(err.Error())
+			}
+		case "count_status":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.Errf("count_status: want one or more statuses, such as 'count_status 401 403'")
+			}
+			for _, a := range args {
+				code, err := strconv.Atoi(a)
+				if err != nil || code < 100 || code > 599 {
+					return d.Errf("count_status: want statuses from 100 to 599, got %q", a)
+				}
+				h.CountStatus = append(h.CountStatus, code)
+			}
 		case "disable_penalty", "hide_client_headers", "draft_headers", "dry_run":
 			if d.NextArg() {
 				return d.ArgErr()

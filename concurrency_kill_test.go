@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -21,11 +20,6 @@ import (
 func TestKilledNodeFreesItsSlots(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	bin, err := caddyproc.BuildHere(t.Context(), ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	// The upstream holds the requests it gets until release is closed.
 	release := make(chan struct{})
 	var held atomic.Int32
@@ -45,58 +39,23 @@ func TestKilledNodeFreesItsSlots(t *testing.T) {
 		}
 	})
 
-	config := func(port int) ([]byte, error) {
-		return json.Marshal(map[string]any{
-			"admin":   map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
-			"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "WARN"}}},
-			"apps": map[string]any{
-				"rate_limit": map[string]any{"namespaces": map[string]any{"api": map[string]any{
-					"sync_rate": "100ms",
-					"strategy":  map[string]any{"module": "redis", "addresses": []string{srv.Addr}},
-				}}},
-				"http": map[string]any{"servers": map[string]any{"kill": map[string]any{
-					"listen":          []string{fmt.Sprintf("127.0.0.1:%d", port)},
-					"automatic_https": map[string]any{"disable": true},
-					"routes": []any{
-						map[string]any{
-							"match":  []any{map[string]any{"path": []string{"/ready"}}},
-							"handle": []any{map[string]any{"handler": "static_response", "body": "ok"}},
-						},
-						map[string]any{"handle": []any{
-							map[string]any{
-								"handler":        "rate_limit",
-								"namespace":      "api",
-								"key":            "{http.request.header.X-Key}",
-								"limits":         []any{map[string]any{"limit": 1000, "window": "1m"}},
-								"max_concurrent": 2,
-							},
-							map[string]any{
-								"handler":   "reverse_proxy",
-								"upstreams": []any{map[string]any{"dial": upstream}},
-							},
-						}},
-					},
-				}}},
-			},
+	nodes := startFleet(t, 2, srv.Addr, "100ms",
+		map[string]any{
+			"handler":        "rate_limit",
+			"namespace":      "api",
+			"key":            "{http.request.header.X-Key}",
+			"limits":         []any{map[string]any{"limit": 1000, "window": "1m"}},
+			"max_concurrent": 2,
+		},
+		map[string]any{
+			"handler":   "reverse_proxy",
+			"upstreams": []any{map[string]any{"dial": upstream}},
 		})
-	}
-	nodes, err := caddyproc.StartAll(t.Context(), bin, t.TempDir(), 2, "/ready", config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { caddyproc.StopAll(nodes) })
 	doomed, survivor := nodes[0], nodes[1]
 
-	client := &http.Client{Timeout: 5 * time.Second}
 	status := func(n *caddyproc.Node) int {
-		req, _ := http.NewRequest(http.MethodGet, n.URL("/api"), nil)
-		req.Header.Set("X-Key", "k")
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		code, _ := nodeGet(n, "k")
+		return code
 	}
 
 	// Two requests of the key in flight on the doomed node.

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -29,6 +31,8 @@ func init() {
 const (
 	DefaultKey       = "{http.request.remote.host}"
 	DefaultErrorCode = http.StatusTooManyRequests
+	// DefaultMaxWaiting is max_waiting when max_delay is set.
+	DefaultMaxWaiting = 1000
 )
 
 // Handler limits the rate of requests per key, in one namespace of the
@@ -109,6 +113,43 @@ type Handler struct {
 	// no limit.
 	MaxConcurrent int `json:"max_concurrent,omitempty"`
 
+	// How long a request that a limit would reject may wait for its key's
+	// rate to admit it instead; it is then counted and served. A request
+	// whose turn is further away, or that finds max_waiting requests of
+	// the handler waiting, is rejected at once. A client that goes away
+	// stops waiting and is not counted. 0 (default): no waiting. Has no
+	// effect in a dry run.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// The most requests of this handler waiting at once under max_delay.
+	// Default: 1000 when max_delay is set.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
+	// How many hits each request counts as: a number (fractions allowed),
+	// or placeholders that give one, such as
+	// "{http.request.header.X-Cost}". A value the placeholders give that
+	// is not a non-negative number counts as 1, and is logged at debug
+	// level. Default: 1.
+	Cost caddyhttp.WeakString `json:"cost,omitempty"`
+
+	// If set, only requests whose response has one of these statuses
+	// count, such as 401 for failed logins: the limits are checked before
+	// the request without counting it, and it is counted after its
+	// response (the status it was written with, or else the status of
+	// the error it ended with). A request the limits reject is rejected as
+	// usual, and counts only if error_code is among these statuses (and
+	// disable_penalty is not set).
+	CountStatus []int `json:"count_status,omitempty"`
+
+	// Once a limit rejects a key, every request of the key is rejected
+	// for this long, whatever its rate, with Retry-After and
+	// RateLimit-Reset giving the ban's remaining time (outcome banned).
+	// In a namespace whose store can hold bans (Redis, PostgreSQL), across
+	// the fleet: the other nodes learn of the ban at their next sync and
+	// reject the key without a round trip. A reset of the key (admin API)
+	// lifts it. 0 (default): no ban. Has no effect in a dry run.
+	Ban caddy.Duration `json:"ban,omitempty"`
+
 	ns        *syncapp.Namespace
 	key       func(*http.Request, *caddy.Replacer) string
 	limits    []limit
@@ -123,7 +164,20 @@ type Handler struct {
 	newBlock func() (*placeholders, []string, []byte)
 	// concurrencyRejected counts requests rejected by max_concurrent.
 	concurrencyRejected prometheus.Counter
-	logger              *zap.Logger
+	// cost is what a request counts, unless costFromRequest: then the
+	// placeholders of Cost give it.
+	cost            float64
+	costFromRequest bool
+	// undo: a rejected first hit counts nothing, since the request may
+	// wait (max_delay) or must not count (disable_penalty).
+	undo bool
+	// What max_delay needs: the requests waiting now, the outcome of
+	// those served after waiting, and how long they waited.
+	waiting *atomic.Int64
+	delayed prometheus.Counter
+	delays  prometheus.Observer
+	banned  prometheus.Counter
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -146,6 +200,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.ErrorCode == 0 {
 		h.ErrorCode = DefaultErrorCode
+	}
+	if h.MaxDelay > 0 && h.MaxWaiting == 0 {
+		h.MaxWaiting = DefaultMaxWaiting
 	}
 	if err := h.validate(); err != nil {
 		return err
@@ -174,6 +231,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.rejected = metrics.requests.WithLabelValues(h.Namespace, "rejected")
 	h.dryRun = metrics.requests.WithLabelValues(h.Namespace, "dry_run")
 	h.concurrencyRejected = metrics.requests.WithLabelValues(h.Namespace, "concurrency_rejected")
+	h.delayed = metrics.requests.WithLabelValues(h.Namespace, "delayed")
+	h.delays = metrics.delays.WithLabelValues(h.Namespace)
+	h.banned = metrics.requests.WithLabelValues(h.Namespace, "banned")
+	h.waiting = new(atomic.Int64)
+	h.undo = h.DisablePenalty || h.waits()
+	if h.Ban > 0 {
+		ns.UseBans()
+	}
 	if h.MaxConcurrent > 0 {
 		if err := ns.CheckConcurrency(); err != nil {
 			return fmt.Errorf("max_concurrent: %v", err)
@@ -197,6 +262,29 @@ func (h *Handler) validate() error {
 	}
 	if h.MaxConcurrent < 0 {
 		return fmt.Errorf("max_concurrent: must not be negative, got %d", h.MaxConcurrent)
+	}
+	if h.MaxDelay < 0 {
+		return fmt.Errorf("max_delay: must not be negative, got %v", time.Duration(h.MaxDelay))
+	}
+	if h.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting: must not be negative, got %d", h.MaxWaiting)
+	}
+	if h.MaxWaiting > 0 && h.MaxDelay == 0 {
+		return fmt.Errorf("max_waiting: %d has no effect without max_delay", h.MaxWaiting)
+	}
+	if h.Ban < 0 {
+		return fmt.Errorf("ban: must not be negative, got %v", time.Duration(h.Ban))
+	}
+	if err := h.parseCost(); err != nil {
+		return err
+	}
+	for _, code := range h.CountStatus {
+		if code < 100 || code > 599 {
+			return fmt.Errorf("count_status: %d is not a status: want 100 to 599", code)
+		}
+	}
+	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
+		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
 	if h.RetryAfterJitter < 0 {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
@@ -243,11 +331,11 @@ const maxInlineLimits = 4
 // the next handler runs: a route's goroutine whose stack the garbage
 // collector shrank grows it again only if a request goes deeper.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	key, admitted, err := h.count(w, r)
+	key, value, outcome, err := h.count(w, r)
 	if err != nil {
 		return err
 	}
-	if admitted {
+	if outcome != nil {
 		if h.MaxConcurrent > 0 {
 			release, err := h.acquire(w, r, key)
 			if err != nil {
@@ -255,19 +343,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			defer release()
 		}
-		h.allowed.Inc()
+		outcome.Inc()
+	}
+	if len(h.CountStatus) > 0 {
+		return h.serveThenCount(w, r, next, key, value)
 	}
 	return next.ServeHTTP(w, r)
 }
 
-// count counts the request against every limit, sets its headers and
-// placeholders, and decides: a non-nil error rejects it; admitted says that
-// no limit rejected it (false in a dry run that would have rejected it).
-// It returns the key too.
-func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, admitted bool, err error) {
+// count counts the request against every limit (waiting for its turn
+// under max_delay; with count_status, only checking them), sets its
+// headers and placeholders, and decides: a non-nil error rejects it;
+// outcome, when the limits admitted it, is the counter of its outcome
+// (allowed or delayed), and nil in a dry run that would have rejected it.
+// It returns the key and the request's cost too.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, outcome prometheus.Counter, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	key = boundKey(h.key(r, repl))
+	value = h.cost
+	if h.costFromRequest {
+		value = h.requestCost(repl)
+	}
+	if h.bans() {
+		if until := h.ns.BannedUntil(key); !until.IsZero() {
+			return key, value, nil, h.rejectBanned(w, repl, until)
+		}
+	}
 
 	var buf [maxInlineLimits]window.Sample
 	var leftBuf [maxInlineLimits]int
@@ -276,7 +378,24 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, adm
 		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
 	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
-	rejected := h.ns.Hit(ctx, key, h.hitLimits, 1, h.fixed, h.DisablePenalty, samples)
+	outcome = h.allowed
+	var rejected int
+	if len(h.CountStatus) > 0 {
+		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
+		if rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode) {
+			h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, false, samples)
+		}
+	} else {
+		rejected = h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, h.undo, samples)
+	}
+	if rejected >= 0 && h.waits() {
+		if rejected, err = h.delay(ctx, key, value, samples); err != nil {
+			return key, value, nil, err
+		}
+		if rejected < 0 {
+			outcome = h.delayed
+		}
+	}
 	for i, s := range samples {
 		left[i] = h.remaining(i, s)
 	}
@@ -285,10 +404,25 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, adm
 	remaining := left[shown]
 	now := window.SystemClock() // the zones' clock, cheaper than time.Now
 	reset := h.reset(shown, samples[shown], remaining, now)
-	// What outlives the call takes one allocation, sized for the
-	// handler: the placeholders (unless an earlier rate_limit handler
-	// registered them) and the header values. Registering the
-	// placeholders takes a second one, the method value.
+	if rejected >= 0 && h.bans() {
+		reset = max(reset, ceilSeconds(time.Duration(h.Ban).Seconds()))
+	}
+	h.show(w, repl, left, shown, reset, rejected >= 0)
+	if rejected < 0 {
+		return key, value, outcome, nil
+	}
+	return key, value, nil, h.reject(ctx, w, key, rejected, value, samples, now)
+}
+
+// show sets the placeholders and, unless they are hidden, the headers:
+// left is what each limit has left, shown the limit the RateLimit-*
+// headers describe.
+//
+// What outlives the call takes one allocation, sized for the handler:
+// the placeholders (unless an earlier rate_limit handler registered them)
+// and the header values. Registering the placeholders takes a second one,
+// the method value.
+func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, shown, reset int, exceeded bool) {
 	ph := findPlaceholders(repl)
 	var own *placeholders
 	var vals []string
@@ -304,19 +438,15 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, adm
 		ph = own
 		repl.Map(ph.get)
 	}
-	*ph = placeholders{lim: &h.limits[shown], remaining: remaining, reset: reset, exceeded: rejected >= 0}
+	*ph = placeholders{lim: &h.limits[shown], remaining: left[shown], reset: reset, exceeded: exceeded}
 	if !h.HideClientHeaders {
 		h.setHeaders(w.Header(), vals, text, left, shown, reset)
 	}
-	if rejected < 0 {
-		return key, true, nil
-	}
-	return key, false, h.reject(w, rejected, samples, left, now)
 }
 
 // reject handles a request that limit i rejected: nil in a dry run, which
 // lets it through, or else the error that ends it, with Retry-After set.
-func (h *Handler) reject(w http.ResponseWriter, i int, samples []window.Sample, left []int, now int64) error {
+func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) error {
 	if h.DryRun {
 		h.dryRun.Inc()
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
@@ -325,7 +455,10 @@ func (h *Handler) reject(w http.ResponseWriter, i int, samples []window.Sample, 
 		return nil
 	}
 	h.rejected.Inc()
-	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, left, now)))
+	if h.bans() {
+		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, value, now)))
 	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
 		h.limits[i].limitValue, h.limits[i].size, h.Namespace))
 }
@@ -404,16 +537,25 @@ func (h *Handler) wait(i int, s window.Sample, target float64, now int64) float6
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 
 // retryAfter is the Retry-After value: the seconds until every limit
-// admits one more request (a larger window may be exhausted too, though
-// only the first to reject was incremented), at least 1, plus up to
-// retry_after_jitter, in whole seconds.
-func (h *Handler) retryAfter(samples []window.Sample, left []int, now int64) int {
+// admits one more request of this cost (a larger window may be exhausted
+// too, though only the first to reject was incremented), or until the ban
+// this rejection sets ends, at least 1, plus up to retry_after_jitter, in
+// whole seconds.
+func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) int {
 	secs := 1
+	if h.bans() {
+		secs = max(secs, ceilSeconds(time.Duration(h.Ban).Seconds()))
+	}
 	for i, s := range samples {
-		if left[i] == 0 {
-			secs = max(secs, ceilSeconds(h.wait(i, s, h.limits[i].max-1, now)))
+		if target := h.limits[i].max - value; s.Rate(h.fixed) > target+1e-9 {
+			secs = max(secs, ceilSeconds(h.wait(i, s, max(target, 0), now)))
 		}
 	}
+	return h.jitter(secs)
+}
+
+// jitter adds up to retry_after_jitter to a Retry-After of secs.
+func (h *Handler) jitter(secs int) int {
 	if j := time.Duration(h.RetryAfterJitter); j > 0 {
 		secs += rand.IntN(ceilSeconds(j.Seconds()) + 1)
 	}

@@ -44,14 +44,25 @@ func uniqueKey(t *testing.T) string {
 // get requests path with the X-Key header set to key.
 func get(t *testing.T, tester *caddytest.Tester, path, key string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "http://localhost:9080"+path, nil)
+	return send(t, tester, http.MethodGet, path, key)
+}
+
+// send requests path with the X-Key header set to key and the other
+// headers given as name, value pairs, and returns the response and its
+// body.
+func send(t *testing.T, tester *caddytest.Tester, method, path, key string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://localhost:9080"+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("X-Key", key)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := tester.Client.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
+		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
@@ -260,7 +271,6 @@ func TestFixedAndSliding(t *testing.T) {
 	}
 }
 
-// count reads a key's current count in a namespace from the running app.
 // clearOfWindowEnds waits, if need be, until no window of the given sizes
 // ends within the next few seconds, so that a test's requests and the
 // counts it reads fall in one window of each size.
@@ -281,6 +291,7 @@ func clearOfWindowEnds(sizes ...time.Duration) {
 	}
 }
 
+// count reads a key's current count in a namespace from the running app.
 func count(t *testing.T, namespace, key string, size time.Duration) float64 {
 	t.Helper()
 	app, err := caddy.ActiveContext().App("rate_limit")
@@ -535,6 +546,32 @@ func TestLoadErrors(t *testing.T) {
 			max_concurrent -1
 		}`, `max_concurrent: want a whole number of 0 or more`},
 		{`rate_limit {
+			limit 5 1m
+			max_delay -2s
+		}`, `max_delay: want a duration of 0 or more, got \"-2s\"`},
+		{`rate_limit {
+			limit 5 1m
+			max_delay 1s
+			max_waiting 0
+		}`, `max_waiting: want a whole number of 1 or more, got \"0\"`},
+		{`rate_limit {
+			limit 5 1m
+			max_waiting 10
+		}`, `max_waiting: 10 has no effect without max_delay`},
+		{`rate_limit {
+			limit 5 1m
+			cost -1
+		}`, `cost: want a number of 0 or more, or placeholders, got \"-1\"`},
+		{`rate_limit {
+			limit 5 1m
+			count_status 401 42
+		}`, `count_status: want statuses from 100 to 599, got \"42\"`},
+		{`rate_limit {
+			limit 5 1m
+			count_status 401
+			max_delay 1s
+		}`, `count_status: cannot be combined with max_delay (1s)`},
+		{`rate_limit {
 			key a
 			key b
 			limit 5 1m
@@ -598,6 +635,10 @@ func TestJSONLoadErrors(t *testing.T) {
 		{"", `{"handler": "rate_limit", "window_type": "rolling", "limits": [{"limit": 5, "window": "1m"}]}`, `window_type: unknown window type \"rolling\"`},
 		{"", `{"handler": "rate_limit", "error_code": 700, "limits": [{"limit": 5, "window": "1m"}]}`, "error_code: 700 is not an error status"},
 		{"", `{"handler": "rate_limit", "retry_after_jitter": "-2s", "limits": [{"limit": 5, "window": "1m"}]}`, "retry_after_jitter: must not be negative, got -2s"},
+		{"", `{"handler": "rate_limit", "max_delay": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "max_delay: must not be negative, got -1s"},
+		{"", `{"handler": "rate_limit", "max_delay": "1s", "max_waiting": -4, "limits": [{"limit": 5, "window": "1m"}]}`, "max_waiting: must not be negative, got -4"},
+		{"", `{"handler": "rate_limit", "cost": -2, "limits": [{"limit": 5, "window": "1m"}]}`, `cost: want a number of 0 or more, or placeholders, got \"-2\"`},
+		{"", `{"handler": "rate_limit", "count_status": [700], "limits": [{"limit": 5, "window": "1m"}]}`, "count_status: 700 is not a status: want 100 to 599"},
 		{"", `{"handler": "rate_limit", "namespace": "api", "limits": [{"limit": 5, "window": "1m"}]}`, `unknown namespace \"api\" (namespaces: default)`},
 		{`"rate_limit": {"namespaces": {"api": {"zone": "big"}}},`, `{"handler": "static_response"}`, `namespace \"api\": zone: unknown zone \"big\" (zones: default)`},
 		{`"rate_limit": {"zones": {"z": {"max_keys": -3}}},`, `{"handler": "static_response"}`, `zone \"z\": max_keys must be positive, got -3`},

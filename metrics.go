@@ -14,6 +14,7 @@ import (
 var metrics = struct {
 	once     sync.Once
 	requests *prometheus.CounterVec
+	delays   *prometheus.HistogramVec
 }{}
 
 func registerMetrics(reg prometheus.Registerer) error {
@@ -22,8 +23,15 @@ func registerMetrics(reg prometheus.Registerer) error {
 			Namespace: "caddy",
 			Subsystem: "rate_limit",
 			Name:      "requests_total",
-			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, rejected, dry_run, concurrency_rejected).",
+			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, delayed, rejected, banned, dry_run, concurrency_rejected).",
 		}, []string{"namespace", "outcome"})
+		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit",
+			Name:      "delay_seconds",
+			Help:      "How long requests that max_delay let wait waited before they were served, by namespace.",
+			Buckets:   []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"namespace"})
 	})
-	return promreg.Register(reg, metrics.requests)
+	return promreg.Register(reg, metrics.requests, metrics.delays)
 }

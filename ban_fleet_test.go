@@ -1,0 +1,55 @@
+package ratelimit
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+)
+
+// TestBanAcrossNodes runs two Caddy processes sharing a Redis with limit 3
+// 1s and ban 4s: a key that trips the limit on the first node is rejected
+// by the second two seconds later, when its rate alone would pass, and is
+// served by both once the ban ends.
+func TestBanAcrossNodes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	nodes := startFleet(t, 2, srv.Addr, "100ms",
+		map[string]any{
+			"handler":   "rate_limit",
+			"namespace": "api",
+			"key":       "{http.request.header.X-Key}",
+			"limits":    []any{map[string]any{"limit": 3, "window": "1s"}},
+			"ban":       "4s",
+		},
+		map[string]any{"handler": "static_response", "body": "ok"})
+	first, second := nodes[0], nodes[1]
+
+	for i := range 4 {
+		if got, _ := nodeGet(first, "k"); got != []int{200, 200, 200, 429}[i] {
+			t.Fatalf("first node, request %d: status %d, want %d", i+1, got, []int{200, 200, 200, 429}[i])
+		}
+	}
+	tripped := time.Now()
+	nodeGet(first, "control") // a key that was never banned
+
+	time.Sleep(time.Until(tripped.Add(2 * time.Second)))
+	status, retryAfter := nodeGet(second, "k")
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("second node, 2s after the ban: status %d, want 429; its log:\n%s", status, second.Log(20))
+	}
+	if retryAfter != "2" {
+		t.Errorf("second node: Retry-After %q, want the ban's 2 seconds left", retryAfter)
+	}
+	if got, _ := nodeGet(second, "control"); got != 200 {
+		t.Errorf("second node, a key never banned: status %d, want 200", got)
+	}
+
+	time.Sleep(time.Until(tripped.Add(4500 * time.Millisecond)))
+	for _, n := range nodes {
+		if got, _ := nodeGet(n, "k"); got != 200 {
+			t.Errorf("after the ban: status %d, want 200", got)
+		}
+	}
+}

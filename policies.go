@@ -1,0 +1,106 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// parseCost prepares cost: a number now, or placeholders to read per
+// request.
+func (h *Handler) parseCost() error {
+	h.cost, h.costFromRequest = 1, false
+	c := strings.TrimSpace(string(h.Cost))
+	if c == "" {
+		return nil
+	}
+	if strings.Contains(c, "{") {
+		h.costFromRequest = true
+		return nil
+	}
+	v, err := strconv.ParseFloat(c, 64)
+	if err != nil || !validCost(v) {
+		return fmt.Errorf("cost: want a number of 0 or more, or placeholders, got %q", string(h.Cost))
+	}
+	h.cost = v
+	return nil
+}
+
+func validCost(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+
+// requestCost is the cost that the placeholders of cost give for this
+// request, or 1 when they do not give a number of 0 or more.
+func (h *Handler) requestCost(repl *caddy.Replacer) float64 {
+	s := repl.ReplaceKnown(string(h.Cost), "")
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || !validCost(v) {
+		if c := h.logger.Check(zap.DebugLevel, "cost is not a number of 0 or more: counting 1"); c != nil {
+			c.Write(zap.String("namespace", h.Namespace), zap.String("cost", s))
+		}
+		return 1
+	}
+	return v
+}
+
+// serveThenCount runs the next handler, and counts the request (count_status)
+// when the status of its response is one of count_status: the status it
+// was written with, or else the status of the error it ended with (such
+// as basic_auth's 401, which handle_errors writes later).
+func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, value float64) error {
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	err := next.ServeHTTP(rec, r)
+	status := rec.Status()
+	if status == 0 {
+		status = http.StatusOK
+		if err != nil {
+			status = http.StatusInternalServerError
+			var herr caddyhttp.HandlerError
+			if errors.As(err, &herr) && herr.StatusCode != 0 {
+				status = herr.StatusCode
+			}
+		}
+	}
+	if slices.Contains(h.CountStatus, status) {
+		// The response is on its way: a client that went away must not
+		// keep the request from counting.
+		var buf [maxInlineLimits]window.Sample
+		samples := buf[:]
+		if len(h.limits) > len(buf) {
+			samples = make([]window.Sample, len(h.limits))
+		}
+		h.ns.Hit(context.WithoutCancel(r.Context()), key, h.hitLimits, value, h.fixed, false, samples[:len(h.limits)])
+	}
+	return err
+}
+
+// bans says whether a rejection bans the key. A dry run rejects nothing,
+// so it bans nothing, and no ban rejects its requests.
+func (h *Handler) bans() bool { return h.Ban > 0 && !h.DryRun }
+
+// rejectBanned rejects a request of a key banned until the given time,
+// counting nothing: its headers and placeholders say that no limit has
+// room until the ban ends.
+func (h *Handler) rejectBanned(w http.ResponseWriter, repl *caddy.Replacer, until time.Time) error {
+	secs := max(1, ceilSeconds(time.Until(until).Seconds()))
+	var leftBuf [maxInlineLimits]int
+	left := leftBuf[:]
+	if len(h.limits) > len(leftBuf) {
+		left = make([]int, len(h.limits))
+	}
+	h.show(w, repl, left[:len(h.limits)], len(h.limits)-1, secs, true)
+	h.banned.Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
+	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
+}
