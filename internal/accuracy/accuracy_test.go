@@ -24,12 +24,12 @@ const (
 
 // quickSlack is the allowance of the quick test's periodic rows beyond
 // (N−1)·rate·interval, in hits: one more interval of the other nodes'
-// hits. Sync runs are aligned across nodes, and a node's fetch can miss
-// the push another node makes in the same run, so their hits can stay
-// unseen for up to two intervals (measured: up to 1.1 intervals at
-// 100ms, 1.8 at 10ms); a loaded machine also starts runs late. At the
-// quick test's 2× load that is 27 hits, far below the 200 that a fleet
-// which does not sync at all would admit too many.
+// hits. Sync runs are aligned across nodes and fetch a beat after they
+// push, so the others' hits stay unseen for an interval and a beat, and
+// for one more interval when a push is later than the beat, as on a
+// loaded machine, which also starts runs late. At the quick test's 2×
+// load that is 27 hits, far below the 200 that a fleet which does not
+// sync at all would admit too many.
 func quickSlack(o Outcome) float64 { return o.Claim.Others }
 
 var (
