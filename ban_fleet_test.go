@@ -9,7 +9,7 @@ import (
 )
 
 // TestBanAcrossNodes runs two Caddy processes sharing a Redis with limit 3
-// 1s and ban 4s: a key that trips the limit on the first node is rejected
+// 1s and ban 5s: a key that trips the limit on the first node is rejected
 // by the second two seconds later, when its rate alone would pass, and is
 // served by both once the ban ends.
 func TestBanAcrossNodes(t *testing.T) {
@@ -21,7 +21,7 @@ func TestBanAcrossNodes(t *testing.T) {
 			"namespace": "api",
 			"key":       "{http.request.header.X-Key}",
 			"limits":    []any{map[string]any{"limit": 3, "window": "1s"}},
-			"ban":       "4s",
+			"ban":       "5s",
 		},
 		map[string]any{"handler": "static_response", "body": "ok"})
 	first, second := nodes[0], nodes[1]
@@ -39,14 +39,14 @@ func TestBanAcrossNodes(t *testing.T) {
 	if status != http.StatusTooManyRequests {
 		t.Fatalf("second node, 2s after the ban: status %d, want 429; its log:\n%s", status, second.Log(20))
 	}
-	if retryAfter != "2" {
-		t.Errorf("second node: Retry-After %q, want the ban's 2 seconds left", retryAfter)
+	if retryAfter != "3" {
+		t.Errorf("second node: Retry-After %q, want the ban's 3 seconds left", retryAfter)
 	}
 	if got, _ := nodeGet(second, "control"); got != 200 {
 		t.Errorf("second node, a key never banned: status %d, want 200", got)
 	}
 
-	time.Sleep(time.Until(tripped.Add(4500 * time.Millisecond)))
+	time.Sleep(time.Until(tripped.Add(5500 * time.Millisecond)))
 	for _, n := range nodes {
 		if got, _ := nodeGet(n, "k"); got != 200 {
 			t.Errorf("after the ban: status %d, want 200", got)
