@@ -126,6 +126,13 @@ func (t *banTable) lift(key string) {
 // len returns the number of bans held, ended ones included until a sweep.
 func (t *banTable) len() int { return int(t.held.Load()) }
 
+// droppedCount returns the number of bans dropped to make room.
+func (t *banTable) droppedCount() int64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.dropped
+}
+
 // syncBans pushes the bans this node started since the last run and reads
 // the store's, unless its version is the one this node holds: two round
 // trips at most, one when no ban is pending. It reports whether it asked

@@ -55,6 +55,10 @@ var (
 		"Keys evicted from a full zone.", []string{"zone"}, nil)
 	droppedDesc = prometheus.NewDesc("caddy_rate_limit_dropped_diffs_total",
 		"Unpushed diffs of evicted keys dropped because too many waited for a store.", []string{"zone"}, nil)
+	bansDesc = prometheus.NewDesc("caddy_rate_limit_bans",
+		"Keys of a namespace this node holds as banned, ended bans included until they are swept.", []string{"namespace"}, nil)
+	droppedBansDesc = prometheus.NewDesc("caddy_rate_limit_dropped_bans_total",
+		"Bans a node dropped to make room when it held as many as its zone holds keys.", []string{"namespace"}, nil)
 )
 
 // poolCollector reports the pooled zones and namespaces when scraped, so
@@ -62,7 +66,7 @@ var (
 type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc} {
 		ch <- d
 	}
 }
@@ -78,6 +82,8 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(z.Dropped()), o.name)
 		case *syncer:
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
+			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(o.bans.len()), o.name)
+			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(o.bans.droppedCount()), o.name)
 		}
 		return true
 	})

@@ -25,17 +25,20 @@ func TestMetricsSurviveReloads(t *testing.T) {
 	ctx := context.Background()
 	for i := range 20 {
 		ns.Increment(ctx, "client-"+strconv.Itoa(i), time.Minute, 1)
+		ns.Ban(ctx, "client-"+strconv.Itoa(i), time.Now().Add(time.Hour))
 	}
 	first := prometheus.NewPedanticRegistry()
 	if err := registerMetrics(first); err != nil {
 		t.Fatal(err)
 	}
 	for series, want := range map[string]float64{
-		`caddy_rate_limit_keys{zone="metrics-zone"}`:                16,
-		`caddy_rate_limit_max_keys{zone="metrics-zone"}`:            16,
-		`caddy_rate_limit_evictions_total{zone="metrics-zone"}`:     4,
-		`caddy_rate_limit_pending_diffs{namespace="metrics-ns"}`:    20, // 16 keys held, 4 evicted
-		`caddy_rate_limit_dropped_diffs_total{zone="metrics-zone"}`: 0,
+		`caddy_rate_limit_keys{zone="metrics-zone"}`:                  16,
+		`caddy_rate_limit_max_keys{zone="metrics-zone"}`:              16,
+		`caddy_rate_limit_evictions_total{zone="metrics-zone"}`:       4,
+		`caddy_rate_limit_pending_diffs{namespace="metrics-ns"}`:      20, // 16 keys held, 4 evicted
+		`caddy_rate_limit_dropped_diffs_total{zone="metrics-zone"}`:   0,
+		`caddy_rate_limit_bans{namespace="metrics-ns"}`:               16, // as many as the zone's keys
+		`caddy_rate_limit_dropped_bans_total{namespace="metrics-ns"}`: 4,
 	} {
 		if got := gathered(t, first, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
@@ -60,6 +63,7 @@ func TestMetricsSurviveReloads(t *testing.T) {
 		`caddy_rate_limit_keys{zone="metrics-zone"}`:             16,
 		`caddy_rate_limit_evictions_total{zone="metrics-zone"}`:  4,
 		`caddy_rate_limit_pending_diffs{namespace="metrics-ns"}`: 0,
+		`caddy_rate_limit_bans{namespace="metrics-ns"}`:          16,
 		runs: runsBefore + 1, // Sync; the new config's loop took over the rest
 	} {
 		if got := gathered(t, second, series); got != want {
