@@ -97,7 +97,10 @@ type Hitter interface {
 	// previous*Weight, compared with its Max; once a window's rate exceeds
 	// its Max, the windows after it are only read, not incremented. With
 	// undo, the increments of a rejected hit are taken back before the call
-	// returns (disable_penalty).
+	// returns (disable_penalty). A store may take a previous count that has
+	// settled (its window ended seconds ago) from a recent read instead of
+	// reading it again, as the Redis store does, as long as a write that
+	// reaches that window late is seen within a second.
 	//
 	// id, unless empty, names the hit, and the hit ID rule holds: a Hit
 	// and a Batch with the same ID are applied at most once between them,
