@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/syncapp"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -147,7 +148,8 @@ type Handler struct {
 	// In a namespace whose store can hold bans (Redis, PostgreSQL), across
 	// the fleet: the other nodes learn of the ban at their next sync and
 	// reject the key without a round trip. A reset of the key (admin API)
-	// lifts it. 0 (default): no ban. Has no effect in a dry run.
+	// lifts it. At most 366 days. 0 (default): no ban. Has no effect in a
+	// dry run.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
 	ns        *syncapp.Namespace
@@ -274,6 +276,9 @@ func (h *Handler) validate() error {
 	}
 	if h.Ban < 0 {
 		return fmt.Errorf("ban: must not be negative, got %v", time.Duration(h.Ban))
+	}
+	if time.Duration(h.Ban) > strategy.MaxBanLength {
+		return fmt.Errorf("ban: %v is longer than a store keeps a ban, %v", time.Duration(h.Ban), strategy.MaxBanLength)
 	}
 	if err := h.parseCost(); err != nil {
 		return err

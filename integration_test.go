@@ -560,6 +560,10 @@ func TestLoadErrors(t *testing.T) {
 		}`, `max_waiting: 10 has no effect without max_delay`},
 		{`rate_limit {
 			limit 5 1m
+			ban -1m
+		}`, `ban: want a duration of 0 or more, got \"-1m\"`},
+		{`rate_limit {
+			limit 5 1m
 			cost -1
 		}`, `cost: want a number of 0 or more, or placeholders, got \"-1\"`},
 		{`rate_limit {
@@ -637,6 +641,8 @@ func TestJSONLoadErrors(t *testing.T) {
 		{"", `{"handler": "rate_limit", "retry_after_jitter": "-2s", "limits": [{"limit": 5, "window": "1m"}]}`, "retry_after_jitter: must not be negative, got -2s"},
 		{"", `{"handler": "rate_limit", "max_delay": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "max_delay: must not be negative, got -1s"},
 		{"", `{"handler": "rate_limit", "max_delay": "1s", "max_waiting": -4, "limits": [{"limit": 5, "window": "1m"}]}`, "max_waiting: must not be negative, got -4"},
+		{"", `{"handler": "rate_limit", "ban": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: must not be negative, got -1s"},
+		{"", `{"handler": "rate_limit", "ban": "9000h", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: 9000h0m0s is longer than a store keeps a ban, 8784h0m0s"},
 		{"", `{"handler": "rate_limit", "cost": -2, "limits": [{"limit": 5, "window": "1m"}]}`, `cost: want a number of 0 or more, or placeholders, got \"-2\"`},
 		{"", `{"handler": "rate_limit", "count_status": [700], "limits": [{"limit": 5, "window": "1m"}]}`, "count_status: 700 is not a status: want 100 to 599"},
 		{"", `{"handler": "rate_limit", "namespace": "api", "limits": [{"limit": 5, "window": "1m"}]}`, `unknown namespace \"api\" (namespaces: default)`},
