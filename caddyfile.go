@@ -90,15 +90,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win)})
 		case "retry_after_jitter":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
+			if err := cfargs.Duration(d, "retry_after_jitter", &h.RetryAfterJitter); err != nil {
 				return err
 			}
-			j, err := caddy.ParseDuration(v)
-			if err != nil || j < 0 {
-				return d.Errf("retry_after_jitter: want a duration of 0 or more, got %q", v)
-			}
-			h.RetryAfterJitter = caddy.Duration(j)
 		case "error_code":
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
@@ -110,45 +104,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.ErrorCode = code
 		case "max_concurrent":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
+			if err := cfargs.Int(d, "max_concurrent", 0, &h.MaxConcurrent); err != nil {
 				return err
 			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("max_concurrent: want a whole number of 0 or more, got %q", v)
-			}
-			h.MaxConcurrent = n
 		case "max_delay":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
+			if err := cfargs.Duration(d, "max_delay", &h.MaxDelay); err != nil {
 				return err
 			}
-			delay, err := caddy.ParseDuration(v)
-			if err != nil || delay < 0 {
-				return d.Errf("max_delay: want a duration of 0 or more, got %q", v)
-			}
-			h.MaxDelay = caddy.Duration(delay)
 		case "max_waiting":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
+			if err := cfargs.Int(d, "max_waiting", 1, &h.MaxWaiting); err != nil {
 				return err
 			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return d.Errf("max_waiting: want a whole number of 1 or more, got %q", v)
-			}
-			h.MaxWaiting = n
 		case "ban":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
+			if err := cfargs.Duration(d, "ban", &h.Ban); err != nil {
 				return err
 			}
-			ban, err := caddy.ParseDuration(v)
-			if err != nil || ban < 0 {
-				return d.Errf("ban: want a duration of 0 or more, got %q", v)
-			}
-			h.Ban = caddy.Duration(ban)
 		case "cost":
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
