@@ -124,6 +124,11 @@ func TestAdminAPIListsNamespacesAfterAReload(t *testing.T) {
 		{Name: "default", Mode: "local", SyncRate: "off", Zone: "default", WindowSizes: []string{}},
 		{Name: "second", Mode: "periodic", SyncRate: "100ms", Zone: "small", WindowSizes: []string{"1s", "1m0s"}, Store: "redis"},
 	}
+	// The default namespace is the process's: other tests (and earlier
+	// runs of this one, with -count) may have left keys in it.
+	if len(got) > 0 && got[0].Name == "default" {
+		got[0].Keys = 0
+	}
 	if !slices.EqualFunc(got, want, func(a, b namespace) bool {
 		return a.Name == b.Name && a.Mode == b.Mode && a.SyncRate == b.SyncRate && a.Zone == b.Zone &&
 			slices.Equal(a.WindowSizes, b.WindowSizes) && a.Keys == b.Keys && a.PendingDiffs == b.PendingDiffs && a.Store == b.Store
