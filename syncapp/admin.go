@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,16 +33,20 @@ const adminTimeout = 10 * time.Second
 //	GET    /rate_limit/namespaces
 //	GET    /rate_limit/namespaces/<namespace>/keys?key=<key>[&source=store]
 //	DELETE /rate_limit/namespaces/<namespace>/keys?key=<key>
+//	GET    /rate_limit/namespaces/<namespace>/bans[?limit=<n>]
 //
 // The first lists the namespaces: name, mode, sync_rate, zone, window
-// sizes, keys held, diffs waiting to be pushed, and store module. The
-// second reads one key's windows, for every window size: start, current,
-// previous, sliding rate and this node's pending diffs; with source=store,
-// the counts are the store's. The third resets the key on this node and in
-// the store (Namespace.Reset); the other nodes take the reset at their next
-// sync. The key is any bytes, URL-encoded (so "+" must be sent as %2B);
-// namespace names are path-escaped. Answers are JSON; an unknown namespace
-// is 404 and a missing key 400, with Caddy's JSON error body.
+// sizes, keys held, bans held, diffs waiting to be pushed, and store
+// module. The second reads one key's windows, for every window size:
+// start, current, previous, sliding rate and this node's pending diffs;
+// with source=store, the counts are the store's. The third resets the key
+// on this node and in the store (Namespace.Reset), and lifts its ban; the
+// other nodes take the reset at their next sync. The fourth lists the bans
+// in force that this node holds, latest end first: at most limit (default
+// 1000), with their total. The key is any bytes, URL-encoded (so "+" must
+// be sent as %2B); namespace names are path-escaped. Answers are JSON; an
+// unknown namespace is 404 and a missing key 400, with Caddy's JSON error
+// body.
 //
 // These routes are as privileged as /load: Caddy's admin access controls
 // (the admin listener, origins, remote admin's access keys and their
@@ -193,6 +198,11 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		return a.serveKey(w, r, parts[1])
+	case len(parts) == 3 && parts[0] == "namespaces" && parts[2] == "bans":
+		if err := allow(w, r, http.MethodGet); err != nil {
+			return err
+		}
+		return a.listBans(w, r, parts[1])
 	}
 	return apiError(http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path))
 }
@@ -247,6 +257,49 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			info.WindowSizes = append(info.WindowSizes, s.String())
 		}
 		out = append(out, info)
+	}
+	return writeJSON(w, out)
+}
+
+// defaultBansListed is how many bans GET .../bans lists without limit.
+const defaultBansListed = 1000
+
+// bansInfo is the answer of GET /rate_limit/namespaces/<ns>/bans.
+type bansInfo struct {
+	Namespace string `json:"namespace"`
+	// Total is the number of bans in force that this node holds; Bans
+	// lists at most limit of them.
+	Total int       `json:"total"`
+	Bans  []banInfo `json:"bans"`
+}
+
+// banInfo is one ban: the key, URL-encoded as in keyInfo, and its end.
+type banInfo struct {
+	Key   string    `json:"key"`
+	Until time.Time `json:"until"`
+}
+
+// listBans answers GET /rate_limit/namespaces/<ns>/bans[?limit=<n>]: the
+// bans in force that this node holds, latest end first.
+func (a *AdminAPI) listBans(w http.ResponseWriter, r *http.Request, namespace string) error {
+	app, err := a.theApp()
+	if err != nil {
+		return err
+	}
+	ns, err := app.Namespace(namespace)
+	if err != nil {
+		return apiError(http.StatusNotFound, err)
+	}
+	limit := defaultBansListed
+	if v := r.URL.Query().Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 {
+			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want a whole number of 1 or more, got %q", v))
+		}
+	}
+	bans, total := ns.syncer.bans.active(time.Now().UnixNano(), limit)
+	out := bansInfo{Namespace: ns.name, Total: total, Bans: make([]banInfo, 0, len(bans))}
+	for _, b := range bans {
+		out.Bans = append(out.Bans, banInfo{Key: url.QueryEscape(b.Key), Until: b.Until.UTC()})
 	}
 	return writeJSON(w, out)
 }

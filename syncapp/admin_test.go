@@ -191,6 +191,11 @@ func TestAdminErrors(t *testing.T) {
 		{"GET", "/rate_limit/zones", 404, "resource not found: /rate_limit/zones"},
 		{"GET", "/rate_limit/namespaces/default/keys/k", 404, "resource not found"},
 		{"GET", "/rate_limit/namespaces/a%2Fb/keys?key=k", 200, `"namespace":"a/b"`},
+		{"GET", "/rate_limit/namespaces/nope/bans", 404, `unknown namespace \"nope\"`},
+		{"GET", "/rate_limit/namespaces/default/bans?limit=0", 400, `limit: want a whole number of 1 or more, got \"0\"`},
+		{"GET", "/rate_limit/namespaces/default/bans?limit=all", 400, `limit: want a whole number of 1 or more, got \"all\"`},
+		{"DELETE", "/rate_limit/namespaces/default/bans", 405, "method not allowed: DELETE (allowed: GET)"},
+		{"GET", "/rate_limit/namespaces/a%2Fb/bans", 200, `{"namespace":"a/b","total":0,"bans":[]}`},
 	} {
 		status, hdr, body := call(t, api, tc.method, tc.target)
 		if status != tc.status || !strings.Contains(string(body), tc.want) {
@@ -203,6 +208,48 @@ func TestAdminErrors(t *testing.T) {
 	none := &AdminAPI{logger: zap.NewNop(), app: func() *App { return nil }}
 	if status, _, body := call(t, none, "GET", "/rate_limit/namespaces"); status != 404 || !strings.Contains(string(body), "the rate_limit app is not running") {
 		t.Errorf("with no app running: %d %s", status, body)
+	}
+}
+
+// TestAdminListsBans lists the bans in force on a node, latest end
+// first, keys URL-encoded, within limit; ended and lifted bans are gone.
+func TestAdminListsBans(t *testing.T) {
+	n := start(t, caddy.NewUsagePool(), `{}`)
+	api := adminOf(n)
+	ns := n.ns(DefaultName)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Millisecond)
+	ns.Ban(ctx, "early", now.Add(time.Minute))
+	ns.Ban(ctx, "a key+/", now.Add(time.Hour))
+	ns.Ban(ctx, "lifted", now.Add(2*time.Hour))
+	ns.Ban(ctx, "ended", now.Add(-time.Second))
+	if err := ns.Reset(ctx, "lifted"); err != nil {
+		t.Fatal(err)
+	}
+	list := func(target string) bansInfo {
+		t.Helper()
+		status, _, body := call(t, api, "GET", target)
+		if status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", target, status, body)
+		}
+		var got bansInfo
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatalf("%v in %s", err, body)
+		}
+		return got
+	}
+	got := list("/rate_limit/namespaces/default/bans")
+	want := bansInfo{Namespace: DefaultName, Total: 2, Bans: []banInfo{
+		{Key: url.QueryEscape("a key+/"), Until: now.Add(time.Hour).UTC()},
+		{Key: "early", Until: now.Add(time.Minute).UTC()},
+	}}
+	if got.Namespace != want.Namespace || got.Total != want.Total || !slices.EqualFunc(got.Bans, want.Bans, func(a, b banInfo) bool {
+		return a.Key == b.Key && a.Until.Equal(b.Until)
+	}) {
+		t.Fatalf("bans: %+v, want %+v", got, want)
+	}
+	if got := list("/rate_limit/namespaces/default/bans?limit=1"); got.Total != 2 || len(got.Bans) != 1 || got.Bans[0].Key != want.Bans[0].Key {
+		t.Errorf("limit=1: %+v, want the total and the latest ban only", got)
 	}
 }
 

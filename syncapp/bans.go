@@ -3,6 +3,8 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -112,6 +114,25 @@ func (t *banTable) bannedUntil(key string) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, u)
+}
+
+// active returns the bans that have not ended by now (Unix nanoseconds),
+// latest end first, at most limit of them, and how many there are.
+func (t *banTable) active(now int64, limit int) (bans []strategy.Ban, total int) {
+	t.mu.RLock()
+	for k, u := range t.until {
+		if u > now {
+			bans = append(bans, strategy.Ban{Key: k, Until: time.Unix(0, u)})
+		}
+	}
+	t.mu.RUnlock()
+	slices.SortFunc(bans, func(a, b strategy.Ban) int {
+		if c := b.Until.Compare(a.Until); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	return bans[:min(limit, len(bans))], len(bans)
 }
 
 // lift ends key's ban on this node.
