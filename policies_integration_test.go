@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -186,9 +187,9 @@ func TestProblemJSON(t *testing.T) {
 }
 
 // TestBan trips limit 3 1s on a route with ban 5s and on one without: two
-// seconds later the banned key is still rejected, with
-// Retry-After and RateLimit-Reset giving the ban's remaining time, while
-// the other passes; a reset through the admin API lifts a ban, and a ban
+// seconds later the banned key is still rejected, with Retry-After and
+// RateLimit-Reset giving the ban's remaining time, while the other passes;
+// the admin API lists the bans, a reset through it lifts a ban, and a ban
 // ends by itself.
 func TestBan(t *testing.T) {
 	tester := load(t, `
@@ -244,6 +245,11 @@ func TestBan(t *testing.T) {
 		t.Errorf("outcome banned: +%v, want +1", got)
 	}
 
+	if code, _, body := adminCall(t, http.MethodGet, "/rate_limit/namespaces/default/bans"); code != 200 ||
+		!strings.Contains(string(body), `"key":"`+url.QueryEscape("ban-"+key)+`"`) ||
+		!strings.Contains(string(body), `"key":"`+url.QueryEscape("ban-"+lifted)+`"`) {
+		t.Errorf("admin list of bans: %d %s, want both banned keys", code, body)
+	}
 	if code, _, body := adminCall(t, http.MethodDelete, adminKeyPath("default", "ban-"+lifted)); code != 200 {
 		t.Fatalf("admin reset: %d %s", code, body)
 	}
