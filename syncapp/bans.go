@@ -39,17 +39,14 @@ func (n *Namespace) BansAcrossNodes() bool { return n.banner != nil }
 
 // UseBans tells the namespace that a handler bans keys in it, so that its
 // sync runs read the store's bans (one more round trip per run): a
-// namespace no handler bans in reads none.
-func (n *Namespace) UseBans() { n.syncer.bans.used.Store(true) }
+// namespace no handler of the running config bans in reads none.
+func (n *Namespace) UseBans() { n.bansUsed.Store(true) }
 
 // banTable is what a node knows of a namespace's bans. It lives with the
 // namespace's syncer, so bans outlive reloads.
 type banTable struct {
 	// held is len(until), read without the lock by bannedUntil.
 	held atomic.Int64
-	// used says that a handler bans in the namespace: runs then read the
-	// store's bans.
-	used atomic.Bool
 
 	mu sync.RWMutex
 	// until maps each banned key to the end of its ban, in Unix
@@ -161,7 +158,7 @@ func (t *banTable) droppedCount() int64 {
 // other error they are pushed again with the next run.
 func (s *syncer) syncBans(ctx context.Context, ns *Namespace) (contacted bool, err error) {
 	t := &s.bans
-	if ns.banner == nil || !t.used.Load() {
+	if ns.banner == nil || !ns.bansUsed.Load() {
 		return false, nil
 	}
 	t.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
 
 // TestBansLocal bans keys on one node: a ban holds until its end, a later
@@ -90,6 +91,39 @@ func TestFleetBans(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestBanReadsFollowTheConfig: sync runs read the store's bans only while
+// a handler of the running config bans; a reload to a config without one
+// stops the reads, and the bans held survive it.
+func TestBanReadsFollowTheConfig(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "1h", "window_sizes": ["1m"], "strategy": {"module": "redis", "addresses": [%q]}}}}`, srv.Addr)
+	pool := caddy.NewUsagePool()
+	first := start(t, pool, cfg)
+	ns := first.ns("api")
+	ctx := context.Background()
+	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || asked {
+		t.Fatalf("before any handler bans: asked the store %v (%v), want no round trip", asked, err)
+	}
+	ns.UseBans()
+	until := time.Now().Add(time.Hour)
+	ns.Ban(ctx, "k", until)
+	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || !asked {
+		t.Fatalf("with a handler that bans: asked the store %v (%v), want a round trip", asked, err)
+	}
+
+	// A reload to a config whose handlers do not ban.
+	next := start(t, pool, cfg)
+	first.stop()
+	ns = next.ns("api")
+	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || asked {
+		t.Fatalf("after a reload without bans: asked the store %v (%v), want no round trip", asked, err)
+	}
+	if ns.BannedUntil("k").IsZero() {
+		t.Fatal("the ban did not survive the reload")
+	}
+	next.stop()
 }
 
 // BenchmarkBannedUntil measures the look-up that every request of a

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -41,6 +42,10 @@ type Namespace struct {
 	storeKey    poolKey
 	storeModule string
 	validWindow func(time.Duration) error
+	// bansUsed says that a handler of this config bans in the namespace:
+	// its sync runs then read the store's bans. It belongs to the config,
+	// so a reload that drops the last ban handler stops the reads.
+	bansUsed atomic.Bool
 
 	sizesMu sync.Mutex
 	sizes   []time.Duration
