@@ -25,12 +25,8 @@ type Limit struct {
 // must be as long as limits. Hit returns the index of the limit that
 // rejected, or -1.
 func (n *Namespace) Hit(key string, limits []Limit, value float64, fixed, undo, synced bool, out []Sample) int {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
-	i := s.findOrInsert(z, uint32(h), n.id, key, now)
 	return n.hitEntry(s, i, now, limits, value, fixed, undo, synced, out)
 }
 

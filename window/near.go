@@ -26,12 +26,8 @@ type Unsynced struct {
 // but no sync pushes them, so the caller's hit must carry them, or the
 // caller must give back those the store did not apply.
 func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fixed, undo bool, near float64, out []Sample, unsynced []Unsynced) (rejected int, isNear bool) {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
-	i := s.findOrInsert(z, uint32(h), n.id, key, now)
 	// Count the hit as Hit does, which is what all but near hits need;
 	// a near one is taken back.
 	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, false, out); rejected >= 0 {

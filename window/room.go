@@ -18,12 +18,8 @@ import "time"
 // and how long until every limit has room if no other hit comes, or a
 // negative duration if some limit can never hold value.
 func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []Sample) (rejected int, wait time.Duration) {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
-	i := s.findOrInsert(z, uint32(h), n.id, key, now)
 	e := s.at(i)
 	rejected = -1
 	for j, l := range limits {

@@ -202,12 +202,8 @@ func index(t, size int64) int64 {
 // to the store's if the store later fails. It returns the key's state now:
 // the store's counts plus any diff this node could not push yet.
 func (n *Namespace) Observe(key string, size time.Duration, start int64, current, previous float64) Sample {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
-	i := s.findOrInsert(z, uint32(h), n.id, key, now)
 	e := s.at(i)
 	c := e.countsFor(int64(size), true)
 	k := index(start, int64(size))

@@ -273,12 +273,19 @@ func (n *Namespace) IncrementSynced(key string, size time.Duration, value float6
 	return n.increment(key, size, value, true)
 }
 
-func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
+// lockEntry locks the shard of key and returns it with the key's entry,
+// added if the zone does not hold it, and the zone's clock. The caller
+// unlocks s.mu.
+func (n *Namespace) lockEntry(key string) (s *shard, i int32, now int64) {
 	z := n.zone
-	now := z.now()
+	now = z.now()
 	h := z.fullHash(n.id, key)
-	s := z.lock(h)
-	i := s.findOrInsert(z, uint32(h), n.id, key, now)
+	s = z.lock(h)
+	return s, s.findOrInsert(z, uint32(h), n.id, key, now), now
+}
+
+func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
+	s, i, now := n.lockEntry(key)
 	e := s.at(i)
 	c := e.countsFor(int64(size), true)
 	k, r := position(now, int64(size))
