@@ -228,6 +228,19 @@ func (a *AdminAPI) theApp() (*App, error) {
 	return nil, apiError(http.StatusNotFound, errors.New("the rate_limit app is not running"))
 }
 
+// namespace returns the running app's namespace of that name, or a 404.
+func (a *AdminAPI) namespace(name string) (*Namespace, error) {
+	app, err := a.theApp()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := app.Namespace(name)
+	if err != nil {
+		return nil, apiError(http.StatusNotFound, err)
+	}
+	return ns, nil
+}
+
 // listNamespaces answers GET /rate_limit/namespaces, by name.
 func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 	app, err := a.theApp()
@@ -282,13 +295,9 @@ type banInfo struct {
 // listBans answers GET /rate_limit/namespaces/<ns>/bans[?limit=<n>]: the
 // bans in force that this node holds, latest end first.
 func (a *AdminAPI) listBans(w http.ResponseWriter, r *http.Request, namespace string) error {
-	app, err := a.theApp()
+	ns, err := a.namespace(namespace)
 	if err != nil {
 		return err
-	}
-	ns, err := app.Namespace(namespace)
-	if err != nil {
-		return apiError(http.StatusNotFound, err)
 	}
 	limit := defaultBansListed
 	if v := r.URL.Query().Get("limit"); v != "" {
@@ -317,13 +326,9 @@ func (n *Namespace) syncRate() SyncRate {
 
 // serveKey reads or resets one key of a namespace.
 func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace string) error {
-	app, err := a.theApp()
+	ns, err := a.namespace(namespace)
 	if err != nil {
 		return err
-	}
-	ns, err := app.Namespace(namespace)
-	if err != nil {
-		return apiError(http.StatusNotFound, err)
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
