@@ -130,8 +130,8 @@ type namespaceInfo struct {
 	WindowSizes  []string `json:"window_sizes"`
 	Keys         int      `json:"keys"`
 	PendingDiffs int      `json:"pending_diffs"`
-	// Bans is the number of keys this node holds as banned, ended bans
-	// included until they are swept.
+	// Bans is the number of keys this node holds as banned whose ban has
+	// not ended.
 	Bans  int    `json:"bans"`
 	Store string `json:"store,omitempty"`
 }
@@ -258,7 +258,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
 			PendingDiffs: ns.syncer.pendingDiffs(),
-			Bans:         ns.syncer.bans.len(),
+			Bans:         ns.syncer.bans.inForce(time.Now().UnixNano()),
 			Store:        ns.storeModule,
 		}
 		for zname, zh := range app.zones {

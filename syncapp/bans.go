@@ -42,6 +42,11 @@ func (n *Namespace) BansAcrossNodes() bool { return n.banner != nil }
 // namespace no handler of the running config bans in reads none.
 func (n *Namespace) UseBans() { n.bansUsed.Store(true) }
 
+// banSweepInterval is how often a ban drops the bans that ended, so that
+// the bans of keys never seen again do not stay in memory (and keep
+// bannedUntil off its lock-free path) until the table is full.
+const banSweepInterval = time.Minute
+
 // banTable is what a node knows of a namespace's bans. It lives with the
 // namespace's syncer, so bans outlive reloads.
 type banTable struct {
@@ -59,6 +64,9 @@ type banTable struct {
 	version int64
 	// dropped counts the bans dropped to make room.
 	dropped int64
+	// swept is when ban last dropped the bans that ended, in Unix
+	// nanoseconds.
+	swept int64
 }
 
 func newBanTable() banTable {
@@ -66,13 +74,17 @@ func newBanTable() banTable {
 }
 
 func (t *banTable) ban(key string, until int64, push bool, capacity int) {
+	now := time.Now().UnixNano()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if until <= t.until[key] {
 		return
 	}
+	if now-t.swept >= int64(banSweepInterval) {
+		t.dropEnded(now)
+	}
 	if _, ok := t.until[key]; !ok && len(t.until) >= capacity {
-		t.makeRoom(time.Now().UnixNano(), capacity)
+		t.makeRoom(now, capacity)
 	}
 	t.until[key] = until
 	t.held.Store(int64(len(t.until)))
@@ -81,15 +93,24 @@ func (t *banTable) ban(key string, until int64, push bool, capacity int) {
 	}
 }
 
+// dropEnded drops the bans that ended by now, with their pushes: a ban
+// that ended bans nothing anywhere. The caller holds the lock.
+func (t *banTable) dropEnded(now int64) {
+	for k, u := range t.until {
+		if u <= now {
+			delete(t.until, k)
+			delete(t.pending, k)
+		}
+	}
+	t.swept = now
+	t.held.Store(int64(len(t.until)))
+}
+
 // makeRoom drops the bans that ended, and if that leaves capacity or
 // more, one ban, whichever map iteration meets first. The caller holds the
 // lock.
 func (t *banTable) makeRoom(now int64, capacity int) {
-	for k, u := range t.until {
-		if u <= now {
-			delete(t.until, k)
-		}
-	}
+	t.dropEnded(now)
 	for k := range t.until {
 		if len(t.until) < capacity {
 			break
@@ -107,10 +128,27 @@ func (t *banTable) bannedUntil(key string) time.Time {
 	t.mu.RLock()
 	u, ok := t.until[key]
 	t.mu.RUnlock()
-	if !ok || u <= time.Now().UnixNano() {
+	if !ok {
+		return time.Time{}
+	}
+	if u <= time.Now().UnixNano() {
+		t.forget(key, u)
 		return time.Time{}
 	}
 	return time.Unix(0, u)
+}
+
+// forget drops key's ban that ended at until, unless a later one replaced
+// it meanwhile: a banned key that comes back after its ban costs the lock
+// once, not on every request.
+func (t *banTable) forget(key string, until int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.until[key] == until {
+		delete(t.until, key)
+		delete(t.pending, key)
+		t.held.Store(int64(len(t.until)))
+	}
 }
 
 // active returns the bans that have not ended by now (Unix nanoseconds),
@@ -141,8 +179,22 @@ func (t *banTable) lift(key string) {
 	t.held.Store(int64(len(t.until)))
 }
 
-// len returns the number of bans held, ended ones included until a sweep.
-func (t *banTable) len() int { return int(t.held.Load()) }
+// inForce returns the number of bans that have not ended by now (Unix
+// nanoseconds): what the metrics and the admin API report. A ban that ended
+// stays in memory until a later ban sweeps, or its key comes back.
+func (t *banTable) inForce(now int64) (n int) {
+	if t.held.Load() == 0 {
+		return 0
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, u := range t.until {
+		if u > now {
+			n++
+		}
+	}
+	return n
+}
 
 // droppedCount returns the number of bans dropped to make room.
 func (t *banTable) droppedCount() int64 {

@@ -32,6 +32,38 @@ func TestBansLocal(t *testing.T) {
 	}
 	ns.Ban(ctx, "short", now.Add(200*time.Millisecond))
 	poll.Until(t, 5*time.Second, "the short ban to end", func() bool { return ns.BannedUntil("short").IsZero() })
+	// The look-up that found the ban ended dropped it.
+	if n := ns.syncer.bans.held.Load(); n != 1 {
+		t.Fatalf("%d bans held after the short one ended and its key came back, want 1", n)
+	}
+
+	// A ban whose key never comes back is not in force once it ended, and
+	// the first ban a sweep interval later drops it.
+	bans := &ns.syncer.bans
+	ns.Ban(ctx, "gone", time.Now().Add(100*time.Millisecond))
+	if n := bans.inForce(time.Now().UnixNano()); n != 2 {
+		t.Fatalf("%d bans in force, want 2", n)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if n := bans.inForce(time.Now().UnixNano()); n != 1 {
+		t.Fatalf("%d bans in force after one ended, want 1", n)
+	}
+	if n := bans.held.Load(); n != 2 {
+		t.Fatalf("%d bans held before a sweep, want 2", n)
+	}
+	bans.mu.Lock()
+	bans.swept -= int64(banSweepInterval)
+	bans.mu.Unlock()
+	ns.Ban(ctx, "later", time.Now().Add(time.Hour))
+	if n := bans.held.Load(); n != 2 {
+		t.Fatalf("%d bans held after a sweep, want 2 (k and later)", n)
+	}
+	if !ns.BannedUntil("gone").IsZero() {
+		t.Fatal("the swept ban still holds")
+	}
+	if err := ns.Reset(ctx, "later"); err != nil {
+		t.Fatal(err)
+	}
 	if err := ns.Reset(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +74,7 @@ func TestBansLocal(t *testing.T) {
 	for i := range 1000 {
 		ns.Ban(ctx, fmt.Sprint("flood-", i), now.Add(time.Hour))
 	}
-	if n := ns.syncer.bans.len(); n > 100 {
+	if n := ns.syncer.bans.held.Load(); n > 100 {
 		t.Fatalf("%d bans held, more than the zone's 100 keys", n)
 	}
 	if ns.BannedUntil("flood-999").IsZero() {

@@ -2,6 +2,7 @@ package syncapp
 
 import (
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,7 +57,7 @@ var (
 	droppedDesc = prometheus.NewDesc("caddy_rate_limit_dropped_diffs_total",
 		"Unpushed diffs of evicted keys dropped because too many waited for a store.", []string{"zone"}, nil)
 	bansDesc = prometheus.NewDesc("caddy_rate_limit_bans",
-		"Keys of a namespace this node holds as banned, ended bans included until they are swept.", []string{"namespace"}, nil)
+		"Keys of a namespace this node holds as banned whose ban has not ended.", []string{"namespace"}, nil)
 	droppedBansDesc = prometheus.NewDesc("caddy_rate_limit_dropped_bans_total",
 		"Bans a node dropped to make room when it held as many as its zone holds keys.", []string{"namespace"}, nil)
 )
@@ -82,7 +83,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(z.Dropped()), o.name)
 		case *syncer:
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
-			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(o.bans.len()), o.name)
+			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(o.bans.inForce(time.Now().UnixNano())), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(o.bans.droppedCount()), o.name)
 		}
 		return true
