@@ -170,6 +170,66 @@ func TestFleetConvergesWithinTwoIntervals(t *testing.T) {
 	})
 }
 
+// TestFleetFetchesASparseKey runs two nodes at sync_rate 10ms: a key that
+// one node saw once stays fetched for 100ms of runs, so the node sees the
+// other's later hits of it without a request of its own, and after that
+// it is no longer fetched.
+func TestFleetFetchesASparseKey(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := s.config("10ms", "1h")
+		a := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		b := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		ctx := context.Background()
+		runs := fetchRuns(10 * time.Millisecond)
+		if runs != 10 {
+			t.Fatalf("a key is fetched by %d runs at sync_rate 10ms, want 10", runs)
+		}
+		// withRunLock holds a's loop between runs.
+		withRunLock := func(f func(s *syncer)) {
+			if err := a.syncer.lockRun(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer a.syncer.unlockRun()
+			f(a.syncer)
+		}
+		for _, ns := range []*Namespace{a, b} { // connect first
+			ns.Increment(ctx, "warm-up", time.Hour, 1)
+			if err := ns.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.Increment(ctx, "sparse", time.Hour, 1)
+		if err := a.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Five runs later, more than the two that fetch a busy key: b's
+		// hits still reach a.
+		withRunLock(func(s *syncer) {
+			touched, ok := s.fetch["sparse"]
+			if !ok {
+				t.Fatal("a does not fetch the key it hit")
+			}
+			s.fetches = touched + 5
+		})
+		for range 5 {
+			b.Increment(ctx, "sparse", time.Hour, 1)
+		}
+		if err := b.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, 10*time.Second, "a to see b's hits of the key", func() bool {
+			return a.SlidingWindow("sparse", time.Hour, nil).Current == 6
+		})
+		// Once runs fetches passed, a fetches it no more.
+		withRunLock(func(s *syncer) { s.fetches = s.fetch["sparse"] + runs })
+		a.Increment(ctx, "other", time.Hour, 1) // a key to fetch, so that a fetches
+		poll.Until(t, 10*time.Second, "a to drop the key from its fetches", func() (gone bool) {
+			withRunLock(func(s *syncer) { _, kept := s.fetch["sparse"]; gone = !kept })
+			return gone
+		})
+	})
+}
+
 // TestFleetOutageLosesNothing takes the store away for five seconds while
 // two nodes hit on, then brings it back: the store ends up with every
 // hit, once.

@@ -65,10 +65,14 @@ type syncer struct {
 	// channel so that waiting for it can give up at a deadline.
 	runSem  chan struct{}
 	pending *strategy.Batch // a batch whose push failed, retried as is
-	// Keys to fetch: those touched since the last fetch, and those touched
-	// before it. Keeping a key for a second run lets a node see the diffs
-	// other nodes pushed in the same aligned run as its own fetch.
-	fetch, fetchPrev map[string]struct{}
+	// Keys to fetch, each with the number of the fetch after which it was
+	// last touched; fetches counts the fetches made. A key is fetched by
+	// the fetches of fetchRuns (at least two): the second lets a node see
+	// the diffs other nodes pushed in the same aligned run as its own
+	// fetch, and more keep a key that a node sees less often than every
+	// two runs up to date between its requests.
+	fetch   map[string]int64
+	fetches int64
 
 	startOnce sync.Once
 	wake      chan struct{} // the attached namespace changed
@@ -79,18 +83,17 @@ type syncer struct {
 func newSyncer(name string, logger *zap.Logger, pool *caddy.UsagePool) *syncer {
 	h := newHealth(name, logger)
 	return &syncer{
-		slots:     newSlotHolder(logger, h),
-		bans:      newBanTable(),
-		name:      name,
-		logger:    logger,
-		pool:      pool,
-		health:    h,
-		runSem:    make(chan struct{}, 1),
-		fetch:     make(map[string]struct{}),
-		fetchPrev: make(map[string]struct{}),
-		wake:      make(chan struct{}, 1),
-		stop:      make(chan struct{}),
-		done:      make(chan struct{}),
+		slots:  newSlotHolder(logger, h),
+		bans:   newBanTable(),
+		name:   name,
+		logger: logger,
+		pool:   pool,
+		health: h,
+		runSem: make(chan struct{}, 1),
+		fetch:  make(map[string]int64),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 }
 
@@ -319,7 +322,7 @@ func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool, fetch
 // anything and how long it waited for fetchAt.
 func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = s.pushPending(ctx, ns)
-	if err != nil || !fetch || len(s.fetch)+len(s.fetchPrev) == 0 {
+	if err != nil || !fetch || len(s.fetch) == 0 {
 		return contacted, 0, err
 	}
 	if wait := time.Until(fetchAt); wait > 0 {
@@ -350,10 +353,10 @@ func (s *syncer) pushPending(ctx context.Context, ns *Namespace) (contacted bool
 	diffs = s.storable(ns, diffs)
 	if ns.mode == Periodic {
 		for _, k := range keys {
-			if len(s.fetch) >= ns.counters.Zone().Capacity() {
+			if _, ok := s.fetch[k]; !ok && len(s.fetch) >= ns.counters.Zone().Capacity() {
 				break // touched again, a key is fetched again
 			}
-			s.fetch[k] = struct{}{}
+			s.fetch[k] = s.fetches
 		}
 	}
 	var batch *strategy.Batch
@@ -399,25 +402,42 @@ func (s *syncer) pushPending(ctx context.Context, ns *Namespace) (contacted bool
 	return contacted, nil
 }
 
-// fetchCounts reads the store's counts of the keys touched in the last two
-// runs into the zone.
+// fetchSpan is how long after its last request a key stays fetched, at
+// least: a node that sees a key every 30ms in a namespace synced every
+// 10ms then holds the others' counts of one run ago, not of its previous
+// request. Above 50ms it changes nothing: every key is fetched twice.
+const fetchSpan = 100 * time.Millisecond
+
+// fetchRuns is how many fetches read a key after a run that found it
+// touched.
+func fetchRuns(interval time.Duration) int64 {
+	if interval <= 0 {
+		return 2
+	}
+	return max(2, int64((fetchSpan+interval-1)/interval))
+}
+
+// fetchCounts reads the store's counts of the keys touched within the
+// last fetchRuns runs into the zone.
 func (s *syncer) fetchCounts(ctx context.Context, ns *Namespace) error {
-	keys := make([]string, 0, len(s.fetch)+len(s.fetchPrev))
-	for k := range s.fetch {
+	runs := fetchRuns(ns.runInterval())
+	keys := make([]string, 0, len(s.fetch))
+	for k, last := range s.fetch {
+		if s.fetches-last >= runs {
+			delete(s.fetch, k)
+			continue
+		}
 		keys = append(keys, k)
 	}
-	for k := range s.fetchPrev {
-		if _, dup := s.fetch[k]; !dup {
-			keys = append(keys, k)
-		}
+	if len(keys) == 0 {
+		return nil
 	}
 	counts, err := ns.store.GetCounters(ctx, s.name, keys, ns.WindowSizes(), time.Now())
 	if err != nil {
 		return err
 	}
 	ns.counters.Apply(counts)
-	clear(s.fetchPrev)
-	s.fetch, s.fetchPrev = s.fetchPrev, s.fetch
+	s.fetches++
 	return nil
 }
 
