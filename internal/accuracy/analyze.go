@@ -3,6 +3,7 @@ package accuracy
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -93,6 +94,12 @@ type Outcome struct {
 	Holds  bool
 	Breach Breach
 
+	// LagChecked is how many admissions past the limit a periodic row
+	// made, and Unexplained those of them that the other nodes' unseen
+	// hits do not explain (see checkLag), in the order of keys and windows.
+	LagChecked  int
+	Unexplained []Unexplained
+
 	// Ops is what the store counted during the row (Redis commands or
 	// PostgreSQL transactions), and OpsRequests the limited requests that
 	// caused them (the warm-up ones included).
@@ -167,8 +174,9 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 		window int64
 	}
 	admitted := map[keyWindow]int{}
-	sent := map[keyWindow]int{} // by the client's clock: rejections carry no other
-	var hottest []int64         // server times of key 0's admitted requests
+	admittedReqs := map[keyWindow][]Result{} // for the lag check
+	sent := map[keyWindow]int{}              // by the client's clock: rejections carry no other
+	var hottest []int64                      // server times of key 0's admitted requests
 	windowMs := Window.Milliseconds()
 	for _, r := range results {
 		if !r.Sent.IsZero() {
@@ -194,7 +202,11 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 		case r.Status == http.StatusOK && r.ServerMs > 0:
 			o.Admitted++
 			limitedLat = append(limitedLat, r.Latency)
-			admitted[keyWindow{r.Key, r.ServerMs / windowMs}]++
+			kw := keyWindow{r.Key, r.ServerMs / windowMs}
+			admitted[kw]++
+			if row.Periodic() {
+				admittedReqs[kw] = append(admittedReqs[kw], r)
+			}
 			if r.Key == 0 {
 				hottest = append(hottest, r.ServerMs)
 			}
@@ -245,6 +257,15 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 			o.Worst, o.WorstAdmitted, o.WorstKey, o.Claim = ratio, n, kw.key, c
 			o.WorstWindow = time.UnixMilli(kw.window * windowMs)
 		}
+	}
+	windows := slices.Collect(maps.Keys(admittedReqs))
+	slices.SortFunc(windows, func(a, b keyWindow) int {
+		return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.window, b.window))
+	})
+	for _, kw := range windows {
+		checked, bad := checkLag(admittedReqs[kw], kw.key, kw.window*windowMs, limit, row.SyncRate)
+		o.LagChecked += checked
+		o.Unexplained = append(o.Unexplained, bad...)
 	}
 	if o.WorstKey < 0 { // nothing admitted
 		o.WorstKey = 0

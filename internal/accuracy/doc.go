@@ -268,6 +268,43 @@ func (d docData) IntervalsLines() []string {
 	return lines
 }
 
+// LagLines sum up, per store, the lag check of the periodic rows: how
+// many admissions past the limit there were, and which of them the other
+// nodes' unseen hits do not explain.
+func (d docData) LagLines() []string {
+	var lines []string
+	for _, store := range d.storeOrder() {
+		title := store
+		if st, ok := d.Stores[store]; ok {
+			title = st.Title()
+		}
+		checked, rows := 0, 0
+		var bad []string
+		for _, o := range d.Outcomes {
+			if o.Row.Store != store || !o.Row.Periodic() {
+				continue
+			}
+			rows++
+			checked += o.LagChecked
+			for _, u := range o.Unexplained {
+				bad = append(bad, fmt.Sprintf("%s, sync_rate %v, sync_above %s: %s", o.Row.Pattern.Label, o.Row.SyncRate, o.Row.SyncAboveString(), u))
+			}
+		}
+		if rows == 0 {
+			continue
+		}
+		line := fmt.Sprintf("%s: %d admissions past the limit in %d periodic rows, %d of them unexplained", title, checked, rows, len(bad))
+		if len(bad) > 0 {
+			line += ": " + strings.Join(bad, "; ")
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// FetchAllowance is the lag check's allowance for a fetch, for the prose.
+func (d docData) FetchAllowance() time.Duration { return FetchAllowance }
+
 // BareEvery is the bare requests' share, for the prose.
 func (d docData) BareEvery() int { return BareEvery }
 

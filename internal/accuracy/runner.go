@@ -53,6 +53,16 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Outcome, error) {
 		if r.Progress != nil && o.Worst > 1 && r.Verbose {
 			fmt.Fprintf(r.Progress, "        worst window: %s\n", o.WorstDetail)
 		}
+		if r.Progress != nil && r.Verbose && o.LagChecked > 0 {
+			fmt.Fprintf(r.Progress, "        admissions past the limit: %d, unexplained by the others' unseen hits: %d\n", o.LagChecked, len(o.Unexplained))
+			for j, u := range o.Unexplained {
+				if j == 5 {
+					fmt.Fprintf(r.Progress, "          and %d more\n", len(o.Unexplained)-j)
+					break
+				}
+				fmt.Fprintf(r.Progress, "          %s\n", u)
+			}
+		}
 		out = append(out, o)
 	}
 	return out, nil
