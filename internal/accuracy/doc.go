@@ -278,7 +278,7 @@ func (d docData) LagLines() []string {
 		if st, ok := d.Stores[store]; ok {
 			title = st.Title()
 		}
-		checked, rows := 0, 0
+		checked, rows, unexplained := 0, 0, 0
 		var bad []string
 		for _, o := range d.Outcomes {
 			if o.Row.Store != store || !o.Row.Periodic() {
@@ -286,16 +286,19 @@ func (d docData) LagLines() []string {
 			}
 			rows++
 			checked += o.LagChecked
-			for _, u := range o.Unexplained {
-				bad = append(bad, fmt.Sprintf("%s, sync_rate %v, sync_above %s: %s", o.Row.Pattern.Label, o.Row.SyncRate, o.Row.SyncAboveString(), u))
+			unexplained += len(o.Unexplained)
+			if len(o.Unexplained) > 0 {
+				// The row, how many, and the first as an example.
+				bad = append(bad, fmt.Sprintf("%s, sync_rate %v, sync_above %s: %d (%s)",
+					o.Row.Pattern.Label, o.Row.SyncRate, o.Row.SyncAboveString(), len(o.Unexplained), o.Unexplained[0]))
 			}
 		}
 		if rows == 0 {
 			continue
 		}
-		line := fmt.Sprintf("%s: %d admissions past the limit in %d periodic rows, %d of them unexplained", title, checked, rows, len(bad))
+		line := fmt.Sprintf("%s: %d admissions past the limit in %d periodic rows, %d of them unexplained", title, checked, rows, unexplained)
 		if len(bad) > 0 {
-			line += ": " + strings.Join(bad, "; ")
+			line += ", in " + strings.Join(bad, "; ")
 		}
 		lines = append(lines, line)
 	}
