@@ -169,15 +169,20 @@ func (d docData) Tables() string {
 func (d docData) MustShowLines() []string {
 	var lines []string
 	for _, name := range d.storeOrder() {
-		title := name
-		if st, ok := d.Stores[name]; ok {
-			title = st.Title()
-		}
+		title := d.title(name)
 		for _, l := range MustShow(d.Outcomes, name) {
 			lines = append(lines, title+": "+l)
 		}
 	}
 	return lines
+}
+
+// title is how the page names a store.
+func (d docData) title(store string) string {
+	if st, ok := d.Stores[store]; ok {
+		return st.Title()
+	}
+	return store
 }
 
 func (d docData) storeOrder() []string {
@@ -203,10 +208,7 @@ func (d docData) ExactTable() string {
 	fmt.Fprintln(&b, "|---|---|--:|--:|--:|--:|--:|--:|")
 	rows := 0
 	for _, store := range d.storeOrder() {
-		title := store
-		if st, ok := d.Stores[store]; ok {
-			title = st.Title()
-		}
+		title := d.title(store)
 		for _, p := range Patterns {
 			for _, rate := range SyncRates {
 				off, ok := Find(d.Outcomes, store, p, rate, 0)
@@ -245,10 +247,7 @@ func (d docData) ExactTable() string {
 func (d docData) IntervalsLines() []string {
 	var lines []string
 	for _, store := range d.storeOrder() {
-		title := store
-		if st, ok := d.Stores[store]; ok {
-			title = st.Title()
-		}
+		title := d.title(store)
 		var parts []string
 		for _, rate := range SyncRates {
 			lo, hi, n := math.Inf(1), math.Inf(-1), 0
@@ -274,10 +273,7 @@ func (d docData) IntervalsLines() []string {
 func (d docData) LagLines() []string {
 	var lines []string
 	for _, store := range d.storeOrder() {
-		title := store
-		if st, ok := d.Stores[store]; ok {
-			title = st.Title()
-		}
+		title := d.title(store)
 		checked, rows, unexplained := 0, 0, 0
 		var bad []string
 		for _, o := range d.Outcomes {
