@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
+	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
 // benchCase is one limited route, compared with the bare route.
@@ -169,7 +170,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	defer redisSrv.stop()
+	defer redisSrv.Stop(syscall.SIGTERM, 5*time.Second)
 	// RESP2 and no CLIENT SETINFO: this client sends nothing but the
 	// harness's own CONFIG RESETSTAT and INFO, which the counts leave out.
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, Protocol: 2, DisableIdentity: true, PoolSize: 1})
@@ -179,13 +180,13 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	defer caddySrv.stop()
+	defer caddySrv.Stop(syscall.SIGTERM, 5*time.Second)
 	fmt.Printf("servers:  redis-server on %s, Caddy on 127.0.0.1:%d (admin and /debug/pprof/ on %s)\n", redisAddr, port, admin)
 	if err := checkRoutes(port); err != nil {
 		return err
 	}
 
-	b := &bencher{cfg: cfg, port: port, caddyPID: caddySrv.cmd.Process.Pid, rdb: rdb, redisAddr: redisAddr}
+	b := &bencher{cfg: cfg, port: port, caddyPID: caddySrv.Pid(), rdb: rdb, redisAddr: redisAddr}
 	if err := b.writeScripts(); err != nil {
 		return err
 	}
@@ -205,8 +206,8 @@ func run(ctx context.Context, cfg config) error {
 			return fmt.Errorf("profile: %v", err)
 		}
 	}
-	if !caddySrv.running() {
-		return fmt.Errorf("Caddy exited during the benchmark; its log:\n%s", tail(caddySrv.log, 30))
+	if !caddySrv.Running() {
+		return fmt.Errorf("Caddy exited during the benchmark; its log:\n%s", caddySrv.Log(30))
 	}
 	for _, r := range results {
 		if r.statusErrors > 0 {
@@ -275,103 +276,18 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// freePort returns a loopback port that was free a moment ago. Another
-// process may take it before the server binds it, so the starts retry.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// proc is a server this command started and stops.
-type proc struct {
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
-}
-
-func start(name, logfile string, env []string, args ...string) (*proc, error) {
-	f, err := os.Create(logfile)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	cmd := exec.Command(name, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
-	setDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %v", name, err)
-	}
-	p := &proc{cmd: cmd, log: logfile, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop asks the process to end, and kills it if it has not within 5 s.
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-// waitUntil polls ready until it is true, the process exits, or the time
-// is up.
-func (p *proc) waitUntil(ctx context.Context, limit time.Duration, ready func() bool) error {
-	deadline := time.Now().Add(limit)
-	for !ready() {
-		if !p.running() {
-			return errors.New("exited")
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v", limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-func tail(path string, lines int) string {
-	data, _ := os.ReadFile(path)
-	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
-}
-
 // startRedis starts a redis-server of the harness's own on a free loopback
 // port, persisting nothing: never the machine's Redis.
-func startRedis(ctx context.Context, dir string) (*proc, string, error) {
+func startRedis(ctx context.Context, dir string) (*proc.Proc, string, error) {
 	var lastErr error
 	for range 3 {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			return nil, "", err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		logfile := filepath.Join(dir, "redis.log")
-		p, err := start("redis-server", logfile, nil,
+		p, err := proc.Start(logfile, nil, "redis-server",
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 			"--save", "", "--appendonly", "no", "--logfile", logfile)
 		if err != nil {
@@ -380,8 +296,8 @@ func startRedis(ctx context.Context, dir string) (*proc, string, error) {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1})
 		// The server that answers must be this one, not one that took the
 		// port first.
-		pid := fmt.Sprintf("process_id:%d\r\n", p.cmd.Process.Pid)
-		err = p.waitUntil(ctx, 10*time.Second, func() bool {
+		pid := fmt.Sprintf("process_id:%d\r\n", p.Pid())
+		err = p.WaitUntil(ctx, 10*time.Second, 50*time.Millisecond, func() bool {
 			info, err := rdb.Info(ctx, "server").Result()
 			return err == nil && strings.Contains(info, pid)
 		})
@@ -389,11 +305,11 @@ func startRedis(ctx context.Context, dir string) (*proc, string, error) {
 		if err == nil {
 			return p, addr, nil
 		}
-		p.stop()
+		p.Stop(syscall.SIGTERM, 5*time.Second)
 		if ctx.Err() != nil {
 			return nil, "", ctx.Err()
 		}
-		lastErr = fmt.Errorf("redis-server on %s: %v; its log:\n%s", addr, err, tail(logfile, 10))
+		lastErr = fmt.Errorf("redis-server on %s: %v; its log:\n%s", addr, err, p.Log(10))
 	}
 	return nil, "", lastErr
 }
@@ -401,13 +317,13 @@ func startRedis(ctx context.Context, dir string) (*proc, string, error) {
 // startCaddy starts Caddy with the benchmark's Caddyfile on free loopback
 // ports, its Redis namespaces on redisAddr, and waits until the bare route
 // answers.
-func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc, port int, admin string, err error) {
+func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc.Proc, port int, admin string, err error) {
 	var lastErr error
 	for range 3 {
-		if port, err = freePort(); err != nil {
+		if port, err = proc.FreePort(); err != nil {
 			return nil, 0, "", err
 		}
-		adminPort, err := freePort()
+		adminPort, err := proc.FreePort()
 		if err != nil {
 			return nil, 0, "", err
 		}
@@ -418,12 +334,12 @@ func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc, por
 			"BENCH_ADMIN_PORT=" + strconv.Itoa(adminPort),
 			"BENCH_REDIS=" + redisAddr,
 		}
-		p, err = start(cfg.caddy, logfile, env, "run", "--config", cfg.caddyfile, "--adapter", "caddyfile")
+		p, err = proc.Start(logfile, env, cfg.caddy, "run", "--config", cfg.caddyfile, "--adapter", "caddyfile")
 		if err != nil {
 			return nil, 0, "", err
 		}
 		url := fmt.Sprintf("http://127.0.0.1:%d%s", port, barePath)
-		err = p.waitUntil(ctx, 30*time.Second, func() bool {
+		err = p.WaitUntil(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 			resp, err := http.Get(url)
 			if err != nil {
 				return false
@@ -434,11 +350,11 @@ func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc, por
 		if err == nil {
 			return p, port, admin, nil
 		}
-		p.stop()
+		p.Stop(syscall.SIGTERM, 5*time.Second)
 		if ctx.Err() != nil {
 			return nil, 0, "", ctx.Err()
 		}
-		lastErr = fmt.Errorf("Caddy on port %d: %v; its log:\n%s", port, err, tail(logfile, 30))
+		lastErr = fmt.Errorf("Caddy on port %d: %v; its log:\n%s", port, err, p.Log(30))
 	}
 	return nil, 0, "", lastErr
 }
@@ -527,7 +443,7 @@ func (b *bencher) wrk(ctx context.Context, path string, newKey bool, d time.Dura
 	cmd := exec.CommandContext(ctx, "wrk",
 		"-t", strconv.Itoa(b.cfg.threads), "-c", strconv.Itoa(b.cfg.connections),
 		"-d", fmt.Sprintf("%ds", int(d/time.Second)), "-s", script, url, "--", "r"+strconv.Itoa(b.runs))
-	setDeathSignal(cmd)
+	proc.SetDeathSignal(cmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		if ctx.Err() != nil {

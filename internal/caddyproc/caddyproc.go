@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
 // ModuleRoot returns the directory of the go.mod of the module that dir
@@ -90,15 +91,11 @@ func withoutRace(flags string) string {
 	return strings.Join(kept, " ")
 }
 
-// Node is one Caddy process.
+// Node is one Caddy process: its Log, Running and Kill are the process's.
 type Node struct {
 	// Port is the port its config was made for.
 	Port int
-	// LogPath is the file of its standard output and error.
-	LogPath string
-
-	cmd    *exec.Cmd
-	exited chan struct{}
+	*proc.Proc
 }
 
 // ErrUnknownField reports a config that the Caddy binary refuses because
@@ -113,7 +110,7 @@ var ErrUnknownField = errors.New("unknown config field")
 func Start(ctx context.Context, bin, dir, name, readyPath string, config func(port int) ([]byte, error)) (*Node, error) {
 	var lastErr error
 	for range 3 {
-		port, err := FreePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -125,26 +122,13 @@ func Start(ctx context.Context, bin, dir, name, readyPath string, config func(po
 		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
 			return nil, err
 		}
-		n := &Node{Port: port, LogPath: filepath.Join(dir, name+".log"), exited: make(chan struct{})}
-		f, err := os.Create(n.LogPath)
+		// Caddy's data and config directories: the node's own.
+		env := []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}
+		p, err := proc.Start(filepath.Join(dir, name+".log"), env, bin, "run", "--config", cfgPath)
 		if err != nil {
 			return nil, err
 		}
-		cmd := exec.Command(bin, "run", "--config", cfgPath)
-		cmd.Stdout, cmd.Stderr = f, f
-		// Caddy's data and config directories: the node's own.
-		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-		setDeathSignal(cmd)
-		err = cmd.Start()
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("starting Caddy: %w", err)
-		}
-		n.cmd = cmd
-		go func() {
-			_ = cmd.Wait()
-			close(n.exited)
-		}()
+		n := &Node{Port: port, Proc: p}
 		if err = n.waitReady(ctx, readyPath); err == nil {
 			return n, nil
 		}
@@ -196,81 +180,30 @@ func (n *Node) URL(path string) string {
 	return "http://127.0.0.1:" + strconv.Itoa(n.Port) + path
 }
 
-// Running reports whether the process has not exited.
-func (n *Node) Running() bool {
-	select {
-	case <-n.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 // Stop asks Caddy to stop gracefully (it pushes its pending diffs and
 // gives back what it holds), and kills it if it has not exited within
 // 15 s.
-func (n *Node) Stop() {
-	if n.cmd == nil {
-		return
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-n.exited:
-	case <-time.After(15 * time.Second):
-		n.Kill()
-	}
-}
-
-// Kill kills the process outright, as a crash or the OOM killer would:
-// it runs no cleanup, and waits for it to be gone.
-func (n *Node) Kill() {
-	if n.cmd == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.exited
-}
-
-// Log returns the last lines of the node's output.
-func (n *Node) Log(lines int) string {
-	data, _ := os.ReadFile(n.LogPath)
-	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
-}
+func (n *Node) Stop() { n.Proc.Stop(syscall.SIGINT, 15*time.Second) }
 
 // waitReady polls path until it answers 200 or the node exits.
 func (n *Node) waitReady(ctx context.Context, path string) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var last error
+	err := n.WaitUntil(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
 		resp, err := client.Get(n.URL(path))
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if err != nil {
+			last = err
+			return false
 		}
-		if !n.Running() {
-			return errors.New("exited at start")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			last = fmt.Errorf("%s answered %d", path, resp.StatusCode)
+			return false
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after 30s: %v", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+		return true
+	})
+	if err != nil && last != nil {
+		return fmt.Errorf("%w: %v", err, last)
 	}
-}
-
-// FreePort returns a loopback port that was free a moment ago; a node
-// that cannot bind it is started again on another.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return err
 }

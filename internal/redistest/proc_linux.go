@@ -4,17 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 )
-
-// setDeathSignal has the kernel kill the server if the test process dies
-// first, so that no redis-server outlives a crashed test.
-func setDeathSignal(cmd *exec.Cmd) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
 
 // listensOn reports whether process pid holds a listening TCP socket on
 // port: that a dial succeeds proves only that somebody listens there.

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
 // Require returns the path of redis-server, or ends the test: it fails
@@ -111,7 +113,7 @@ func (s *Server) launch() error {
 	}
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
-	setDeathSignal(cmd)
+	proc.SetDeathSignal(cmd) // no redis-server outlives a crashed test
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting redis-server: %v", err)
 	}
