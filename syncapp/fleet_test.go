@@ -198,13 +198,15 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		a.Increment(ctx, "sparse", time.Hour, 1)
-		if err := a.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-		// Five runs later, more than the two that fetch a busy key: b's
-		// hits still reach a.
+		// a hits the key and pushes it, and five runs pass, more than the
+		// two that fetch a busy key: b's hits still reach a. Under the run
+		// lock, so that a's loop runs neither in between nor after the
+		// push and before the count of runs is set.
 		withRunLock(func(s *syncer) {
+			a.Increment(ctx, "sparse", time.Hour, 1)
+			if _, err := s.pushPending(ctx, a); err != nil {
+				t.Fatal(err)
+			}
 			touched, ok := s.fetch["sparse"]
 			if !ok {
 				t.Fatal("a does not fetch the key it hit")
