@@ -48,6 +48,9 @@ var cases = []benchCase{
 	{name: "local-newkey", label: "local, new key per request", path: "/local-newkey", newKey: true},
 	{name: "periodic", label: "periodic 100ms, one key, Redis", path: "/periodic", redis: true},
 	{name: "sync", label: "synchronous, one key, Redis", path: "/sync", redis: true},
+	// The floor of the cases that show headers: what writing them costs
+	// net/http, with no limiter at all.
+	{name: "headers-only", label: "control: local's 7 headers, no limiter", path: "/headers-only"},
 }
 
 const barePath = "/bare"
