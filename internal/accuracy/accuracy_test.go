@@ -137,6 +137,14 @@ func TestAccuracyQuick(t *testing.T) {
 				o.Row, o.WorstAdmitted, o.Limit, o.Claim.Others, quickSlack(o), o.WorstDetail)
 		}
 	}
+	// The design: each admission past the limit comes from the other
+	// nodes' hits since the last push a node fetched. A run that a busy
+	// machine delays may leave one unexplained; a broken or late fetch
+	// leaves most.
+	if o := outcomes[1]; len(o.Unexplained)*10 > o.LagChecked {
+		t.Errorf("%s: %d of %d admissions past the limit unexplained by the other nodes' unseen hits, want at most a tenth; the first: %v",
+			o.Row, len(o.Unexplained), o.LagChecked, o.Unexplained[0])
+	}
 	if !above {
 		return
 	}
