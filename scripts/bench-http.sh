@@ -5,13 +5,13 @@
 # redis-server, drives them with wrk in interleaved pairs and prints the
 # ratio limited/bare per case (cmd/bench-http does the runs and the report).
 #
-#	./scripts/bench-http.sh                     # 6 cases x 5 pairs of 3 s runs: about 3.5 minutes
+#	./scripts/bench-http.sh                     # 7 cases x 5 pairs of 3 s runs: about 4 minutes
 #	QUICK=1 ./scripts/bench-http.sh             # 2 pairs of 1 s runs: a smoke test
 #	PROFILE=local ./scripts/bench-http.sh       # also a 10 s CPU profile of Caddy under /local load
 #
 # Settings, from the environment:
 #	PAIRS=5 DURATION=3s WARMUP=1s CONNECTIONS=32 THREADS=1
-#	CASES=local,local-hidden,local-newkey,periodic,sync,headers-only  (a subset, in any order)
+#	CASES=local,local-hidden,local-one,local-newkey,periodic,sync,headers-only  (a subset, in any order)
 #	PROFILE=<case or bare> PROFILE_OUT=caddy-<case>.pprof PROFILE_SECONDS=10
 #
 # It installs Debian's wrk and redis-server when they are missing, and
