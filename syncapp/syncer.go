@@ -322,8 +322,12 @@ func (s *syncer) runLocked(ctx context.Context, ns *Namespace, fetch bool, fetch
 // anything and how long it waited for fetchAt.
 func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = s.pushPending(ctx, ns)
-	if err != nil || !fetch || len(s.fetch) == 0 {
+	if err != nil || !fetch {
 		return contacted, 0, err
+	}
+	keys := s.keysToFetch(ns)
+	if len(keys) == 0 {
+		return contacted, 0, nil
 	}
 	if wait := time.Until(fetchAt); wait > 0 {
 		t := time.NewTimer(wait)
@@ -335,7 +339,7 @@ func (s *syncer) pushAndFetch(ctx context.Context, ns *Namespace, fetch bool, fe
 		}
 		waited = wait
 	}
-	return true, waited, s.fetchCounts(ctx, ns)
+	return true, waited, s.fetchCounts(ctx, ns, keys)
 }
 
 // pushPending pushes the hits to retry, a batch whose push failed, and
@@ -417,9 +421,9 @@ func fetchRuns(interval time.Duration) int64 {
 	return max(2, int64((fetchSpan+interval-1)/interval))
 }
 
-// fetchCounts reads the store's counts of the keys touched within the
-// last fetchRuns runs into the zone.
-func (s *syncer) fetchCounts(ctx context.Context, ns *Namespace) error {
+// keysToFetch returns the keys touched within the last fetchRuns runs,
+// and forgets the others.
+func (s *syncer) keysToFetch(ns *Namespace) []string {
 	runs := fetchRuns(ns.runInterval())
 	keys := make([]string, 0, len(s.fetch))
 	for k, last := range s.fetch {
@@ -429,9 +433,11 @@ func (s *syncer) fetchCounts(ctx context.Context, ns *Namespace) error {
 		}
 		keys = append(keys, k)
 	}
-	if len(keys) == 0 {
-		return nil
-	}
+	return keys
+}
+
+// fetchCounts reads the store's counts of keys into the zone.
+func (s *syncer) fetchCounts(ctx context.Context, ns *Namespace, keys []string) error {
 	counts, err := ns.store.GetCounters(ctx, s.name, keys, ns.WindowSizes(), time.Now())
 	if err != nil {
 		return err
