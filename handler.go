@@ -407,7 +407,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 
 	shown := shown(left, rejected)
 	remaining := left[shown]
-	now := window.SystemClock() // the zones' clock, cheaper than time.Now
+	now := samples[shown].At // when the zone counted the request: no second clock reading
 	reset := h.reset(shown, samples[shown], remaining, now)
 	if rejected >= 0 && h.bans() {
 		reset = max(reset, ceilSeconds(time.Duration(h.Ban).Seconds()))

@@ -429,7 +429,7 @@ func windowOf(s window.Sample) windowInfo {
 // emptySample is the sample of a window with no counts, at now (Unix
 // nanoseconds).
 func emptySample(size time.Duration, now int64) window.Sample {
-	return window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size}
+	return window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size, At: now}
 }
 
 // writeJSON answers with v as JSON.

@@ -188,7 +188,7 @@ func (n *Namespace) storeSamples(ctx context.Context, key string, sizes []time.D
 	}
 	out := make([]window.Sample, len(sizes))
 	for i, size := range sizes {
-		out[i] = window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size}
+		out[i] = window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size, At: now}
 	}
 	for _, c := range counts {
 		for i := range out {

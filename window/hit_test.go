@@ -35,7 +35,8 @@ func hitBySteps(n *Namespace, key string, limits []Limit, value float64, fixed, 
 
 // TestHitEqualsSteps plays the same random hits on two zones, one with
 // Hit and one step by step, over time and window boundaries: the answers,
-// the counts and the diffs to push are the same.
+// the counts and the diffs to push are the same, and every sample is of
+// the clock's instant.
 func TestHitEqualsSteps(t *testing.T) {
 	clock := newFakeClock(base)
 	a, b := mustZone(t, 1000, clock), mustZone(t, 1000, clock)
@@ -65,6 +66,9 @@ func TestHitEqualsSteps(t *testing.T) {
 		for i := range outA {
 			if outA[i] != outB[i] {
 				t.Fatalf("step %d, limit %d: Hit answered %+v, the steps %+v", step, i, outA[i], outB[i])
+			}
+			if outA[i].At != clock.now() {
+				t.Fatalf("step %d, limit %d: the sample is of %d, the clock says %d", step, i, outA[i].At, clock.now())
 			}
 		}
 		if step%1000 == 999 {

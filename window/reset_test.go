@@ -187,8 +187,8 @@ func TestInspect(t *testing.T) {
 
 	got := ns.Inspect("a")
 	want := []KeyWindow{
-		{Sample: Sample{Current: 0, Previous: 0, Weight: 1, Start: base.Add(75 * time.Second).UnixNano(), Size: time.Second}},
-		{Sample: Sample{Current: 1.5, Previous: 6, Weight: 0.75, Start: base.Add(time.Minute).UnixNano(), Size: time.Minute}},
+		{Sample: Sample{Current: 0, Previous: 0, Weight: 1, Start: base.Add(75 * time.Second).UnixNano(), Size: time.Second, At: base.Add(75 * time.Second).UnixNano()}},
+		{Sample: Sample{Current: 1.5, Previous: 6, Weight: 0.75, Start: base.Add(time.Minute).UnixNano(), Size: time.Minute, At: base.Add(75 * time.Second).UnixNano()}},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("inspect = %+v\nwant      %+v", got, want)

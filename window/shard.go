@@ -86,6 +86,7 @@ func (c *counts) sample(k, r int64) Sample {
 		Weight:  weight(r, c.size),
 		Start:   c.index * c.size,
 		Size:    timeDuration(c.size),
+		At:      k*c.size + r,
 	}
 	if c.index <= k {
 		s.Previous = c.prev.total()

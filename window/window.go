@@ -64,6 +64,10 @@ type Sample struct {
 	Start int64
 	// Size is the window size.
 	Size time.Duration
+	// At is the instant the sample describes, in Unix nanoseconds: the
+	// zone's clock when it was taken. Waits computed from the sample
+	// (Until) start there, so a caller needs no second clock reading.
+	At int64
 }
 
 // Sliding returns the sliding rate: Current + Previous*Weight.

@@ -324,7 +324,7 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	s := z.lock(h)
 	defer s.mu.Unlock()
 	k, r := position(now, int64(size))
-	out := Sample{Weight: weight(r, int64(size)), Start: k * int64(size), Size: size}
+	out := Sample{Weight: weight(r, int64(size)), Start: k * int64(size), Size: size, At: now}
 	i := s.find(uint32(h), n.id, key)
 	if i < 0 {
 		if diff != nil {
