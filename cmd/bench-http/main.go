@@ -59,6 +59,31 @@ var cases = []benchCase{
 
 const barePath = "/bare"
 
+// routes are the paths of every route the Caddyfile serves, the bare one
+// first.
+func routes() []string {
+	paths := []string{barePath}
+	for _, c := range cases {
+		paths = append(paths, c.path)
+	}
+	return paths
+}
+
+// portEnv names the environment variable that gives the port of the
+// route at path, such as BENCH_PORT_LOCAL_NEWKEY for /local-newkey. Each
+// route is a server of its own, on its own port, with no matcher: in one
+// server, Caddy tries its routes' matchers in turn, so a route would pay
+// for the matchers of every route before it.
+func portEnv(path string) string {
+	return "BENCH_PORT_" + strings.ToUpper(strings.ReplaceAll(strings.TrimPrefix(path, "/"), "-", "_"))
+}
+
+// urlOf is the URL of the route at path: its port, and the path, which
+// Caddy does not read but a log shows.
+func urlOf(ports map[string]int, path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", ports[path], path)
+}
+
 type config struct {
 	caddy, caddyfile, workdir string
 	command                   string // how the harness was invoked, for the report
@@ -183,17 +208,17 @@ func run(ctx context.Context, cfg config) error {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, Protocol: 2, DisableIdentity: true, PoolSize: 1})
 	defer rdb.Close()
 
-	caddySrv, port, admin, err := startCaddy(ctx, cfg, redisAddr)
+	caddySrv, ports, admin, err := startCaddy(ctx, cfg, redisAddr)
 	if err != nil {
 		return err
 	}
 	defer caddySrv.Stop(syscall.SIGTERM, 5*time.Second)
-	fmt.Printf("servers:  redis-server on %s, Caddy on 127.0.0.1:%d (admin and /debug/pprof/ on %s)\n", redisAddr, port, admin)
-	if err := checkRoutes(port); err != nil {
+	fmt.Printf("servers:  redis-server on %s, Caddy with a server per route on 127.0.0.1 (bare on port %d; admin and /debug/pprof/ on %s)\n", redisAddr, ports[barePath], admin)
+	if err := checkRoutes(ports); err != nil {
 		return err
 	}
 
-	b := &bencher{cfg: cfg, port: port, caddyPID: caddySrv.Pid(), rdb: rdb, redisAddr: redisAddr}
+	b := &bencher{cfg: cfg, ports: ports, caddyPID: caddySrv.Pid(), rdb: rdb, redisAddr: redisAddr}
 	if err := b.writeScripts(); err != nil {
 		return err
 	}
@@ -321,31 +346,37 @@ func startRedis(ctx context.Context, dir string) (*proc.Proc, string, error) {
 	return nil, "", lastErr
 }
 
-// startCaddy starts Caddy with the benchmark's Caddyfile on free loopback
-// ports, its Redis namespaces on redisAddr, and waits until the bare route
-// answers.
-func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc.Proc, port int, admin string, err error) {
+// startCaddy starts Caddy with the benchmark's Caddyfile, each route on a
+// free loopback port of its own, its Redis namespaces on redisAddr, and
+// waits until the bare route answers. It returns the port of each route's
+// path.
+func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc.Proc, ports map[string]int, admin string, err error) {
 	var lastErr error
 	for range 3 {
-		if port, err = proc.FreePort(); err != nil {
-			return nil, 0, "", err
-		}
 		adminPort, err := proc.FreePort()
 		if err != nil {
-			return nil, 0, "", err
+			return nil, nil, "", err
 		}
 		admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(adminPort))
-		logfile := filepath.Join(cfg.workdir, "caddy.log")
 		env := []string{
-			"BENCH_PORT=" + strconv.Itoa(port),
 			"BENCH_ADMIN_PORT=" + strconv.Itoa(adminPort),
 			"BENCH_REDIS=" + redisAddr,
 		}
+		ports = make(map[string]int)
+		for _, path := range routes() {
+			port, err := proc.FreePort()
+			if err != nil {
+				return nil, nil, "", err
+			}
+			ports[path] = port
+			env = append(env, portEnv(path)+"="+strconv.Itoa(port))
+		}
+		logfile := filepath.Join(cfg.workdir, "caddy.log")
 		p, err = proc.Start(logfile, env, cfg.caddy, "run", "--config", cfg.caddyfile, "--adapter", "caddyfile")
 		if err != nil {
-			return nil, 0, "", err
+			return nil, nil, "", err
 		}
-		url := fmt.Sprintf("http://127.0.0.1:%d%s", port, barePath)
+		url := urlOf(ports, barePath)
 		err = p.WaitUntil(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 			resp, err := http.Get(url)
 			if err != nil {
@@ -355,23 +386,23 @@ func startCaddy(ctx context.Context, cfg config, redisAddr string) (p *proc.Proc
 			return resp.StatusCode == http.StatusOK
 		})
 		if err == nil {
-			return p, port, admin, nil
+			return p, ports, admin, nil
 		}
 		p.Stop(syscall.SIGTERM, 5*time.Second)
 		if ctx.Err() != nil {
-			return nil, 0, "", ctx.Err()
+			return nil, nil, "", ctx.Err()
 		}
-		lastErr = fmt.Errorf("Caddy on port %d: %v; its log:\n%s", port, err, p.Log(30))
+		lastErr = fmt.Errorf("Caddy, bare route on port %d: %v; its log:\n%s", ports[barePath], err, p.Log(30))
 	}
-	return nil, 0, "", lastErr
+	return nil, nil, "", lastErr
 }
 
 // checkRoutes makes sure every route answers 200, and that the headers
 // are there or not as the case says: otherwise the benchmark would
 // measure something else.
-func checkRoutes(port int) error {
+func checkRoutes(ports map[string]int) error {
 	for _, c := range append([]benchCase{{name: "bare", path: barePath}}, cases...) {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s?check", port, c.path))
+		resp, err := http.Get(urlOf(ports, c.path) + "?check")
 		if err != nil {
 			return err
 		}
@@ -391,7 +422,7 @@ func checkRoutes(port int) error {
 
 type bencher struct {
 	cfg          config
-	port         int
+	ports        map[string]int // of each route's path
 	caddyPID     int
 	rdb          *redis.Client
 	redisAddr    string
@@ -446,7 +477,7 @@ func (b *bencher) wrk(ctx context.Context, path string, newKey bool, d time.Dura
 	if newKey {
 		script = b.newKeyScript
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%d%s", b.port, path)
+	url := urlOf(b.ports, path)
 	cmd := exec.CommandContext(ctx, "wrk",
 		"-t", strconv.Itoa(b.cfg.threads), "-c", strconv.Itoa(b.cfg.connections),
 		"-d", fmt.Sprintf("%ds", int(d/time.Second)), "-s", script, url, "--", "r"+strconv.Itoa(b.runs))
