@@ -44,7 +44,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 	for j, l := range limits {
 		size := int64(l.Size)
 		k, r := position(now, size)
-		c := e.countsFor(size, rejected < 0)
+		c := s.countsFor(e, size, rejected < 0)
 		if c == nil { // only read, and never counted: zero
 			out[j] = Sample{Weight: weight(r, size), Start: k * size, Size: l.Size, At: now}
 			continue
@@ -65,7 +65,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		for j := 0; j <= rejected; j++ {
 			size := int64(limits[j].Size)
 			k, r := position(now, size)
-			c := e.countsFor(size, false)
+			c := s.countsFor(e, size, false)
 			add(c, -value)
 			out[j] = c.sample(k, r)
 		}

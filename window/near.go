@@ -46,7 +46,7 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 	for j, l := range limits {
 		size := int64(l.Size)
 		k, r := position(now, size)
-		c := e.countsFor(size, false) // the hit created it
+		c := s.countsFor(e, size, false) // the hit created it
 		c.cur.diff -= value
 		out[j] = c.sample(k, r)
 		u := Unsynced{Taken: c.cur.diff}

@@ -35,7 +35,7 @@ func (n *Namespace) Inspect(key string) []KeyWindow {
 		return nil
 	}
 	var out []KeyWindow
-	s.at(i).forEach(func(c *counts) {
+	s.forEach(s.at(i), func(c *counts) {
 		k, r := position(now, c.size)
 		cp := *c // advanced as a read would, without writing it back
 		cp.advance(k)
@@ -71,7 +71,7 @@ func (n *Namespace) Reset(key string) []time.Duration {
 	var sizes []time.Duration
 	if i := s.find(uint32(h), n.id, key); i >= 0 {
 		e := s.at(i)
-		e.forEach(func(c *counts) {
+		s.forEach(e, func(c *counts) {
 			c.cur, c.prev = cell{}, cell{}
 			sizes = append(sizes, timeDuration(c.size))
 		})

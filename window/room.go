@@ -25,7 +25,7 @@ func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []S
 	for j, l := range limits {
 		size := int64(l.Size)
 		k, _ := position(now, size)
-		c := e.countsFor(size, true)
+		c := s.countsFor(e, size, true)
 		c.advance(k)
 		if w := c.untilRoom(k, now, value, l.Max); w != 0 {
 			if rejected < 0 {
@@ -44,7 +44,7 @@ func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []S
 	for j, l := range limits {
 		size := int64(l.Size)
 		k, r := position(now, size)
-		c := e.countsFor(size, false)
+		c := s.countsFor(e, size, false)
 		c.cur.diff += value
 		if value > 0 {
 			c.curAt = stamp(r)

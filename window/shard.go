@@ -95,25 +95,67 @@ func (c *counts) sample(k, r int64) Sample {
 }
 
 // entry is one (namespace, key) held by a zone. The first window size lives
-// inline because most limits use one; further sizes go to more.
+// inline because most limits use one; further sizes are extras of the
+// shard, chained from more. An entry holds no pointer (its key's bytes are
+// in the shard's arena), so neither do the chunks of entries, and the
+// garbage collector never scans them.
 type entry struct {
-	key   string
-	more  []counts
-	first counts
-	hash  uint32
-	ns    uint16
-	flags uint8
+	first  counts
+	hash   uint32
+	keyAt  uint32 // where the key is in the shard's arena
+	keyLen uint32
+	more   int32 // 1 + the index of the first extra, or 0
+	ns     uint16
+	flags  uint8
 }
 
-// countsFor returns the counts for a window size, adding them when create
-// is true, or nil.
-func (e *entry) countsFor(size int64, create bool) *counts {
+// extra is the counts of a further window size of an entry, in its
+// shard's extras, chained by next (1 + an index, or 0 at the end).
+type extra struct {
+	counts
+	next int32
+}
+
+// Extras live in chunks that never move, so a *counts stays valid while
+// others are added.
+const (
+	extraShift = 7
+	extraLen   = 1 << extraShift
+	extraMask  = extraLen - 1
+)
+
+func (s *shard) extraAt(i int32) *extra { return &s.extras[i>>extraShift][i&extraMask] }
+
+// newExtra returns a free extra holding the counts of size, and its
+// index.
+func (s *shard) newExtra(size int64) (int32, *extra) {
+	var i int32
+	if n := len(s.extraFree); n > 0 {
+		i = s.extraFree[n-1]
+		s.extraFree = s.extraFree[:n-1]
+	} else {
+		i = s.extraUsed
+		s.extraUsed++
+		if int(i>>extraShift) == len(s.extras) {
+			s.extras = append(s.extras, make([]extra, extraLen))
+		}
+	}
+	x := s.extraAt(i)
+	*x = extra{counts: counts{size: size}}
+	return i, x
+}
+
+// countsFor returns the counts of entry e for a window size, adding them
+// when create is true, or nil.
+func (s *shard) countsFor(e *entry, size int64, create bool) *counts {
 	if e.first.size == size {
 		return &e.first
 	}
-	for i := range e.more {
-		if e.more[i].size == size {
-			return &e.more[i]
+	var last *extra
+	for j := e.more; j != 0; j = last.next {
+		last = s.extraAt(j - 1)
+		if last.size == size {
+			return &last.counts
 		}
 	}
 	if !create {
@@ -123,19 +165,30 @@ func (e *entry) countsFor(size int64, create bool) *counts {
 		e.first = counts{size: size}
 		return &e.first
 	}
-	e.more = append(e.more, counts{size: size})
-	return &e.more[len(e.more)-1]
+	i, x := s.newExtra(size)
+	if last == nil {
+		e.more = i + 1
+	} else {
+		last.next = i + 1
+	}
+	return &x.counts
 }
 
-// forEach calls f for every window size the entry holds.
-func (e *entry) forEach(f func(c *counts)) {
+// forEach calls f for every window size entry e holds.
+func (s *shard) forEach(e *entry, f func(c *counts)) {
 	if e.first.size != 0 {
 		f(&e.first)
 	}
-	for i := range e.more {
-		f(&e.more[i])
+	for j := e.more; j != 0; {
+		x := s.extraAt(j - 1)
+		f(&x.counts)
+		j = x.next
 	}
 }
+
+// keyOf returns the key of entry e, sharing the arena's bytes: valid while
+// the caller holds the shard's lock and e keeps its key.
+func (s *shard) keyOf(e *entry) string { return s.keys.view(e.keyAt, e.keyLen) }
 
 // orphan is a pending diff whose entry left the zone (evicted or swept)
 // before it could be pushed.
@@ -161,7 +214,12 @@ type shard struct {
 	quota   int     // the zone's capacity over its shards: bounds side lists
 	recent  [][]int32
 	orphans []orphan
-	_       [64]byte // keeps neighbouring shards' locks off one cache line
+	keys    keyArena
+	// The counts of entries' further window sizes: see extra.
+	extras    [][]extra
+	extraUsed int32
+	extraFree []int32
+	_         [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
 func newShard(quota int) *shard {
@@ -195,7 +253,7 @@ func (s *shard) find(h uint32, ns uint16, key string) int32 {
 		if sl.hash() != h {
 			continue
 		}
-		if i := sl.index(); s.at(i).ns == ns && s.at(i).key == key {
+		if i := sl.index(); s.at(i).ns == ns && s.keyOf(s.at(i)) == key {
 			return i
 		}
 	}
@@ -254,7 +312,7 @@ func (s *shard) insert(z *Zone, h uint32, ns uint16, key string, now int64) int3
 	e := s.at(i)
 	// A new key starts unreferenced: a key seen once goes before keys seen
 	// again, which keeps a flood of one-off keys from flushing busy ones.
-	*e = entry{key: cloneString(key), hash: h, ns: ns, flags: flagUsed}
+	*e = entry{keyAt: s.keys.put(key), keyLen: uint32(len(key)), hash: h, ns: ns, flags: flagUsed}
 	if (s.live+1)*4 > len(s.table)*3 {
 		s.grow()
 	}
@@ -294,14 +352,22 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 	e := s.at(i)
 	if e.flags&flagDirty != 0 {
 		z.namespace(e.ns).dirty.Add(-1)
-		e.forEach(func(c *counts) {
-			s.orphan(z, e.ns, e.key, c.size, c.index, c.cur.diff, now)
-			s.orphan(z, e.ns, e.key, c.size, c.index-1, c.prev.diff, now)
+		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
+		s.forEach(e, func(c *counts) {
+			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, now)
+			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, now)
 		})
 	}
 	s.unplace(i)
 	s.live--
 	z.live.Add(-1)
+	for j := e.more; j != 0; {
+		x := s.extraAt(j - 1)
+		s.extraFree = append(s.extraFree, j-1)
+		j = x.next
+		*x = extra{}
+	}
+	s.keys.release(e.keyAt, e.keyLen)
 	*e = entry{}
 	s.free = append(s.free, i)
 }

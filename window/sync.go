@@ -20,7 +20,7 @@ func (n *Namespace) SetTracked(on bool) {
 				return
 			}
 			hasDiff := false
-			e.forEach(func(c *counts) { hasDiff = hasDiff || c.cur.diff != 0 || c.prev.diff != 0 })
+			s.forEach(e, func(c *counts) { hasDiff = hasDiff || c.cur.diff != 0 || c.prev.diff != 0 })
 			if hasDiff {
 				n.mark(s, i, e, true)
 			}
@@ -42,6 +42,13 @@ func (n *Namespace) Pending() int { return int(n.dirty.Load() + n.orphans.Load()
 // under the counter's lock, so a visible rate never dips, and a concurrent
 // Increment lands either in this batch or in the next one, never both.
 func (n *Namespace) Take() (diffs []Diff, keys []string) {
+	// The keys are copied out of the shards' arenas into one string,
+	// which the keys and diffs returned share: one allocation per Take.
+	var names []byte
+	// taken is where an entry's key goes: keys[key], diffs[from:to] and
+	// names[off:end].
+	type taken struct{ key, from, to, off, end int }
+	var marks []taken
 	for s := range n.zone.lockAll() {
 		if int(n.id) < len(s.recent) {
 			l := s.recent[n.id]
@@ -51,16 +58,20 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 					continue // removed or re-listed since
 				}
 				e.flags &^= flagListed
-				keys = append(keys, e.key)
-				if e.flags&flagDirty == 0 {
-					continue
+				m := taken{key: len(keys), from: len(diffs), off: len(names)}
+				names = append(names, s.keyOf(e)...)
+				m.end = len(names)
+				keys = append(keys, "")
+				if e.flags&flagDirty != 0 {
+					e.flags &^= flagDirty
+					n.dirty.Add(-1)
+					s.forEach(e, func(c *counts) {
+						diffs = takeCell(diffs, "", c, c.index, &c.cur)
+						diffs = takeCell(diffs, "", c, c.index-1, &c.prev)
+					})
 				}
-				e.flags &^= flagDirty
-				n.dirty.Add(-1)
-				e.forEach(func(c *counts) {
-					diffs = takeCell(diffs, e.key, c, c.index, &c.cur)
-					diffs = takeCell(diffs, e.key, c, c.index-1, &c.prev)
-				})
+				m.to = len(diffs)
+				marks = append(marks, m)
 			}
 			s.recent[n.id] = l[:0]
 		}
@@ -76,6 +87,14 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 		clear(s.orphans[len(kept):])
 		s.orphans = kept
 		s.mu.Unlock()
+	}
+	all := string(names)
+	for _, m := range marks {
+		key := all[m.off:m.end]
+		keys[m.key] = key
+		for d := m.from; d < m.to; d++ {
+			diffs[d].Key = key
+		}
 	}
 	return diffs, keys
 }
@@ -105,7 +124,7 @@ func (n *Namespace) Restore(diffs []Diff) {
 		var cl *cell
 		if i := s.find(uint32(h), n.id, d.Key); i >= 0 {
 			e := s.at(i)
-			c := e.countsFor(int64(d.Size), true)
+			c := s.countsFor(e, int64(d.Size), true)
 			c.advance(k)
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
@@ -131,7 +150,7 @@ func (n *Namespace) Apply(counts []Count) {
 		if i := s.find(uint32(h), n.id, ct.Key); i >= 0 {
 			// A window size the key has no counts for yet gets them only for
 			// a count worth holding.
-			if c := s.at(i).countsFor(int64(ct.Size), ct.Value != 0); c != nil {
+			if c := s.countsFor(s.at(i), int64(ct.Size), ct.Value != 0); c != nil {
 				k := index(ct.Start, int64(ct.Size))
 				c.advance(k)
 				if cl := c.cellAt(k); cl != nil {
@@ -152,7 +171,7 @@ func (z *Zone) Sweep() {
 	for s := range z.lockAll() {
 		s.forEachLive(func(i int32, e *entry) {
 			empty := true
-			e.forEach(func(c *counts) {
+			s.forEach(e, func(c *counts) {
 				c.advance(index(now, c.size))
 				if c.cur != (cell{}) || c.prev != (cell{}) {
 					empty = false
@@ -205,7 +224,7 @@ func (n *Namespace) Observe(key string, size time.Duration, start int64, current
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	e := s.at(i)
-	c := e.countsFor(int64(size), true)
+	c := s.countsFor(e, int64(size), true)
 	k := index(start, int64(size))
 	c.advance(k)
 	if cl := c.cellAt(k); cl != nil {

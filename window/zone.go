@@ -129,11 +129,18 @@ func (z *Zone) reshard(shards []*shard) {
 	lockEvery(old)
 	for _, s := range old {
 		s.forEachLive(func(_ int32, e *entry) {
-			t := shardOf(shards, z.fullHash(e.ns, e.key))
+			key := s.keyOf(e)
+			t := shardOf(shards, z.fullHash(e.ns, key))
 			i := t.alloc()
 			ne := t.at(i)
 			*ne = *e
+			ne.keyAt, ne.more = t.keys.put(key), 0
 			ne.flags &^= flagListed
+			s.forEach(e, func(c *counts) {
+				if c != &e.first {
+					*t.countsFor(ne, c.size, true) = *c
+				}
+			})
 			if (t.live+1)*4 > len(t.table)*3 {
 				t.grow()
 			}
@@ -287,7 +294,7 @@ func (n *Namespace) lockEntry(key string) (s *shard, i int32, now int64) {
 func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
 	s, i, now := n.lockEntry(key)
 	e := s.at(i)
-	c := e.countsFor(int64(size), true)
+	c := s.countsFor(e, int64(size), true)
 	k, r := position(now, int64(size))
 	c.advance(k)
 	if synced {
@@ -335,7 +342,7 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	e := s.at(i)
 	e.flags |= flagRef
 	n.mark(s, i, e, false)
-	c := e.countsFor(int64(size), false)
+	c := s.countsFor(e, int64(size), false)
 	if c == nil {
 		if diff != nil {
 			out.Current = *diff

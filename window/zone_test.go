@@ -115,8 +115,8 @@ func TestCapacityUnderFlood(t *testing.T) {
 		s.mu.Lock()
 		live += s.live
 		s.forEachLive(func(i int32, e *entry) {
-			if s.find(e.hash, e.ns, e.key) != i {
-				t.Errorf("entry %q is not found by its own key", e.key)
+			if s.find(e.hash, e.ns, s.keyOf(e)) != i {
+				t.Errorf("entry %q is not found by its own key", s.keyOf(e))
 			}
 		})
 		s.mu.Unlock()
