@@ -253,7 +253,8 @@ func (s *shard) find(h uint32, ns uint16, key string) int32 {
 		if sl.hash() != h {
 			continue
 		}
-		if i := sl.index(); s.at(i).ns == ns && s.keyOf(s.at(i)) == key {
+		i := sl.index()
+		if e := s.at(i); e.ns == ns && e.keyLen == uint32(len(key)) && s.keyOf(e) == key {
 			return i
 		}
 	}
