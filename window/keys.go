@@ -25,7 +25,8 @@ const (
 	minKeyShift = 3
 )
 
-// keySlab is one size class: slots of 1<<shift bytes back to back in buf.
+// keySlab is one size class: slots of the class's size back to back in
+// buf.
 type keySlab struct {
 	buf  []byte
 	free []uint32 // slots given back, for reuse
@@ -75,7 +76,7 @@ func (a *keyArena) put(key string) uint32 {
 // view returns the key of n bytes at slot as a string that shares the
 // arena's bytes: it is valid only while the caller holds the shard's lock
 // and the key stays, since the slot is reused once the key is released.
-// Whatever outlives that must be a copy (see exported).
+// Whatever outlives that must be a copy, as Take and remove make.
 func (a *keyArena) view(slot uint32, n uint32) string {
 	if n == 0 {
 		return ""

@@ -42,13 +42,6 @@ func (n *Namespace) Pending() int { return int(n.dirty.Load() + n.orphans.Load()
 // under the counter's lock, so a visible rate never dips, and a concurrent
 // Increment lands either in this batch or in the next one, never both.
 func (n *Namespace) Take() (diffs []Diff, keys []string) {
-	// The keys are copied out of the shards' arenas into one string,
-	// which the keys and diffs returned share: one allocation per Take.
-	var names []byte
-	// taken is where an entry's key goes: keys[key], diffs[from:to] and
-	// names[off:end].
-	type taken struct{ key, from, to, off, end int }
-	var marks []taken
 	for s := range n.zone.lockAll() {
 		if int(n.id) < len(s.recent) {
 			l := s.recent[n.id]
@@ -58,20 +51,21 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 					continue // removed or re-listed since
 				}
 				e.flags &^= flagListed
-				m := taken{key: len(keys), from: len(diffs), off: len(names)}
-				names = append(names, s.keyOf(e)...)
-				m.end = len(names)
-				keys = append(keys, "")
-				if e.flags&flagDirty != 0 {
-					e.flags &^= flagDirty
-					n.dirty.Add(-1)
-					s.forEach(e, func(c *counts) {
-						diffs = takeCell(diffs, "", c, c.index, &c.cur)
-						diffs = takeCell(diffs, "", c, c.index-1, &c.prev)
-					})
+				// A copy of its own for each key: a key in the arena is
+				// only lent, and keys sharing one string would keep all
+				// of them alive as long as a caller keeps any (the
+				// syncer keeps keys to fetch for several runs).
+				key := cloneString(s.keyOf(e))
+				keys = append(keys, key)
+				if e.flags&flagDirty == 0 {
+					continue
 				}
-				m.to = len(diffs)
-				marks = append(marks, m)
+				e.flags &^= flagDirty
+				n.dirty.Add(-1)
+				s.forEach(e, func(c *counts) {
+					diffs = takeCell(diffs, key, c, c.index, &c.cur)
+					diffs = takeCell(diffs, key, c, c.index-1, &c.prev)
+				})
 			}
 			s.recent[n.id] = l[:0]
 		}
@@ -87,14 +81,6 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 		clear(s.orphans[len(kept):])
 		s.orphans = kept
 		s.mu.Unlock()
-	}
-	all := string(names)
-	for _, m := range marks {
-		key := all[m.off:m.end]
-		keys[m.key] = key
-		for d := m.from; d < m.to; d++ {
-			diffs[d].Key = key
-		}
 	}
 	return diffs, keys
 }
