@@ -98,8 +98,7 @@ func (t *banTable) ban(key string, until int64, push bool, capacity int) {
 func (t *banTable) dropEnded(now int64) {
 	for k, u := range t.until {
 		if u <= now {
-			delete(t.until, k)
-			delete(t.pending, k)
+			t.drop(k)
 		}
 	}
 	t.swept = now
@@ -115,8 +114,7 @@ func (t *banTable) makeRoom(now int64, capacity int) {
 		if len(t.until) < capacity {
 			break
 		}
-		delete(t.until, k)
-		delete(t.pending, k)
+		t.drop(k)
 		t.dropped++
 	}
 }
@@ -145,10 +143,16 @@ func (t *banTable) forget(key string, until int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.until[key] == until {
-		delete(t.until, key)
-		delete(t.pending, key)
+		t.drop(key)
 		t.held.Store(int64(len(t.until)))
 	}
+}
+
+// drop removes key's ban and its pending push, if any. The caller holds
+// the lock and updates held.
+func (t *banTable) drop(key string) {
+	delete(t.until, key)
+	delete(t.pending, key)
 }
 
 // active returns the bans that have not ended by now (Unix nanoseconds),
@@ -174,8 +178,7 @@ func (t *banTable) active(now int64, limit int) (bans []strategy.Ban, total int)
 func (t *banTable) lift(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.until, key)
-	delete(t.pending, key)
+	t.drop(key)
 	t.held.Store(int64(len(t.until)))
 }
 
