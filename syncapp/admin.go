@@ -257,8 +257,8 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			SyncAbove:    ns.syncAbove,
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
-			PendingDiffs: ns.syncer.pendingDiffs(),
-			Bans:         ns.syncer.bans.inForce(time.Now().UnixNano()),
+			PendingDiffs: ns.pendingDiffs(),
+			Bans:         ns.bans.inForce(time.Now().UnixNano()),
 			Store:        ns.storeModule,
 		}
 		for zname, zh := range app.zones {
@@ -305,7 +305,7 @@ func (a *AdminAPI) listBans(w http.ResponseWriter, r *http.Request, namespace st
 			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want a whole number of 1 or more, got %q", v))
 		}
 	}
-	bans, total := ns.syncer.bans.active(time.Now().UnixNano(), limit)
+	bans, total := ns.bans.active(time.Now().UnixNano(), limit)
 	out := bansInfo{Namespace: ns.name, Total: total, Bans: make([]banInfo, 0, len(bans))}
 	for _, b := range bans {
 		out.Bans = append(out.Bans, banInfo{Key: url.QueryEscape(b.Key), Until: b.Until.UTC()})

@@ -1,7 +1,3 @@
-// Package syncapp is the rate_limit Caddy app. It owns the counter zones,
-// the namespaces and their sync loops for the life of the server, across
-// config reloads, and offers the Go API that the rate_limit HTTP handler
-// and other Caddy modules count with.
 package syncapp
 
 import (
@@ -55,6 +51,7 @@ type App struct {
 	FlushTimeout caddy.Duration `json:"flush_timeout,omitempty"`
 
 	namespaces map[string]*Namespace
+	loops      map[string]*loop // by namespace
 	zones      map[string]*zoneHolder
 	maxKeys    map[string]int
 	acquired   []poolKey
@@ -97,6 +94,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		namespaces[DefaultName] = &NamespaceConfig{}
 	}
 	a.namespaces = make(map[string]*Namespace, len(namespaces))
+	a.loops = make(map[string]*loop, len(namespaces))
 	for _, name := range slices.Sorted(maps.Keys(namespaces)) {
 		ns, err := a.provisionNamespace(ctx, name, namespaces[name])
 		if err != nil {
@@ -158,7 +156,7 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if err := cfg.SyncRate.Validate(); err != nil {
 		return nil, err
 	}
-	ns := &Namespace{name: name, mode: cfg.SyncRate.Mode()}
+	ns := &Namespace{name: name, mode: cfg.SyncRate.Mode(), logger: a.logger.Named("sync")}
 	if err := validateSyncAbove(cfg.SyncAbove, ns.mode); err != nil {
 		return nil, err
 	}
@@ -187,13 +185,15 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 
 	key := poolKey{"namespace", name}
 	v, _, err := a.pool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newSyncer(name, a.logger.Named("sync"), a.pool), nil
+		return newFleetState(name, a.logger.Named("sync"), a.pool), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	a.acquired = append(a.acquired, key)
-	ns.syncer = v.(*syncer)
+	state := v.(*fleetState)
+	ns.use(state)
+	a.loops[name] = state.loop
 	for _, d := range cfg.WindowSizes {
 		if err := ns.AddWindowSizes(time.Duration(d)); err != nil {
 			return nil, fmt.Errorf("window_sizes: %v", err)
@@ -210,8 +210,9 @@ func (a *App) Start() error {
 		zh.claim(a, a.maxKeys[name])
 		zh.start(a.logger)
 	}
-	for _, ns := range a.namespaces {
-		ns.syncer.attach(ns)
+	for name, ns := range a.namespaces {
+		ns.track()
+		a.loops[name].attach(ns)
 		if ns.mode == Periodic {
 			if sizes := ns.WindowSizes(); len(sizes) > 0 && ns.rate > sizes[0] {
 				a.logger.Warn("sync_rate is longer than the namespace's smallest window: other nodes will see its hits late, or not at all",
@@ -221,6 +222,12 @@ func (a *App) Start() error {
 	}
 	a.register() // for the admin API
 	return nil
+}
+
+// takesOver reports whether next, the namespace that runs after ns, pushes
+// what ns has pending: it counts in the same zone and syncs with a store.
+func takesOver(next, ns *Namespace) bool {
+	return next != nil && next.counters == ns.counters && next.store != nil
 }
 
 // Stop hands the namespaces' sync loops back to the config that runs next,
@@ -234,7 +241,11 @@ func (a *App) Stop() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		if ns.syncer.detach(ns) {
+		next := a.loops[name].detach(ns)
+		if next != nil {
+			next.track() // on a failed reload, the config that keeps running
+		}
+		if !takesOver(next, ns) {
 			flush = append(flush, ns)
 		}
 	}
@@ -258,7 +269,7 @@ func (a *App) flush(ctx context.Context, namespaces []*Namespace) map[*Namespace
 			continue
 		}
 		wg.Go(func() {
-			if err := ns.syncer.run(ctx, ns, false); err != nil {
+			if err := ns.run(ctx, false); err != nil {
 				a.logger.Error("pushing pending diffs", zap.String("namespace", ns.name), zap.Error(err))
 				mu.Lock()
 				failed[ns] = true
@@ -280,7 +291,7 @@ func (a *App) Cleanup() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		if !a.unflushed[ns] && ns.syncer.mustFlush(ns) && ns.syncer.hasPending(ns) {
+		if !a.unflushed[ns] && !takesOver(a.loops[name].current(), ns) && ns.hasPending() {
 			flush = append(flush, ns)
 		}
 	}

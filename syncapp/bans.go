@@ -22,14 +22,14 @@ import (
 // A node holds at most as many bans as its zone holds keys; past that, it
 // drops the bans that ended, and then any one, to make room.
 func (n *Namespace) Ban(ctx context.Context, key string, until time.Time) {
-	n.syncer.bans.ban(key, until.UnixNano(), n.banner != nil, n.counters.Zone().Capacity())
+	n.bans.ban(key, until.UnixNano(), n.banner != nil, n.counters.Zone().Capacity())
 }
 
 // BannedUntil returns when key's ban ends, or the zero time when the key is
 // not banned or its ban has ended. It reads this node's memory only, and
 // costs an atomic load when the namespace holds no ban.
 func (n *Namespace) BannedUntil(key string) time.Time {
-	return n.syncer.bans.bannedUntil(key)
+	return n.bans.bannedUntil(key)
 }
 
 // BansAcrossNodes reports whether the namespace shares its bans with the
@@ -47,9 +47,12 @@ func (n *Namespace) UseBans() { n.bansUsed.Store(true) }
 // bannedUntil off its lock-free path) until the table is full.
 const banSweepInterval = time.Minute
 
-// banTable is what a node knows of a namespace's bans. It lives with the
-// namespace's syncer, so bans outlive reloads.
+// banTable is what a node knows of a namespace's bans. It is part of the
+// namespace's fleetState, so bans outlive reloads.
 type banTable struct {
+	name   string
+	logger *zap.Logger
+
 	// held is len(until), read without the lock by bannedUntil.
 	held atomic.Int64
 
@@ -69,8 +72,8 @@ type banTable struct {
 	swept int64
 }
 
-func newBanTable() banTable {
-	return banTable{until: make(map[string]int64), pending: make(map[string]int64), version: -1}
+func newBanTable(name string, logger *zap.Logger) *banTable {
+	return &banTable{name: name, logger: logger, until: make(map[string]int64), pending: make(map[string]int64), version: -1}
 }
 
 func (t *banTable) ban(key string, until int64, push bool, capacity int) {
@@ -206,16 +209,12 @@ func (t *banTable) droppedCount() int64 {
 	return t.dropped
 }
 
-// syncBans pushes the bans this node started since the last run and reads
-// the store's, unless its version is the one this node holds: two round
-// trips at most, one when no ban is pending. It reports whether it asked
-// the store anything. Bans the store refuses are dropped, logged; on any
-// other error they are pushed again with the next run.
-func (s *syncer) syncBans(ctx context.Context, ns *Namespace) (contacted bool, err error) {
-	t := &s.bans
-	if ns.banner == nil || !ns.bansUsed.Load() {
-		return false, nil
-	}
+// sync pushes the bans this node started since the last sync to banner
+// and reads the store's, unless its version is the one this node holds:
+// two round trips at most, one when no ban is pending. Bans the store
+// refuses are dropped, logged; on any other error they are pushed again
+// with the next sync.
+func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	t.mu.Lock()
 	var push []strategy.Ban
 	for k, u := range t.pending {
@@ -226,23 +225,23 @@ func (s *syncer) syncBans(ctx context.Context, ns *Namespace) (contacted bool, e
 	t.mu.Unlock()
 
 	if len(push) > 0 {
-		if err := ns.banner.SetBans(ctx, s.name, push); err != nil {
+		if err := banner.SetBans(ctx, t.name, push); err != nil {
 			if errors.Is(err, strategy.ErrRejected) {
-				s.logger.Error("the store refused bans: they hold on this node only", zap.String("namespace", s.name), zap.Error(err))
+				t.logger.Error("the store refused bans: they hold on this node only", zap.String("namespace", t.name), zap.Error(err))
 			} else {
 				t.repend(push)
-				return true, err
+				return err
 			}
 		}
 	}
-	bans, version, err := ns.banner.GetBans(ctx, s.name, known, time.Now())
+	bans, version, err := banner.GetBans(ctx, t.name, known, time.Now())
 	if err != nil {
-		return true, err
+		return err
 	}
 	if version != known {
 		t.replace(bans, version)
 	}
-	return true, nil
+	return nil
 }
 
 // repend puts back bans whose push failed, unless a later one came since.

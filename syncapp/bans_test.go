@@ -33,13 +33,13 @@ func TestBansLocal(t *testing.T) {
 	ns.Ban(ctx, "short", now.Add(200*time.Millisecond))
 	poll.Until(t, 5*time.Second, "the short ban to end", func() bool { return ns.BannedUntil("short").IsZero() })
 	// The look-up that found the ban ended dropped it.
-	if n := ns.syncer.bans.held.Load(); n != 1 {
+	if n := ns.bans.held.Load(); n != 1 {
 		t.Fatalf("%d bans held after the short one ended and its key came back, want 1", n)
 	}
 
 	// A ban whose key never comes back is not in force once it ended, and
 	// the first ban a sweep interval later drops it.
-	bans := &ns.syncer.bans
+	bans := ns.bans
 	ns.Ban(ctx, "gone", time.Now().Add(100*time.Millisecond))
 	if n := bans.inForce(time.Now().UnixNano()); n != 2 {
 		t.Fatalf("%d bans in force, want 2", n)
@@ -74,7 +74,7 @@ func TestBansLocal(t *testing.T) {
 	for i := range 1000 {
 		ns.Ban(ctx, fmt.Sprint("flood-", i), now.Add(time.Hour))
 	}
-	if n := ns.syncer.bans.held.Load(); n > 100 {
+	if n := ns.bans.held.Load(); n > 100 {
 		t.Fatalf("%d bans held, more than the zone's 100 keys", n)
 	}
 	if ns.BannedUntil("flood-999").IsZero() {
@@ -135,13 +135,13 @@ func TestBanReadsFollowTheConfig(t *testing.T) {
 	first := start(t, pool, cfg)
 	ns := first.ns("api")
 	ctx := context.Background()
-	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || asked {
+	if asked, err := ns.syncBans(ctx); err != nil || asked {
 		t.Fatalf("before any handler bans: asked the store %v (%v), want no round trip", asked, err)
 	}
 	ns.UseBans()
 	until := time.Now().Add(time.Hour)
 	ns.Ban(ctx, "k", until)
-	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || !asked {
+	if asked, err := ns.syncBans(ctx); err != nil || !asked {
 		t.Fatalf("with a handler that bans: asked the store %v (%v), want a round trip", asked, err)
 	}
 
@@ -149,7 +149,7 @@ func TestBanReadsFollowTheConfig(t *testing.T) {
 	next := start(t, pool, cfg)
 	first.stop()
 	ns = next.ns("api")
-	if asked, err := ns.syncer.syncBans(ctx, ns); err != nil || asked {
+	if asked, err := ns.syncBans(ctx); err != nil || asked {
 		t.Fatalf("after a reload without bans: asked the store %v (%v), want no round trip", asked, err)
 	}
 	if ns.BannedUntil("k").IsZero() {

@@ -38,8 +38,8 @@ func TestConcurrencyLocal(t *testing.T) {
 	}
 	release()
 	releases[1]()
-	ns.syncer.inFlight.remove("other")
-	if n := ns.syncer.inFlight.keys(); n != 0 {
+	ns.inFlight.remove("other")
+	if n := ns.inFlight.keys(); n != 0 {
 		t.Fatalf("%d keys held with nothing in flight, want 0", n)
 	}
 }
@@ -126,9 +126,9 @@ func TestFleetConcurrencyRenewsAndFreesDeadNodes(t *testing.T) {
 		}
 		// a dies: its loop stops renewing, and nothing is released.
 		died := time.Now()
-		a.syncer.slots.mu.Lock()
-		clear(a.syncer.slots.held)
-		a.syncer.slots.mu.Unlock()
+		a.slots.mu.Lock()
+		clear(a.slots.held)
+		a.slots.mu.Unlock()
 		var freed time.Duration
 		poll.Until(t, 10*time.Second, "the dead node's slot to be free", func() bool {
 			release, ok := b.Acquire(context.Background(), "k", 1)

@@ -106,7 +106,7 @@ func TestFleetSynchronousAdmitsExactlyTheLimit(t *testing.T) {
 		for range 3 {
 			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
 			ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.health.down() })
+			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
 			nodes = append(nodes, ns)
 		}
 		const limit, tries, workers = 200, 450, 15
@@ -185,12 +185,14 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 			t.Fatalf("a key is fetched by %d runs at sync_rate 10ms, want 10", runs)
 		}
 		// withRunLock holds a's loop between runs.
-		withRunLock := func(f func(s *syncer)) {
-			if err := a.syncer.lockRun(ctx); err != nil {
+		withRunLock := func(f func(f *fetchSet)) {
+			if err := a.runs.lock(ctx, a.name); err != nil {
 				t.Fatal(err)
 			}
-			defer a.syncer.unlockRun()
-			f(a.syncer)
+			defer a.runs.unlock()
+			a.fetched.mu.Lock()
+			defer a.fetched.mu.Unlock()
+			f(a.fetched)
 		}
 		for _, ns := range []*Namespace{a, b} { // connect first
 			ns.Increment(ctx, "warm-up", time.Hour, 1)
@@ -202,16 +204,20 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 		// two that fetch a busy key: b's hits still reach a. Under the run
 		// lock, so that a's loop runs neither in between nor after the
 		// push and before the count of runs is set.
-		withRunLock(func(s *syncer) {
-			a.Increment(ctx, "sparse", time.Hour, 1)
-			if _, err := s.pushPending(ctx, a); err != nil {
-				t.Fatal(err)
-			}
-			touched, ok := s.fetch["sparse"]
+		if err := a.runs.lock(ctx, a.name); err != nil {
+			t.Fatal(err)
+		}
+		a.Increment(ctx, "sparse", time.Hour, 1)
+		if _, err := a.pushPending(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a.runs.unlock()
+		withRunLock(func(f *fetchSet) {
+			touched, ok := f.touched["sparse"]
 			if !ok {
 				t.Fatal("a does not fetch the key it hit")
 			}
-			s.fetches = touched + 5
+			f.fetches = touched + 5
 		})
 		for range 5 {
 			b.Increment(ctx, "sparse", time.Hour, 1)
@@ -223,10 +229,10 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 			return a.SlidingWindow("sparse", time.Hour, nil).Current == 6
 		})
 		// Once runs fetches passed, a fetches it no more.
-		withRunLock(func(s *syncer) { s.fetches = s.fetch["sparse"] + runs })
+		withRunLock(func(f *fetchSet) { f.fetches = f.touched["sparse"] + runs })
 		a.Increment(ctx, "other", time.Hour, 1) // a key to fetch, so that a fetches
 		poll.Until(t, 10*time.Second, "a to drop the key from its fetches", func() (gone bool) {
-			withRunLock(func(s *syncer) { _, kept := s.fetch["sparse"]; gone = !kept })
+			withRunLock(func(f *fetchSet) { _, kept := f.touched["sparse"]; gone = !kept })
 			return gone
 		})
 	})

@@ -109,6 +109,10 @@ func (h *health) succeeded() {
 	h.downUntil.Store(0)
 }
 
+// recoveries signals the first success after failures, so that the loop
+// pushes what waited at once.
+func (h *health) recoveries() <-chan struct{} { return h.recovered }
+
 // delay returns how long to wait from now for the next run of a loop that
 // runs every interval: until the next multiple of interval, pushed back
 // exponentially while runs keep failing.

@@ -45,10 +45,11 @@ func (f *inflight) set(retries []strategy.Batch, batches ...*strategy.Batch) {
 	f.p.Store(&m)
 }
 
-// of returns the diffs of one counter on their way to the store.
-func (f *inflight) of(key string, size time.Duration, start int64) float64 {
+// load returns the sums recorded, nil if none. The caller must not change
+// them.
+func (f *inflight) load() map[counterID]float64 {
 	if m := f.p.Load(); m != nil {
-		return (*m)[counterID{key, size, start}]
+		return *m
 	}
-	return 0
+	return nil
 }

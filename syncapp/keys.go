@@ -39,7 +39,7 @@ import (
 func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
 	now := window.SystemClock() // the zones' clock
 	fromStore := false
-	if n.mode == Synchronous && !n.syncer.health.down() {
+	if n.mode == Synchronous && !n.health.down() {
 		sizes := make([]time.Duration, len(limits))
 		for i, l := range limits {
 			sizes[i] = l.Size
@@ -48,11 +48,13 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		samples, err := n.storeSamples(ctx, key, sizes, now)
 		cancel()
 		if err == nil {
+			v := n.outbox.view()
 			for i, s := range samples {
-				s.Current += n.syncer.inflight.of(key, s.Size, s.Start)
-				s.Previous += n.syncer.inflight.of(key, s.Size, s.Start-int64(s.Size))
+				s.Current += v.of(key, s.Size, s.Start)
+				s.Previous += v.of(key, s.Size, s.Start-int64(s.Size))
 				out[i] = s
 			}
+			v.close()
 			fromStore = true
 		}
 	}
@@ -102,19 +104,19 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 // the key stale until the key's next hit.
 func (n *Namespace) Reset(ctx context.Context, key string) error {
 	if n.store == nil {
-		n.syncer.bans.lift(key)
+		n.bans.lift(key)
 		n.counters.Reset(key)
 		return nil
 	}
-	if err := n.syncer.lockRun(ctx); err != nil {
+	if err := n.runs.lock(ctx, n.name); err != nil {
 		return fmt.Errorf("resetting a key of namespace %q: nothing was reset: %w", n.name, err)
 	}
-	defer n.syncer.unlockRun()
+	defer n.runs.unlock()
 	// Lifted under the run lock: a run that read the store's bans before
 	// the lift must not put the ban back after it.
-	n.syncer.bans.lift(key)
+	n.bans.lift(key)
 	held := n.counters.Reset(key)
-	n.syncer.dropKey(n, key)
+	n.outbox.dropKey(key, n.hitter != nil)
 	sizes := n.WindowSizes()
 	for _, s := range held {
 		if !slices.Contains(sizes, s) && (n.validWindow == nil || n.validWindow(s) == nil) {
@@ -133,47 +135,6 @@ func (n *Namespace) Reset(ctx context.Context, key string) error {
 		}
 	}
 	return nil
-}
-
-// dropKey takes key's diffs out of the batch whose push failed and out of
-// the synchronous hits queued for a retry, so that they are not pushed
-// after a reset. A batch keeps its ID: a store that applied it skips it
-// whole, one that did not applies the rest. The caller holds the run
-// lock.
-func (s *syncer) dropKey(ns *Namespace, key string) {
-	if s.pending != nil {
-		s.pending.Diffs = withoutKey(s.pending.Diffs, key)
-		if len(s.pending.Diffs) == 0 {
-			s.pending = nil
-		}
-	}
-	s.retries.mu.Lock()
-	kept := make([]strategy.Batch, 0, len(s.retries.items))
-	for _, b := range s.retries.items {
-		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs) > 0 {
-			kept = append(kept, b)
-		}
-	}
-	s.retries.items = kept
-	s.retries.mu.Unlock()
-	if ns.mode == Synchronous {
-		s.inflight.set(s.retries.queued(), s.pending)
-	}
-}
-
-// withoutKey returns diffs without those of key, in a new slice when it
-// drops any: a batch's diffs may be shared with a push that failed.
-func withoutKey(diffs []window.Diff, key string) []window.Diff {
-	if !slices.ContainsFunc(diffs, func(d window.Diff) bool { return d.Key == key }) {
-		return diffs
-	}
-	var kept []window.Diff
-	for _, d := range diffs {
-		if d.Key != key {
-			kept = append(kept, d)
-		}
-	}
-	return kept
 }
 
 // storeSamples reads key's windows of the given sizes from the store, at

@@ -130,7 +130,7 @@ func TestPeekCountsNothing(t *testing.T) {
 			if got := states(ns, "k", time.Minute, time.Hour); !sameCounts(got, before) {
 				t.Fatalf("counts after 1000 peeks: %+v, before: %+v", got, before)
 			}
-			if got := ns.syncer.pendingDiffs(); got != 0 {
+			if got := ns.pendingDiffs(); got != 0 {
 				t.Fatalf("%d diffs wait to be pushed after peeks", got)
 			}
 			if got := ns.counters.Zone().Len(); got != keys {
@@ -273,17 +273,17 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			diff := func(key string, v float64) window.Diff {
 				return window.Diff{Key: key, Size: time.Hour, Start: start, Value: v}
 			}
-			sy := ns.syncer
-			if err := sy.lockRun(ctx); err != nil {
+			box := ns.outbox
+			if err := ns.runs.lock(ctx, ns.name); err != nil {
 				t.Fatal(err)
 			}
-			sy.pending = &strategy.Batch{ID: "failed-push", Namespace: "api", Diffs: []window.Diff{diff("k", 2), diff("other", 1), diff("k", 1)}}
-			sy.retries.add(strategy.Batch{ID: "failed-hit-1", Namespace: "api", Diffs: []window.Diff{diff("k", 1)}})
-			sy.retries.add(strategy.Batch{ID: "failed-hit-2", Namespace: "api", Diffs: []window.Diff{diff("other", 5)}})
+			box.setFailed(&strategy.Batch{ID: "failed-push", Namespace: "api", Diffs: []window.Diff{diff("k", 2), diff("other", 1), diff("k", 1)}})
+			box.retry(strategy.Batch{ID: "failed-hit-1", Namespace: "api", Diffs: []window.Diff{diff("k", 1)}})
+			box.retry(strategy.Batch{ID: "failed-hit-2", Namespace: "api", Diffs: []window.Diff{diff("other", 5)}})
 			if syncRate == "0" {
-				sy.inflight.set(sy.retries.queued(), sy.pending)
+				box.inflight.set(box.retries.queued(), box.failed)
 			}
-			sy.unlockRun()
+			ns.runs.unlock()
 
 			if err := ns.Reset(ctx, "k"); err != nil {
 				t.Fatal(err)
@@ -291,15 +291,18 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			if syncRate == "0" {
 				// The loop retries every second, and may have pushed
 				// before the reset: only what is in flight is certain.
-				if got := sy.inflight.of("k", time.Hour, start); got != 0 {
+				v := box.view()
+				got := v.of("k", time.Hour, start)
+				v.close()
+				if got != 0 {
 					t.Fatalf("in flight for k after the reset: %v, want 0", got)
 				}
 			} else {
-				if err := sy.lockRun(ctx); err != nil {
+				if err := ns.runs.lock(ctx, ns.name); err != nil {
 					t.Fatal(err)
 				}
-				pending, retries := sy.pending, sy.retries.queued()
-				sy.unlockRun()
+				pending, retries := box.failed, box.retries.queued()
+				ns.runs.unlock()
 				if pending == nil || pending.ID != "failed-push" || !slices.Equal(pending.Diffs, []window.Diff{diff("other", 1)}) {
 					t.Fatalf("the failed batch after the reset: %+v, want failed-push with other's diff only", pending)
 				}

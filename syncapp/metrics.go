@@ -81,10 +81,11 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(z.Capacity()), o.name)
 			ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(z.Evictions()), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(z.Dropped()), o.name)
-		case *syncer:
+		case *fleetState:
+			bans := o.bans
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
-			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(o.bans.inForce(time.Now().UnixNano())), o.name)
-			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(o.bans.droppedCount()), o.name)
+			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
+			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
 		}
 		return true
 	})

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -30,7 +32,18 @@ type Namespace struct {
 	// periodic namespace counts a key's hits at the store.
 	syncAbove float64
 	counters  *window.Namespace
-	syncer    *syncer
+	logger    *zap.Logger
+
+	// The parts of the namespace's fleet state (fleetState), pooled by
+	// name so that they outlive this config: each owns one piece of
+	// state, with its own lock.
+	runs     runLock
+	health   *health
+	outbox   *outbox
+	fetched  *fetchSet
+	bans     *banTable
+	slots    *slotHolder
+	inFlight *inFlight
 
 	// The store, unless the namespace is local: shared through the pool
 	// by storeKey; hitter is the same store when it can apply synchronous
@@ -86,14 +99,14 @@ func (n *Namespace) Mode() Mode { return n.mode }
 // count locally.
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
 	switch {
-	case n.syncAbove > 0 && !n.syncer.health.down():
+	case n.syncAbove > 0 && !n.health.down():
 		return n.hitNear(ctx, key, limits, value, fixed, undo, out)
-	case n.mode == Synchronous && !n.syncer.health.down():
-		if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out, nil); ok {
+	case n.mode == Synchronous && !n.health.down():
+		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
 	}
-	return n.hitLocal(key, limits, value, fixed, undo, false, out)
+	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }
 
 // hitNear is Hit in a namespace with sync_above: local unless the hit is
@@ -109,16 +122,10 @@ func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, val
 	if !near {
 		return rejected
 	}
-	if rejected, ok := n.syncer.hit(ctx, n, key, limits, value, fixed, undo, out, unsynced); ok {
+	if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
 		return rejected
 	}
-	return n.hitLocal(key, limits, value, fixed, undo, false, out)
-}
-
-// hitLocal is Hit on local counts. With synced, the increments count as the
-// store's, never to be pushed.
-func (n *Namespace) hitLocal(key string, limits []Limit, value float64, fixed, undo, synced bool, out []window.Sample) int {
-	return n.counters.Hit(key, limits, value, fixed, undo, synced, out)
+	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }
 
 // Increment adds value (fractional and negative values are allowed) to
@@ -150,7 +157,7 @@ func (n *Namespace) SlidingWindow(key string, size time.Duration, curDiff *float
 // periodic mode, fetches the merged counts of the keys touched recently. A
 // local namespace has nothing to sync.
 func (n *Namespace) Sync(ctx context.Context) error {
-	return n.syncer.run(ctx, n, true)
+	return n.run(ctx, true)
 }
 
 // Fetch sets the local counts of the given keys, for every window size of
@@ -160,10 +167,10 @@ func (n *Namespace) Fetch(ctx context.Context, keys []string) error {
 	if n.store == nil || len(keys) == 0 {
 		return nil
 	}
-	if err := n.syncer.lockRun(ctx); err != nil {
+	if err := n.runs.lock(ctx, n.name); err != nil {
 		return err
 	}
-	defer n.syncer.unlockRun()
+	defer n.runs.unlock()
 	counts, err := n.store.GetCounters(ctx, n.name, keys, n.WindowSizes(), time.Now())
 	if err != nil {
 		return err
@@ -201,21 +208,4 @@ func (n *Namespace) WindowSizes() []time.Duration {
 	n.sizesMu.Lock()
 	defer n.sizesMu.Unlock()
 	return slices.Clone(n.sizes)
-}
-
-// runInterval is the time between two runs of the namespace's loop: its
-// sync_rate, or for a synchronous namespace the retry interval of hits that
-// failed.
-func (n *Namespace) runInterval() time.Duration {
-	if n.mode == Periodic {
-		return n.rate
-	}
-	return retryInterval
-}
-
-// runTimeout bounds one sync run of the loop: two sync intervals, within
-// [minRunTimeout, maxRunTimeout], so a hung store cannot hold up the
-// namespace's Sync and Fetch calls and stop flushes for long.
-func (n *Namespace) runTimeout() time.Duration {
-	return min(max(minRunTimeout, 2*n.rate), maxRunTimeout)
 }

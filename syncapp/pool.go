@@ -10,17 +10,18 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// defaultPool holds what outlives a config: zones (the counters) and
-// syncers (a namespace's sync loop and its unpushed batch). Each loaded
-// config takes a reference to every zone and namespace it names and gives
-// it back in Cleanup, so an object survives a reload whenever its name
-// does. Tests give apps pools of their own to play several nodes in one
+// defaultPool holds what outlives a config: zones (the counters), each
+// namespace's fleet state (its sync loop, outbox, bans, slots; see
+// fleetState) and stores (pooledStore). Each loaded config takes a
+// reference to every zone, namespace and store it names and gives it back
+// in Cleanup, so an object survives a reload whenever its name (a store's:
+// its settings) does. Tests give apps pools of their own to play several nodes in one
 // process.
 var defaultPool = caddy.NewUsagePool()
 
-// poolKey names a pooled object; zones and namespaces have separate names.
+// poolKey names a pooled object; each kind has names of its own.
 type poolKey struct {
-	kind string // "zone" or "namespace"
+	kind string // "zone", "namespace" or "store"
 	name string
 }
 

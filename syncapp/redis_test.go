@@ -50,7 +50,7 @@ func warmUp(t *testing.T, ns *Namespace) {
 	}
 	ns.Increment(context.Background(), "warm-up", time.Hour, 1)
 	// Had that hit timed out anyway, the store would be skipped a moment.
-	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.syncer.health.down() })
+	poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
 }
 
 // TestReloadKeepsCountersAndPendingDiffs counts on a namespace that has not
@@ -258,7 +258,7 @@ func TestStoreOutageIsLoggedRarely(t *testing.T) {
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	ns := n.ns("api")
-	ns.syncer.health.logger = zap.New(core)
+	ns.health.logger = zap.New(core)
 	if err := n.app.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestSynchronousAnswersCountHitsOnTheirWay(t *testing.T) {
 	}
 	// Let a retry run take the 5 hits and fail with them.
 	poll.Until(t, 10*time.Second, "a failed retry run", func() bool {
-		return ns.syncer.pendingDiffs() == 1 && ns.counters.Pending() == 0
+		return ns.pendingDiffs() == 1 && ns.counters.Pending() == 0
 	})
 	srv.Restart()
 	time.Sleep(retryInterval) // hits try the store again
@@ -476,10 +476,10 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	ns := n.ns("api")
-	ns.syncer.health.logger = zap.New(core)
+	ns.health.logger = zap.New(core)
 	// The paused hits below take about 7s; a slow machine must not stretch
 	// them past the log interval.
-	ns.syncer.health.logEvery = time.Minute
+	ns.health.logEvery = time.Minute
 	if err := n.app.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +507,7 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 		return logs.FilterMessageSnippet("reachable again").Len() == 1
 	})
 	poll.Until(t, 20*time.Second, "the retries to be pushed", func() bool {
-		return ns.syncer.pendingDiffs() == 0
+		return ns.pendingDiffs() == 0
 	})
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 5 {
 		t.Fatalf("store holds %v after the retries, want 5", got)

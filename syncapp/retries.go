@@ -75,6 +75,27 @@ func (q *retryQueue) queued() []strategy.Batch {
 	return q.items
 }
 
+// dropKey drops key's diffs from the queued batches, and the batches left
+// with none.
+func (q *retryQueue) dropKey(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	kept := q.items[:0:0]
+	for _, b := range q.items {
+		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs) > 0 {
+			kept = append(kept, b)
+		}
+	}
+	q.items = kept
+}
+
+// len returns how many batches wait in the queue.
+func (q *retryQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
 // diffs returns how many diffs wait in the queue.
 func (q *retryQueue) diffs() int {
 	q.mu.Lock()

@@ -13,8 +13,8 @@ import (
 // as Caddy pools log writers by their WriterKey. Each config's namespace
 // takes a reference when it is provisioned and gives it back in Cleanup,
 // after its last push; a namespace's sync loop holds one too, for the
-// store it works with (see syncer.holdStores). The last reference closes
-// the store's connections.
+// stores of the namespaces attached to it (loop.attach and
+// loop.releaseStores). The last reference closes the store's connections.
 type pooledStore struct {
 	store strategy.Store
 }

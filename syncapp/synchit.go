@@ -8,12 +8,12 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// hit is a synchronous Namespace.Hit in one round trip to ns's store. It
-// reports false when the hit must be counted locally as a pending diff
-// instead: the store refused the windows, or the request surely never
-// reached it. When the request failed after it may have been applied, the
-// hit counts locally as the store's and is queued for a retry under its
-// own ID, which the store skips if it applied the hit.
+// syncHit is a synchronous Hit in one round trip to the store. It reports
+// false when the hit must be counted locally as a pending diff instead:
+// the store refused the windows, or the request surely never reached it.
+// When the request failed after it may have been applied, the hit counts
+// locally as the store's and is queued in the outbox for a retry under
+// its own ID, which the store skips if it applied the hit.
 //
 // unsynced, for a near hit of a periodic namespace, holds what
 // window.Namespace.HitUnlessNear found of this node's diffs, and out the
@@ -22,13 +22,13 @@ import (
 // windows' diffs, and the diffs on their way in a push, lower the limits
 // instead. The diffs taken of windows the hit did not increment go back
 // to the zone.
-func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
+func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
 	now := window.SystemClock()
 	windows := make([]strategy.WindowHit, len(limits))
-	// A run's diffs taken from the zone are in inflight before this reads
-	// it: a near hit's unsynced diffs and inflight never both miss them.
-	// Some may be in both, which only lowers the limits it sends.
-	s.taking.RLock()
+	// A run's diffs taken from the zone are in the view: a near hit's
+	// unsynced diffs and the view never both miss them. Some may be in
+	// both, which only lowers the limits it sends.
+	v := n.outbox.view()
 	for i, l := range limits {
 		w := strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
 		if !fixed {
@@ -41,40 +41,42 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 				w.Weight = out[i].Weight
 			}
 			w.Value += u.Taken
-			w.Max -= s.inflight.of(key, w.Size, w.Start) + (u.Previous+s.inflight.of(key, w.Size, w.Start-int64(w.Size)))*w.Weight
+			w.Max -= v.of(key, w.Size, w.Start) + (u.Previous+v.of(key, w.Size, w.Start-int64(w.Size)))*w.Weight
 		}
 		windows[i] = w
 	}
-	s.taking.RUnlock()
+	v.close()
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
 	id := newBatchID()
-	counts, rejected, err := ns.hitter.Hit(ctx, s.name, key, id, windows, undo)
+	counts, rejected, err := n.hitter.Hit(ctx, n.name, key, id, windows, undo)
 	switch {
 	case err == nil:
 	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
-		giveBack(ns, key, windows, unsynced, 0, true)
+		n.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	case errors.Is(err, strategy.ErrNotSent):
-		s.health.failed(err, 0)
-		giveBack(ns, key, windows, unsynced, 0, true)
+		n.health.failed(err, 0)
+		n.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	default:
-		s.health.failed(err, 0)
-		rejected := ns.hitLocal(key, limits, value, fixed, undo, true, out)
-		s.retries.add(hitBatch(s.name, id, key, windows, rejected, undo))
-		giveBack(ns, key, windows, unsynced, rejected, undo)
+		n.health.failed(err, 0)
+		rejected := n.counters.Hit(key, limits, value, fixed, undo, true, out)
+		n.outbox.retry(hitBatch(n.name, id, key, windows, rejected, undo))
+		n.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
-	s.health.succeeded()
-	giveBack(ns, key, windows, unsynced, rejected, undo)
-	// Diffs on their way to the store are not in its counts yet.
-	s.taking.RLock()
-	defer s.taking.RUnlock()
+	n.health.succeeded()
+	n.giveBack(key, windows, unsynced, rejected, undo)
+	// Diffs on their way to the store are not in its counts yet; no run
+	// takes the zone's diffs while the view is open, so none is counted
+	// both in the view and in the zone the counts are observed into.
+	v = n.outbox.view()
+	defer v.close()
 	for i, w := range windows {
-		cur := counts[i].Current + s.inflight.of(key, w.Size, w.Start)
-		prev := counts[i].Previous + s.inflight.of(key, w.Size, w.Start-int64(w.Size))
-		out[i] = ns.counters.Observe(key, w.Size, w.Start, cur, prev)
+		cur := counts[i].Current + v.of(key, w.Size, w.Start)
+		prev := counts[i].Previous + v.of(key, w.Size, w.Start-int64(w.Size))
+		out[i] = n.counters.Observe(key, w.Size, w.Start, cur, prev)
 	}
 	return rejected, true
 }
@@ -84,7 +86,7 @@ func (s *syncer) hit(ctx context.Context, ns *Namespace, key string, limits []Li
 // increment: those after the rejecting window, or all of them when undo
 // took the increments back. It runs before the store's counts are
 // observed, which then lack them.
-func giveBack(ns *Namespace, key string, windows []strategy.WindowHit, unsynced []window.Unsynced, rejected int, undo bool) {
+func (n *Namespace) giveBack(key string, windows []strategy.WindowHit, unsynced []window.Unsynced, rejected int, undo bool) {
 	if unsynced == nil {
 		return
 	}
@@ -96,6 +98,6 @@ func giveBack(ns *Namespace, key string, windows []strategy.WindowHit, unsynced 
 		}
 	}
 	if len(diffs) > 0 {
-		ns.counters.Restore(diffs)
+		n.counters.Restore(diffs)
 	}
 }

@@ -34,7 +34,7 @@ func TestFetchAfter(t *testing.T) {
 func TestAccuracyHarnessKnowsTheBeat(t *testing.T) {
 	for _, iv := range []time.Duration{time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, time.Second} {
 		if got, want := accuracy.FetchBeat(iv), fetchBeat(iv); got != want {
-			t.Errorf("sync_rate %v: the harness's beat is %v, the syncer's %v", iv, got, want)
+			t.Errorf("sync_rate %v: the harness's beat is %v, the loop.s %v", iv, got, want)
 		}
 	}
 }

@@ -1,0 +1,69 @@
+// Package syncapp is the rate_limit Caddy app. It owns the counter zones,
+// the namespaces and their sync loops for the life of the server, across
+// config reloads, and offers the Go API that the rate_limit HTTP handler
+// and other Caddy modules count with.
+//
+// # What outlives a config
+//
+// A loaded config's App holds a Namespace per namespace it names. What
+// must survive a reload lives in a process-wide caddy.UsagePool
+// (defaultPool), as Caddy pools its log writers, each config taking a
+// reference in Provision and giving it back in Cleanup:
+//
+//   - zones ("zone", by name): a zoneHolder, the window.Zone holding the
+//     counters, and its sweeper;
+//   - fleet states ("namespace", by name): a fleetState, whose parts each
+//     own one piece of what a node knows of its fleet;
+//   - stores ("store", by module and settings): a pooledStore, the open
+//     connections; the loop of each namespace that syncs with one holds
+//     a reference too, so a store outlives every run that uses it.
+//
+// A Namespace holds the parts of its fleetState directly, and its own
+// config's store; a request goes from the Namespace to a part and on to
+// the store, and never comes back. TestOneOwnerPerState holds that shape.
+//
+// # The parts, and what each lock guards
+//
+//	runLock     one run at a time (the loop's, Sync, Fetch, the flushes at
+//	            stop, Reset): what a run took from the zone is never pushed
+//	            twice, and a reset never falls between a push and what it took.
+//	outbox      what was taken from the zone and is not in the store yet.
+//	  .taking   held by a run from zone.Take until the outbox records what it
+//	            took; shared by views, which synchronous hits read: a diff is
+//	            always in the zone, on its way, or in the store.
+//	  .mu       the batch whose push failed.
+//	  retryQueue.mu   synchronous hits that failed after they may have
+//	            been applied, to push again under their own IDs.
+//	  inflight  the sum of what is on its way, per counter (atomic pointer).
+//	fetchSet.mu the keys a periodic run fetches, and the fetches made.
+//	banTable.mu the bans this node knows of, those to push, the store's version.
+//	slotHolder.mu   concurrency slots held in stores, renewed and released
+//	            off the request's path by its own goroutine.
+//	inFlight.mu requests in flight per key on this node.
+//	health.mu   failures, backoff and the failure log's throttle; whether
+//	            hits skip the store is an atomic.
+//	loop.mu     the namespaces attached (the reload hand-off) and the store
+//	            references the loop holds.
+//
+// Locks are taken in this order, and no other lock is taken while holding
+// one of the later ones: runLock, then outbox.taking, then the zone's shard
+// locks or outbox.mu and retryQueue.mu. Every other lock is a leaf: held
+// only for its own fields, never across a store's round trip.
+//
+// # One request and one run
+//
+//	request: Namespace.Hit(key)
+//	  local / periodic ──► window zone: count, decide
+//	  sync_rate 0, or near a limit with sync_above:
+//	    health.down? ──yes──► window zone
+//	    outbox.view ──► store.Hit (one round trip; the store decides)
+//	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
+//	      failed  ──► health.failed ──► zone counts it ──► outbox.retry
+//
+//	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
+//	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
+//	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch)
+//	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
+//	  banTable.sync ──► store.SetBans, store.GetBans
+//	  health.failedRun / health.succeeded ──► the loop's next delay
+package syncapp

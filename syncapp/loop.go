@@ -1,0 +1,244 @@
+package syncapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+const (
+	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
+	minRunTimeout = 5 * time.Second
+	maxRunTimeout = 30 * time.Second
+)
+
+// loop is a namespace's sync timer and its reload hand-off, pooled with
+// the rest of the namespace's fleet state (fleetState) so that it
+// outlives config reloads. Configs attach their Namespace when they start
+// and detach it when they stop; the loop always runs for the most
+// recently attached one, so that while an old and a new config overlap
+// only one loop pushes, and a new config that fails to start hands the
+// loop back to the old one.
+//
+// A run is the Namespace's (run.go): the loop only says when. It also
+// holds a reference to the stores of the namespaces attached, so that a
+// store outlives every run of the loop that uses it.
+type loop struct {
+	name   string
+	logger *zap.Logger
+	pool   *caddy.UsagePool
+	health *health // failures space runs out; a recovery runs at once
+	runs   runLock
+
+	mu       sync.Mutex
+	attached []*Namespace
+	// held are the pool keys of the stores the loop holds a reference to:
+	// those of the attached namespaces, and of namespaces detached since
+	// the last run ended.
+	held []poolKey
+
+	startOnce sync.Once
+	wake      chan struct{} // the attached namespace changed
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, runs runLock) *loop {
+	return &loop{
+		name:   name,
+		logger: logger,
+		pool:   pool,
+		health: h,
+		runs:   runs,
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// attach makes ns the namespace the loop runs for, takes a reference to
+// its store, and starts the loop the first time a namespace needs one.
+func (l *loop) attach(ns *Namespace) {
+	l.mu.Lock()
+	l.attached = append(l.attached, ns)
+	if ns.store != nil && !slices.Contains(l.held, ns.storeKey) {
+		// ns's config holds the store, so this only counts a reference.
+		if _, loaded, _ := l.pool.LoadOrNew(ns.storeKey, noNewStore); loaded {
+			l.held = append(l.held, ns.storeKey)
+		}
+	}
+	l.mu.Unlock()
+	if ns.mode != Local {
+		l.startOnce.Do(func() { go l.loop() })
+	}
+	signal(l.wake)
+}
+
+// noNewStore is the constructor of a pool look-up that only takes a
+// reference to a store that is there.
+func noNewStore() (caddy.Destructor, error) {
+	return nil, errors.New("the store is not open")
+}
+
+// detach forgets ns, whose config is stopping, and returns the namespace
+// the loop runs for now: the next config's, or on a failed reload the one
+// that keeps running; nil if none.
+func (l *loop) detach(ns *Namespace) (next *Namespace) {
+	l.mu.Lock()
+	if i := slices.Index(l.attached, ns); i >= 0 {
+		l.attached = slices.Delete(l.attached, i, i+1)
+	}
+	l.mu.Unlock()
+	signal(l.wake)
+	return l.current()
+}
+
+// current returns the namespace the loop runs for, or nil.
+func (l *loop) current() *Namespace {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.attached); n > 0 {
+		return l.attached[n-1]
+	}
+	return nil
+}
+
+// releaseStores gives back the references to stores that no attached
+// namespace uses any more (all of them when all is set). The caller holds
+// the run lock, or the loop has ended, so no run uses them.
+func (l *loop) releaseStores(all bool) {
+	l.mu.Lock()
+	var release []poolKey
+	l.held = slices.DeleteFunc(l.held, func(k poolKey) bool {
+		used := !all && slices.ContainsFunc(l.attached, func(ns *Namespace) bool { return ns.storeKey == k })
+		if !used {
+			release = append(release, k)
+		}
+		return !used
+	})
+	l.mu.Unlock()
+	for _, k := range release {
+		if _, err := l.pool.Delete(k); err != nil {
+			l.logger.Error("releasing a store", zap.String("namespace", l.name), zap.Error(err))
+		}
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// loop runs the namespace's syncs until the loop is closed. Periodic runs
+// are aligned to multiples of sync_rate, and the next one is armed only
+// when a run ends, so runs never pile up.
+func (l *loop) loop() {
+	defer close(l.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-l.stop
+		cancel() // abandon a run in flight
+	}()
+	for {
+		ns := l.current()
+		syncs := ns != nil && ns.mode != Local
+		var timer *time.Timer
+		var wait <-chan time.Time
+		if syncs {
+			timer = time.NewTimer(l.health.delay(ns.runInterval(), time.Now()))
+			wait = timer.C
+		}
+		run, woken := false, false
+		select {
+		case <-l.stop:
+		case <-l.wake:
+			woken = true
+		case <-l.health.recoveries():
+			run = syncs
+		case <-wait:
+			run = true
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		if woken && l.runs.lock(ctx, l.name) == nil {
+			l.releaseStores(false)
+			l.runs.unlock()
+		}
+		if run {
+			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
+			l.runCurrent(runCtx)
+			cancelRun()
+		}
+	}
+}
+
+// runCurrent does one periodic run for the namespace attached once the
+// run lock is taken: a namespace detached meanwhile has its config's Stop
+// and Cleanup push for it.
+func (l *loop) runCurrent(ctx context.Context) {
+	defer recoverAndLog(l.logger, "syncing namespace")
+	if l.runs.lock(ctx, l.name) != nil {
+		return
+	}
+	defer l.runs.unlock()
+	if ns := l.current(); ns != nil && ns.store != nil {
+		_ = ns.runLocked(ctx, true, fetchAfter(time.Now(), ns.runInterval()))
+	}
+}
+
+// close stops the loop, and gives back its references to stores.
+func (l *loop) close() {
+	close(l.stop)
+	started := true
+	l.startOnce.Do(func() { started = false })
+	if started {
+		<-l.done
+	}
+	l.releaseStores(true)
+}
+
+// runLock serializes a namespace's runs (the loop's, Sync and Fetch
+// calls, the flushes at stop, resets): what a run took from the zone is
+// never pushed by two runs at once, and a reset never falls between a
+// push and what the push took. It is a channel so that waiting for it can
+// give up at a deadline.
+type runLock chan struct{}
+
+func newRunLock() runLock { return make(runLock, 1) }
+
+// lock waits for the run lock, or for ctx to end.
+func (l runLock) lock(ctx context.Context, namespace string) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
+	}
+}
+
+// tryLock takes the run lock if no run holds it.
+func (l runLock) tryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l runLock) unlock() { <-l }

@@ -1,0 +1,221 @@
+package syncapp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// SlotLease is how long a slot taken in a store lives unless its node
+// renews it: the slots of a node that dies come back within it, which
+// leaves 5 s to the 30 s that users are promised, for the store's expiry
+// and a renewal in flight at the node's death.
+const SlotLease = 25 * time.Second
+
+// slotLease is SlotLease, which tests shorten.
+var slotLease = SlotLease
+
+// nodeID names this process in the slots it takes, so that a store's
+// slots say which node holds them; slotSeq numbers them, process-wide,
+// so that no two of its requests share an ID.
+var (
+	nodeID = func() string {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		return hex.EncodeToString(b[:])
+	}()
+	slotSeq atomic.Uint64
+)
+
+// heldSlot is a slot this node holds, with the store that holds it.
+type heldSlot struct {
+	store     strategy.Slotter
+	namespace string
+	slot      strategy.Slot
+}
+
+// slotHolder keeps the slots a namespace's requests hold in its store:
+// it renews them every third of a lease while their requests run, and
+// releases them, batched and off the requests' path, when they end. Its
+// loop starts with the first slot and ends with the namespace's
+// fleetState.
+type slotHolder struct {
+	logger *zap.Logger
+	health *health
+
+	mu   sync.Mutex
+	held map[heldSlot]struct{}
+
+	releases  chan heldSlot
+	startOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
+	return &slotHolder{
+		logger:   logger,
+		health:   h,
+		held:     make(map[heldSlot]struct{}),
+		releases: make(chan heldSlot, 4096),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+}
+
+// acquire takes a slot of key of a namespace in store. decided is false
+// when the store could not answer, and the caller must count on this
+// node.
+func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
+	h.startOnce.Do(func() { go h.loop() })
+	slot = heldSlot{store: store, namespace: namespace, slot: strategy.Slot{
+		Key: key,
+		ID:  nodeID + "-" + strconv.FormatUint(slotSeq.Add(1), 36),
+	}}
+	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
+	defer cancel()
+	_, ok, err := store.AcquireSlot(ctx, namespace, key, slot.slot.ID, max, slotLease)
+	switch {
+	case err == nil:
+		h.health.succeeded()
+		if ok {
+			h.mu.Lock()
+			h.held[slot] = struct{}{}
+			h.mu.Unlock()
+		}
+		return slot, ok, true
+	case errors.Is(err, strategy.ErrRejected):
+		h.logger.Error("the store refused a concurrency slot; counting on this node", zap.String("namespace", namespace), zap.Error(err))
+	case errors.Is(err, strategy.ErrNotSent):
+		h.health.failed(err, 0)
+	default: // it may have been taken: give it back
+		h.health.failed(err, 0)
+		h.queue(slot)
+	}
+	return slot, false, false
+}
+
+// release gives back a slot whose request ended.
+func (h *slotHolder) release(slot heldSlot) {
+	h.mu.Lock()
+	delete(h.held, slot)
+	h.mu.Unlock()
+	h.queue(slot)
+}
+
+// queue hands a slot to the loop to release. When the queue is full the
+// slot is left to its lease.
+func (h *slotHolder) queue(slot heldSlot) {
+	select {
+	case h.releases <- slot:
+	default:
+	}
+}
+
+// maxReleaseBatch bounds the slots one release call frees.
+const maxReleaseBatch = 512
+
+// loop releases slots as their requests end and renews the held ones.
+func (h *slotHolder) loop() {
+	defer close(h.done)
+	renew := time.NewTicker(slotLease / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case <-h.stop:
+			h.releaseAll()
+			return
+		case first := <-h.releases:
+			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
+			h.each(batch, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+				return st.ReleaseSlots(ctx, ns, slots)
+			})
+		case <-renew.C:
+			h.mu.Lock()
+			held := make([]heldSlot, 0, len(h.held))
+			for s := range h.held {
+				held = append(held, s)
+			}
+			h.mu.Unlock()
+			h.each(held, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+				return st.RenewSlots(ctx, ns, slots, slotLease)
+			})
+		}
+	}
+}
+
+// each calls f once per store and namespace of the given slots. A
+// failure leaves the slots to their leases.
+func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slotter, string, []strategy.Slot) error) {
+	type group struct {
+		store     strategy.Slotter
+		namespace string
+	}
+	groups := make(map[group][]strategy.Slot)
+	for _, s := range slots {
+		g := group{s.store, s.namespace}
+		groups[g] = append(groups[g], s.slot)
+	}
+	for g, slots := range groups {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := f(ctx, g.store, g.namespace, slots)
+		cancel()
+		if err != nil {
+			h.health.failed(err, 0)
+		}
+	}
+}
+
+// drain appends the slots queued for release to batch, until it holds
+// limit or the queue is empty.
+func (h *slotHolder) drain(batch []heldSlot, limit int) []heldSlot {
+	for len(batch) < limit {
+		select {
+		case s := <-h.releases:
+			batch = append(batch, s)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// releaseAll releases the slots still queued or held, at the end.
+func (h *slotHolder) releaseAll() {
+	h.mu.Lock()
+	var all []heldSlot
+	for s := range h.held {
+		all = append(all, s)
+	}
+	clear(h.held)
+	h.mu.Unlock()
+	all = h.drain(all, cap(h.releases)+len(all))
+	// The config that held a store may have closed it already: what
+	// cannot be released here runs out its lease.
+	h.each(all, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+		if err := st.ReleaseSlots(ctx, ns, slots); err != nil {
+			h.logger.Debug("releasing concurrency slots at the end; they expire with their lease",
+				zap.String("namespace", ns), zap.Int("slots", len(slots)), zap.Error(err))
+		}
+		return nil
+	})
+}
+
+// close stops the loop, once it has released what it holds.
+func (h *slotHolder) close() {
+	close(h.stop)
+	started := true
+	h.startOnce.Do(func() { started = false })
+	if started {
+		<-h.done
+	}
+}
