@@ -43,10 +43,8 @@ type loop struct {
 	// the last run ended.
 	held []poolKey
 
-	startOnce sync.Once
-	wake      chan struct{} // the attached namespace changed
-	stop      chan struct{}
-	done      chan struct{}
+	wake   chan struct{} // the attached namespace changed
+	worker worker
 }
 
 func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, runs runLock) *loop {
@@ -57,8 +55,7 @@ func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, 
 		health: h,
 		runs:   runs,
 		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		worker: newWorker(),
 	}
 }
 
@@ -75,7 +72,7 @@ func (l *loop) attach(ns *Namespace) {
 	}
 	l.mu.Unlock()
 	if ns.mode != Local {
-		l.startOnce.Do(func() { go l.loop() })
+		l.worker.start(l.loop)
 	}
 	signal(l.wake)
 }
@@ -141,11 +138,11 @@ func signal(ch chan struct{}) {
 // are aligned to multiples of sync_rate, and the next one is armed only
 // when a run ends, so runs never pile up.
 func (l *loop) loop() {
-	defer close(l.done)
+	stop := l.worker.stopping()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-l.stop
+		<-stop
 		cancel() // abandon a run in flight
 	}()
 	for {
@@ -159,7 +156,7 @@ func (l *loop) loop() {
 		}
 		run, woken := false, false
 		select {
-		case <-l.stop:
+		case <-stop:
 		case <-l.wake:
 			woken = true
 		case <-l.health.recoveries():
@@ -171,7 +168,7 @@ func (l *loop) loop() {
 			timer.Stop()
 		}
 		select {
-		case <-l.stop:
+		case <-stop:
 			return
 		default:
 		}
@@ -203,12 +200,7 @@ func (l *loop) runCurrent(ctx context.Context) {
 
 // close stops the loop, and gives back its references to stores.
 func (l *loop) close() {
-	close(l.stop)
-	started := true
-	l.startOnce.Do(func() { started = false })
-	if started {
-		<-l.done
-	}
+	l.worker.close()
 	l.releaseStores(true)
 }
 

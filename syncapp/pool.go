@@ -36,9 +36,7 @@ type zoneHolder struct {
 	mu     sync.Mutex
 	claims map[*App]int // max_keys by started config
 
-	startOnce sync.Once
-	stop      chan struct{}
-	done      chan struct{}
+	sweeper worker
 }
 
 func newZoneHolder(name string, maxKeys int) (*zoneHolder, error) {
@@ -46,7 +44,7 @@ func newZoneHolder(name string, maxKeys int) (*zoneHolder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &zoneHolder{name: name, zone: z, claims: make(map[*App]int), stop: make(chan struct{}), done: make(chan struct{})}, nil
+	return &zoneHolder{name: name, zone: z, claims: make(map[*App]int), sweeper: newWorker()}, nil
 }
 
 // claim records the capacity a started config wants. While configs
@@ -81,35 +79,27 @@ func (h *zoneHolder) resize() {
 // start arms the sweeper once. It is called from App.Start, so that
 // validating a config never starts a goroutine.
 func (h *zoneHolder) start(logger *zap.Logger) {
-	h.startOnce.Do(func() {
-		go func() {
-			defer close(h.done)
-			t := time.NewTicker(sweepInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-h.stop:
-					return
-				case <-t.C:
-					func() {
-						defer recoverAndLog(logger, "sweeping zone")
-						h.zone.Sweep()
-					}()
-				}
+	h.sweeper.start(func() {
+		t := time.NewTicker(sweepInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-h.sweeper.stopping():
+				return
+			case <-t.C:
+				func() {
+					defer recoverAndLog(logger, "sweeping zone")
+					h.zone.Sweep()
+				}()
 			}
-		}()
+		}
 	})
 }
 
 // Destruct stops the sweeper; the zone's memory goes with the last
 // reference.
 func (h *zoneHolder) Destruct() error {
-	started := true
-	h.startOnce.Do(func() { started = false })
-	close(h.stop)
-	if started {
-		<-h.done
-	}
+	h.sweeper.close()
 	return nil
 }
 

@@ -55,10 +55,8 @@ type slotHolder struct {
 	mu   sync.Mutex
 	held map[heldSlot]struct{}
 
-	releases  chan heldSlot
-	startOnce sync.Once
-	stop      chan struct{}
-	done      chan struct{}
+	releases chan heldSlot
+	worker   worker
 }
 
 func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
@@ -67,8 +65,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 		health:   h,
 		held:     make(map[heldSlot]struct{}),
 		releases: make(chan heldSlot, 4096),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		worker:   newWorker(),
 	}
 }
 
@@ -76,7 +73,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 // when the store could not answer, and the caller must count on this
 // node.
 func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
-	h.startOnce.Do(func() { go h.loop() })
+	h.worker.start(h.loop)
 	slot = heldSlot{store: store, namespace: namespace, slot: strategy.Slot{
 		Key: key,
 		ID:  nodeID + "-" + strconv.FormatUint(slotSeq.Add(1), 36),
@@ -126,12 +123,11 @@ const maxReleaseBatch = 512
 
 // loop releases slots as their requests end and renews the held ones.
 func (h *slotHolder) loop() {
-	defer close(h.done)
 	renew := time.NewTicker(slotLease / 3)
 	defer renew.Stop()
 	for {
 		select {
-		case <-h.stop:
+		case <-h.worker.stopping():
 			h.releaseAll()
 			return
 		case first := <-h.releases:
@@ -212,10 +208,5 @@ func (h *slotHolder) releaseAll() {
 
 // close stops the loop, once it has released what it holds.
 func (h *slotHolder) close() {
-	close(h.stop)
-	started := true
-	h.startOnce.Do(func() { started = false })
-	if started {
-		<-h.done
-	}
+	h.worker.close()
 }
