@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
-	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // maxRetries bounds the synchronous hits kept for a retry; past it the
@@ -17,22 +16,6 @@ const maxRetries = 10_000
 type retryQueue struct {
 	mu    sync.Mutex
 	items []strategy.Batch
-}
-
-// hitBatch returns the batch that carries a failed synchronous hit: the
-// increments the local decision made (none, if undo took them back).
-func hitBatch(namespace, id, key string, windows []strategy.WindowHit, rejected int, undo bool) strategy.Batch {
-	b := strategy.Batch{ID: id, Namespace: namespace}
-	if rejected >= 0 && undo {
-		return b
-	}
-	for i, w := range windows {
-		if rejected >= 0 && i > rejected {
-			break
-		}
-		b.Diffs = append(b.Diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
-	}
-	return b
 }
 
 // add queues a batch, dropping the oldest past maxRetries.

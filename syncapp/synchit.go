@@ -81,6 +81,22 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	return rejected, true
 }
 
+// hitBatch returns the batch that carries a failed synchronous hit: the
+// increments the local decision made (none, if undo took them back).
+func hitBatch(namespace, id, key string, windows []strategy.WindowHit, rejected int, undo bool) strategy.Batch {
+	b := strategy.Batch{ID: id, Namespace: namespace}
+	if rejected >= 0 && undo {
+		return b
+	}
+	for i, w := range windows {
+		if rejected >= 0 && i > rejected {
+			break
+		}
+		b.Diffs = append(b.Diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
+	}
+	return b
+}
+
 // giveBack returns to the zone's pending diffs the diffs a near hit took
 // of the windows that the hit, rejected at index rejected (or -1), did not
 // increment: those after the rejecting window, or all of them when undo
