@@ -26,7 +26,6 @@
 package memory
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,10 +72,7 @@ func (m *Memory) OpenStore() (strategy.Store, error) {
 // milliseconds. Memory could hold any size, but it takes those that Redis
 // takes, so that what works on one works on the other.
 func (m *Memory) ValidateWindow(size time.Duration) error {
-	if err := strategy.CheckSize(size); err != nil {
-		return fmt.Errorf("memory strategy: %w", err)
-	}
-	return nil
+	return errs.Settings(strategy.CheckSize(size))
 }
 
 // UnmarshalCaddyfile sets up the strategy from Caddyfile tokens. The

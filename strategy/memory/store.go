@@ -18,8 +18,8 @@ import (
 // request can never succeed.
 var ErrInvalidWindow = strategy.ErrInvalidWindow
 
-// errClosed is returned by the calls made on a closed store.
-var errClosed = fmt.Errorf("%w: the memory store is closed", strategy.ErrNotSent)
+// errs words the store's errors.
+var errs = strategy.Errors{Store: "memory"}
 
 // Store is a store of the counters of one in-memory data set. It
 // implements strategy.Hitter and strategy.Slotter. Stores of the same data set (opened from
@@ -45,10 +45,10 @@ func newStore(d *data) *Store { return &Store{data: d, now: time.Now} }
 // strategy.ErrNotSent, as a network store's does when it sent nothing.
 func (s *Store) check(ctx context.Context) error {
 	if s.closed.Load() {
-		return errClosed
+		return errs.Closed()
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+		return errs.NotSent(err)
 	}
 	return nil
 }
@@ -61,19 +61,13 @@ func (s *Store) check(ctx context.Context) error {
 // have expired are skipped; a batch of which nothing is left records no ID.
 // A batch without an ID, or with a window that is not valid, is refused
 // whole with an error that wraps strategy.ErrRejected.
-func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := s.pushDiffs(ctx, b); err != nil {
-		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
+	defer errs.PushDiffs(&err, b)
 	if err := s.check(ctx); err != nil {
 		return err
 	}
 	if b.ID == "" {
-		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
+		return errs.Rejected("the batch has no ID")
 	}
 	for i := range b.Diffs {
 		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
@@ -111,15 +105,8 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 // held, with the value zero. It looks up 2*len(keys)*len(sizes) counters,
 // whatever the size of the namespace. A size that is not valid is refused
 // with an error that wraps strategy.ErrRejected.
-func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
-	if err != nil {
-		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
-	}
-	return counts, nil
-}
-
-func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (_ []window.Count, err error) {
+	defer errs.GetCounters(&err, namespace, len(keys))
 	if err := s.check(ctx); err != nil {
 		return nil, err
 	}
@@ -153,14 +140,8 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 // as zero, until they expire, and diffs pushed later add to zero. A size
 // that is not valid is refused, before anything is reset, with an error
 // that wraps strategy.ErrRejected.
-func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
+	defer errs.Reset(&err, namespace)
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -200,15 +181,8 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 // Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
 // most 256 bytes; other input is refused, before anything is applied, with
 // an error that wraps strategy.ErrRejected.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
-	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
-	if err != nil {
-		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
-	}
-	return counts, rejected, nil
-}
-
-func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
+	defer errs.Hit(&err, namespace)
 	if err := s.check(ctx); err != nil {
 		return nil, -1, err
 	}

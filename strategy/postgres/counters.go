@@ -46,16 +46,10 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 // An error wraps strategy.ErrNotSent when the batch surely never reached
 // the server. Any other error may come after PostgreSQL applied it:
 // pushing it again with the same ID applies it only if it was not.
-func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := s.pushDiffs(ctx, b); err != nil {
-		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
+	defer errs.PushDiffs(&err, b)
 	if b.ID == "" {
-		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
+		return errs.Rejected("the batch has no ID")
 	}
 	for i := range b.Diffs {
 		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
@@ -141,15 +135,8 @@ func keep(d *window.Diff, now int64) bool {
 // table. A size that is not valid is refused with an error that wraps
 // strategy.ErrRejected. An error wraps strategy.ErrNotSent when the query
 // surely never reached the server; a read changes nothing anyway.
-func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
-	if err != nil {
-		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
-	}
-	return counts, nil
-}
-
-func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (_ []window.Count, err error) {
+	defer errs.GetCounters(&err, namespace, len(keys))
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return nil, err
 	}
@@ -227,14 +214,8 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 // as zero, until they expire, and diffs pushed later add to zero. It is
 // one statement, one round trip. A size that is not valid is refused,
 // before anything is reset, with an error that wraps strategy.ErrRejected.
-func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
+	defer errs.Reset(&err, namespace)
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return err
 	}
@@ -293,15 +274,8 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 // connection could be made or had, or the store is closed); any other
 // error leaves the caller not knowing whether it was applied, which a
 // batch of the hit's ID settles.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
-	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
-	if err != nil {
-		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
-	}
-	return counts, rejected, nil
-}
-
-func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
+	defer errs.Hit(&err, namespace)
 	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}

@@ -163,7 +163,7 @@ func (p *Postgres) setup() error {
 	p.Table = strings.ToLower(p.Table)
 	cfg, err := pgxpool.ParseConfig(p.DSN)
 	if err != nil { // Validate parsed it: only if the environment changed
-		return fmt.Errorf("postgres strategy: %w", dsnError(p.DSN, err))
+		return errs.Settings(dsnError(p.DSN, err))
 	}
 	if p.MaxConns > 0 {
 		cfg.MaxConns = p.MaxConns
@@ -182,26 +182,16 @@ func (p *Postgres) setup() error {
 // the value (never the password). It parses the DSN but never connects.
 // Provision runs it too.
 func (p *Postgres) Validate() error {
-	var errs []error
+	var dsn, maxConns error
 	if p.DSN == "" {
-		errs = append(errs, errors.New("dsn: required (a placeholder such as {env.DATABASE_URL} may have been empty)"))
+		dsn = errors.New("dsn: required (a placeholder such as {env.DATABASE_URL} may have been empty)")
 	} else if _, err := pgxpool.ParseConfig(p.DSN); err != nil {
-		errs = append(errs, dsnError(p.DSN, err))
-	}
-	if err := checkTable(p.Table); err != nil {
-		errs = append(errs, err)
+		dsn = dsnError(p.DSN, err)
 	}
 	if p.MaxConns < 0 {
-		errs = append(errs, fmt.Errorf("max_conns: must not be negative, got %d", p.MaxConns))
+		maxConns = fmt.Errorf("max_conns: must not be negative, got %d", p.MaxConns)
 	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, err := range errs {
-			msgs[i] = err.Error()
-		}
-		return fmt.Errorf("postgres strategy: %s", strings.Join(msgs, "; "))
-	}
-	return nil
+	return errs.Settings(dsn, checkTable(p.Table), maxConns)
 }
 
 // OpenStore returns a new store for p's settings (see strategy.Strategy),
@@ -238,10 +228,7 @@ func (p *Postgres) StoreKey() string {
 // that is not a positive whole number of milliseconds. The error names the
 // size and wraps ErrInvalidWindow.
 func (p *Postgres) ValidateWindow(size time.Duration) error {
-	if err := strategy.CheckSize(size); err != nil {
-		return fmt.Errorf("postgres strategy: %w", err)
-	}
-	return nil
+	return errs.Settings(strategy.CheckSize(size))
 }
 
 // tableName and schemaName match the parts of the table setting: plain
