@@ -77,3 +77,112 @@ func TestInt(t *testing.T) {
 		}
 	}
 }
+
+func TestInt32(t *testing.T) {
+	for _, tc := range []struct {
+		input string
+		want  int32
+		err   string
+	}{
+		{"max_conns 0", 0, ""},
+		{"max_conns 2147483647", 2147483647, ""},
+		{"max_conns -1", 7, `max_conns: want a whole number from 0 to 2147483647, got "-1"`},
+		{"max_conns 3000000000", 7, `max_conns: want a whole number from 0 to 2147483647, got "3000000000"`},
+		{"max_conns ten", 7, `max_conns: want a whole number from 0 to 2147483647, got "ten"`},
+		{"max_conns", 7, "wrong argument count"},
+	} {
+		d := caddyfile.NewTestDispenser(tc.input)
+		d.Next()
+		got := int32(7) // kept on error
+		err := Int32(d, "max_conns", 0, &got)
+		switch {
+		case tc.err == "" && (err != nil || got != tc.want):
+			t.Errorf("%q: got %d, %v; want %d", tc.input, got, err, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || got != tc.want):
+			t.Errorf("%q: got %d, error %v; want %d and an error with %q", tc.input, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+func TestList(t *testing.T) {
+	d := caddyfile.NewTestDispenser("addresses a:1 b:2\naddresses c:3\naddresses")
+	var got []string
+	for range 2 {
+		d.Next()
+		if err := List(d, &got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Join(got, " ") != "a:1 b:2 c:3" {
+		t.Errorf("got %q, want the arguments of both lines", got)
+	}
+	d.Next()
+	if err := List(d, &got); err == nil || !strings.Contains(err.Error(), "wrong argument count") {
+		t.Errorf("no arguments: error %v, want an argument count error", err)
+	}
+}
+
+func TestFlagAndNoArgs(t *testing.T) {
+	d := caddyfile.NewTestDispenser("insecure_skip_verify\ninsecure_skip_verify yes")
+	d.Next()
+	var on bool
+	if err := Flag(d, &on); err != nil || !on {
+		t.Errorf("flag alone: %v, %v; want true", on, err)
+	}
+	d.Next()
+	on = false
+	if err := Flag(d, &on); err == nil || on {
+		t.Errorf("flag with an argument: %v, %v; want an error, unset", on, err)
+	}
+	d = caddyfile.NewTestDispenser("redis\nredis extra")
+	d.Next()
+	if err := NoArgs(d); err != nil {
+		t.Errorf("no argument: %v", err)
+	}
+	d.Next()
+	if err := NoArgs(d); err == nil || !strings.Contains(err.Error(), "wrong argument count") {
+		t.Errorf("an argument: %v, want an argument count error", err)
+	}
+}
+
+func TestBlock(t *testing.T) {
+	// parse records the arguments of the subdirectives one and many.
+	parse := func(d *caddyfile.Dispenser, got map[string][]string) map[string]func() error {
+		m := make(map[string]func() error)
+		for _, name := range []string{"one", "many"} {
+			m[name] = func() error {
+				got[name] = append(got[name], d.RemainingArgs()...)
+				return nil
+			}
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		input, kind, want, err string
+	}{
+		{"x {\n one a\n many b\n many c\n}\ny", "", "many=b,c one=a", ""},
+		{"x {\n}", "", "", ""},
+		{"x", "", "", ""},
+		{"x {\n one a\n one b\n}", "", "", "duplicate subdirective 'one'"},
+		{"x {\n two a\n}", "", "", "unrecognized subdirective 'two'"},
+		{"x {\n two a\n}", "tls", "", "unrecognized tls subdirective 'two'"},
+		{"x {\n one a\n one b\n}", "tls", "", "duplicate tls subdirective 'one'"},
+	} {
+		d := caddyfile.NewTestDispenser(tc.input)
+		d.Next()
+		got := make(map[string][]string)
+		err := Block(d, tc.kind, parse(d, got), "many")
+		var parts []string
+		for _, name := range []string{"many", "one"} {
+			if args, ok := got[name]; ok {
+				parts = append(parts, name+"="+strings.Join(args, ","))
+			}
+		}
+		switch {
+		case tc.err == "" && (err != nil || strings.Join(parts, " ") != tc.want):
+			t.Errorf("%q: got %q, %v; want %q", tc.input, parts, err, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%q: error %v, want one with %q", tc.input, err, tc.err)
+		}
+	}
+}

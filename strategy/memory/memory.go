@@ -75,43 +75,6 @@ func (m *Memory) ValidateWindow(size time.Duration) error {
 	return errs.Settings(strategy.CheckSize(size))
 }
 
-// UnmarshalCaddyfile sets up the strategy from Caddyfile tokens. The
-// dispenser starts at the module name, as caddyfile.UnmarshalModule leaves
-// it after the strategy subdirective. Syntax:
-//
-//	memory [<name>]
-//
-//	memory {
-//	    name <name>
-//	}
-func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume module name
-	if d.NextArg() {
-		m.Name = d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "name":
-			if m.Name != "" {
-				return d.Err("the name is already set")
-			}
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			m.Name = d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-		default:
-			return d.Errf("unrecognized subdirective '%s'", d.Val())
-		}
-	}
-	return nil
-}
-
 // Interface guards
 var (
 	_ caddy.Module          = (*Memory)(nil)
