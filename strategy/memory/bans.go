@@ -107,5 +107,3 @@ func (d *data) bansOf(namespace string, now int64) *namespaceBans {
 	}
 	return nb
 }
-
-var _ strategy.Banner = (*Store)(nil)

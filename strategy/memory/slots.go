@@ -131,6 +131,3 @@ func slotExpiry(now int64, lease time.Duration) int64 {
 	}
 	return now + l
 }
-
-// Interface guards
-var _ strategy.Slotter = (*Store)(nil)

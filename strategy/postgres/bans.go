@@ -103,5 +103,3 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 func (s *Store) acquireBans(ctx context.Context) (*pgxpool.Conn, error) {
 	return s.acquirePart(ctx, s.sql.banSchema, &s.bansReady, "the bans tables")
 }
-
-var _ strategy.Banner = (*Store)(nil)

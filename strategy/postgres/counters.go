@@ -349,3 +349,6 @@ func appendStored(buf []byte, s string, bound int) []byte {
 	sum := sha256.Sum256([]byte(s))
 	return append(buf, sum[:]...)
 }
+
+// finite reports whether v can be added to a counter.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

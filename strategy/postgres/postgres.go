@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"regexp"
 	"slices"
@@ -199,12 +198,12 @@ func (p *Postgres) Validate() error {
 // It neither connects nor starts a goroutine: the pool is made when the
 // store is first used. p must be provisioned (or opened).
 func (p *Postgres) OpenStore() (strategy.Store, error) {
-	return p.openStore()
+	return strategy.OpenStore(p.openStore)
 }
 
 func (p *Postgres) openStore() (*Store, error) {
 	if p.poolConfig == nil {
-		return nil, errors.New("postgres strategy: opening a store of settings that were not provisioned")
+		return nil, errs.Settings(errors.New("opening a store of settings that were not provisioned"))
 	}
 	return newStore(p.poolConfig.Copy(), p.names, p.logger), nil
 }
@@ -376,9 +375,6 @@ func redactDSN(dsn string) (string, []string) {
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	return dsn, secrets
 }
-
-// finite reports whether v can be added to a counter.
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // Interface guards
 var (

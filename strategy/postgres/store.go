@@ -34,9 +34,10 @@ const (
 // errs words the store's errors.
 var errs = strategy.Errors{Store: "postgres"}
 
-// Store is a store of window counters in one PostgreSQL table. It
-// implements strategy.Hitter and strategy.Slotter (whose slots live in a
-// table of their own), and is safe for concurrent use.
+// Store is a store of window counters in one PostgreSQL table, opened by
+// Postgres.Open or OpenStore. It implements strategy.Hitter,
+// strategy.Slotter and strategy.Banner (whose slots and bans live in tables
+// of their own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
 // connection pool, starts the purge goroutine, and creates the tables and
@@ -357,4 +358,5 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 var (
 	_ strategy.Hitter  = (*Store)(nil)
 	_ strategy.Slotter = (*Store)(nil)
+	_ strategy.Banner  = (*Store)(nil)
 )

@@ -16,6 +16,13 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
+// ErrInvalidWindow is wrapped by the errors of operations given a window
+// the store cannot hold: a size that is not a positive whole number of
+// milliseconds, or a start that is not a multiple of the size. Such a
+// request can never succeed: ErrInvalidWindow is strategy.ErrInvalidWindow,
+// which wraps strategy.ErrRejected, so callers drop it rather than retry.
+var ErrInvalidWindow = strategy.ErrInvalidWindow
+
 // Bounds on what one round trip carries, so that a huge batch or fetch
 // neither holds a large reply in memory nor blocks Redis for long.
 const (

@@ -196,11 +196,7 @@ func (r *Redis) Open() (*Store, error) {
 // not dial: connections are opened when first used. r must be provisioned
 // (or opened).
 func (r *Redis) OpenStore() (strategy.Store, error) {
-	s, err := r.openStore()
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
+	return strategy.OpenStore(r.openStore)
 }
 
 func (r *Redis) openStore() (*Store, error) {
