@@ -99,6 +99,18 @@ func Flag(d *caddyfile.Dispenser, dst *bool) error {
 	return nil
 }
 
+// Module reads the Caddyfile tokens of a module that takes no argument,
+// only a block: the dispenser starts at the module's name, as
+// caddyfile.UnmarshalModule leaves it, and Block reads the block with
+// parse and repeatable.
+func Module(d *caddyfile.Dispenser, parse map[string]func() error, repeatable ...string) error {
+	d.Next() // consume module name
+	if err := NoArgs(d); err != nil {
+		return err
+	}
+	return Block(d, "", parse, repeatable...)
+}
+
 // Block reads the block that opens on the current line, one subdirective
 // at a time: parse[name] reads the arguments (and any block) of the
 // subdirective name, with the dispenser on its name. Each subdirective may

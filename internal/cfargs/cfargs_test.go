@@ -186,3 +186,21 @@ func TestBlock(t *testing.T) {
 		}
 	}
 }
+
+func TestModule(t *testing.T) {
+	var dsn string
+	parse := func(d *caddyfile.Dispenser) map[string]func() error {
+		return map[string]func() error{"dsn": func() error { return One(d, &dsn) }}
+	}
+	d := caddyfile.NewTestDispenser("postgres {\n dsn a\n}\nnext")
+	if err := Module(d, parse(d)); err != nil || dsn != "a" {
+		t.Errorf("a block: dsn %q, error %v", dsn, err)
+	}
+	if !d.Next() || d.Val() != "next" {
+		t.Errorf("after the block: at %q, want next", d.Val())
+	}
+	d = caddyfile.NewTestDispenser("postgres extra")
+	if err := Module(d, parse(d)); err == nil || !strings.Contains(err.Error(), "wrong argument count") {
+		t.Errorf("an argument: error %v, want an argument count error", err)
+	}
+}

@@ -9,6 +9,12 @@ import (
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
+// slotKey names the slots of a key within a namespace.
+type slotKey struct {
+	namespace string
+	key       string
+}
+
 // AcquireSlot takes a slot of key, named id, when fewer than max slots of
 // key are held and unexpired, atomically (see strategy.Slotter). Taking
 // an id that is held renews it. The slot expires lease after the store's

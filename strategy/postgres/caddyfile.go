@@ -19,11 +19,7 @@ import (
 // Every subdirective may appear once. A DSN in keyword/value form has
 // spaces, so quote it: dsn "host=db.internal dbname=ratelimit".
 func (p *Postgres) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume module name
-	if err := cfargs.NoArgs(d); err != nil {
-		return err
-	}
-	return cfargs.Block(d, "", map[string]func() error{
+	return cfargs.Module(d, map[string]func() error{
 		"dsn":       func() error { return cfargs.One(d, &p.DSN) },
 		"table":     func() error { return cfargs.One(d, &p.Table) },
 		"max_conns": func() error { return cfargs.Int32(d, "max_conns", 0, &p.MaxConns) },

@@ -92,7 +92,8 @@ type Postgres struct {
 	// else pgxpool's default, the greater of 4 and the number of CPUs.
 	MaxConns int32 `json:"max_conns,omitempty"`
 
-	// The checked settings, made by Provision or Open.
+	// The checked settings, made by Provision or Open, and Provision's
+	// logger (nil after Open: the store then logs nothing).
 	poolConfig *pgxpool.Config
 	names      *names
 	logger     *zap.Logger
@@ -137,9 +138,6 @@ func (p *Postgres) Provision(ctx caddy.Context) error {
 //	if err != nil { ... }
 //	defer s.Close()
 func (p *Postgres) Open() (*Store, error) {
-	if p.logger == nil {
-		p.logger = zap.NewNop()
-	}
 	if err := p.setup(); err != nil {
 		return nil, err
 	}

@@ -70,6 +70,9 @@ type Store struct {
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
 	return &Store{
 		config:     cfg,
 		names:      n,

@@ -37,11 +37,7 @@ import (
 // subdirective may appear once. tls alone enables TLS with the system's
 // certificate authorities.
 func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume module name
-	if err := cfargs.NoArgs(d); err != nil {
-		return err
-	}
-	return cfargs.Block(d, "", map[string]func() error{
+	return cfargs.Module(d, map[string]func() error{
 		"addresses":         func() error { return cfargs.List(d, &r.Addresses) },
 		"master_name":       func() error { return cfargs.One(d, &r.MasterName) },
 		"username":          func() error { return cfargs.One(d, &r.Username) },

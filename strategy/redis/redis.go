@@ -118,7 +118,6 @@ type Redis struct {
 	tlsConfig *tls.Config
 	tlsDigest string // of the TLS files' contents
 	layout    *layout
-	logger    *zap.Logger
 }
 
 // TLSConfig configures TLS for the connections to Redis.
@@ -158,11 +157,10 @@ func (Redis) CaddyModule() caddy.ModuleInfo {
 // rate_limit app opens the store (OpenStore), which connects when first
 // used.
 func (r *Redis) Provision(ctx caddy.Context) error {
-	r.logger = ctx.Logger()
 	if err := r.setup(); err != nil {
 		return err
 	}
-	r.logger.Debug("redis strategy configured",
+	ctx.Logger().Debug("redis strategy configured",
 		zap.Strings("addresses", r.Addresses),
 		zap.String("master_name", r.MasterName),
 		zap.Int("db", r.DB),
@@ -182,9 +180,6 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 //	if err != nil { ... }
 //	defer s.Close()
 func (r *Redis) Open() (*Store, error) {
-	if r.logger == nil {
-		r.logger = zap.NewNop()
-	}
 	if err := r.setup(); err != nil {
 		return nil, err
 	}
