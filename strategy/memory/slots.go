@@ -83,10 +83,7 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if err := strategy.CheckSlotLease(lease); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
 	now := s.now().UnixNano()

@@ -21,7 +21,7 @@ import (
 func (p *Postgres) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return cfargs.Module(d, map[string]func() error{
 		"dsn":       func() error { return cfargs.One(d, &p.DSN) },
-		"table":     func() error { return cfargs.One(d, &p.Table) },
 		"max_conns": func() error { return cfargs.Int32(d, "max_conns", 0, &p.MaxConns) },
+		"table":     func() error { return cfargs.One(d, &p.Table) },
 	})
 }

@@ -72,10 +72,7 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 // those of ReleaseSlots (renewing twice is harmless too).
 func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
 	defer errs.RenewSlots(&err, namespace, len(slots))
-	if err := strategy.CheckSlotLease(lease); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
 	leaseMs := strategy.LeaseMs(lease)

@@ -165,10 +165,7 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	if err := strategy.CheckSlotLease(lease); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
 	sets, ids := s.slotSets(namespace, slots)
