@@ -121,6 +121,22 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	return s.sent(err)
 }
 
+// windowsAt returns the windows that hold now and the ones before them,
+// of every size, in the order of sizes (current, previous, current, ...):
+// their sizes and starts in milliseconds, as the tables hold them.
+func windowsAt(sizes []time.Duration, now time.Time) (sizesMs, startsMs []int64) {
+	at := now.UnixNano()
+	sizesMs = make([]int64, 0, 2*len(sizes))
+	startsMs = make([]int64, 0, 2*len(sizes))
+	for _, size := range sizes {
+		cur := window.Start(at, size)
+		sizeMs := int64(size / time.Millisecond)
+		sizesMs = append(sizesMs, sizeMs, sizeMs)
+		startsMs = append(startsMs, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
+	}
+	return sizesMs, startsMs
+}
+
 // keep reports whether a diff of a valid window is pushed at now (Unix
 // nanoseconds): it adds something, to a window that has not expired.
 func keep(d *window.Diff, now int64) bool {
@@ -143,17 +159,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
 	}
-	// The windows: the current and the previous one of each size, in the
-	// order of sizes.
-	at := now.UnixNano()
-	winSizes := make([]int64, 0, 2*len(sizes))
-	winStarts := make([]int64, 0, 2*len(sizes))
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		sizeMs := int64(size / time.Millisecond)
-		winSizes = append(winSizes, sizeMs, sizeMs)
-		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
-	}
+	winSizes, winStarts := windowsAt(sizes, now)
 	keyBytes := 0
 	for _, k := range keys {
 		keyBytes += min(len(k), maxStoredKey+1)
@@ -226,15 +232,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 	if len(sizes) == 0 {
 		return nil
 	}
-	at := now.UnixNano()
-	winSizes := make([]int64, 0, 2*len(sizes))
-	winStarts := make([]int64, 0, 2*len(sizes))
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		sizeMs := int64(size / time.Millisecond)
-		winSizes = append(winSizes, sizeMs, sizeMs)
-		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
-	}
+	winSizes, winStarts := windowsAt(sizes, now)
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
