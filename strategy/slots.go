@@ -115,6 +115,16 @@ func CheckSlots(slots []Slot) error {
 	return nil
 }
 
+// CheckRenew checks the input of RenewSlots: a lease valid for
+// CheckSlotLease and slots valid for CheckSlots. The error names what is
+// at fault and wraps ErrRejected.
+func CheckRenew(slots []Slot, lease time.Duration) error {
+	if err := CheckSlotLease(lease); err != nil {
+		return err
+	}
+	return CheckSlots(slots)
+}
+
 // LeaseMs returns a checked lease in whole milliseconds, rounded down, as
 // the stores count it.
 func LeaseMs(lease time.Duration) int64 { return int64(lease / time.Millisecond) }

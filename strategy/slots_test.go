@@ -61,6 +61,27 @@ func TestCheckSlots(t *testing.T) {
 	}
 }
 
+func TestCheckRenew(t *testing.T) {
+	good := []strategy.Slot{{Key: "k", ID: "a"}}
+	if err := strategy.CheckRenew(good, time.Second); err != nil {
+		t.Errorf("CheckRenew of good input = %v, want nil", err)
+	}
+	for _, tc := range []struct {
+		slots []strategy.Slot
+		lease time.Duration
+		want  string
+	}{
+		{good, 0, "a slot's lease is 0s"},
+		{[]strategy.Slot{{Key: "k"}}, time.Second, "slots[0]: "},
+		{[]strategy.Slot{{Key: "k"}}, -time.Second, "a slot's lease is -1s"}, // the lease first
+	} {
+		err := strategy.CheckRenew(tc.slots, tc.lease)
+		if !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckRenew(%v, %v) = %v, want an error that wraps ErrRejected and says %q", tc.slots, tc.lease, err, tc.want)
+		}
+	}
+}
+
 func TestLeaseMs(t *testing.T) {
 	for lease, want := range map[time.Duration]int64{
 		time.Millisecond:              1,

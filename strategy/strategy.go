@@ -165,3 +165,15 @@ var ErrRejected = errors.New("rejected by the strategy")
 // the store (it could not be dialed, or the store is closed). Any other
 // failure may have been applied.
 var ErrNotSent = errors.New("request not sent to the store")
+
+// OpenStore returns the store that open returns, as a Store: the
+// OpenStore of a Strategy whose own Open returns its concrete store type.
+// It never returns a nil *S inside a non-nil Store: an error comes with a
+// nil Store.
+func OpenStore[S Store](open func() (S, error)) (Store, error) {
+	s, err := open()
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}

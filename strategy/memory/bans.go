@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -25,14 +24,8 @@ type namespaceBans struct {
 // passed changes nothing. Every change gives the namespace's bans a new
 // version. Ends more than strategy.MaxBanLength away are refused, before
 // anything changes, with an error that wraps strategy.ErrRejected.
-func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
-	if err := s.setBans(ctx, namespace, bans); err != nil {
-		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
+	defer errs.SetBans(&err, namespace, len(bans))
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -69,9 +62,10 @@ func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.B
 
 // GetBans returns the version of the namespace's bans and, unless it is
 // known, the bans that have not ended by now (see strategy.Banner).
-func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
+	defer errs.GetBans(&err, namespace)
 	if err := s.check(ctx); err != nil {
-		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
+		return nil, 0, err
 	}
 	d := s.data
 	d.mu.Lock()
@@ -113,5 +107,3 @@ func (d *data) bansOf(namespace string, now int64) *namespaceBans {
 	}
 	return nb
 }
-
-var _ strategy.Banner = (*Store)(nil)

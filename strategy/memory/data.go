@@ -93,12 +93,6 @@ type marker struct {
 	id        string
 }
 
-// slotKey names the slots of a key within a namespace.
-type slotKey struct {
-	namespace string
-	key       string
-}
-
 // get returns a counter's value at now (Unix nanoseconds), and whether it
 // is held; an expired counter is not, even before a sweep drops it.
 func (d *data) get(namespace string, c cell, now int64) (float64, bool) {

@@ -1,32 +1,6 @@
-// Package memory is the in-memory storage strategy of the rate limiter: the
-// Caddy module rate_limit.strategies.memory, and the reference
-// implementation of strategy.Store, strategy.Hitter and strategy.Slotter.
-//
-// Its counters live in the Caddy process, in a data set named by the
-// strategy's name: every store opened from a memory strategy of the same
-// name shares them, so several simulated nodes (several namespaces, zones
-// or apps) in one process share counts as nodes of a cluster share one
-// Redis. Nothing is shared across processes. It is meant for tests, and
-// for trying the sync machinery out on one machine.
-//
-// It keeps every promise of a store to the letter, the way the Redis store
-// keeps them: a batch ID is applied at most once; fetches return the
-// current and previous windows of the keys asked, omit the counters the
-// data set does not hold and report reset counters as zero; counters expire
-// at their window's start plus twice its size (Redis adds a second of
-// margin), ID markers live as long as Redis keeps them (a batch's as long
-// as its counters, a hit's one to two minutes), and both are dropped by
-// later writes, so memory stays bounded without a goroutine; a synchronous
-// hit follows Kong's order, with undo and the hit ID rule. Concurrency
-// slots (max_concurrent) are held per (namespace, key), as a map of slot
-// IDs to expiries by the store's clock, and dropped by the same sweep as
-// counters once their lease ends. Window sizes must be whole milliseconds,
-// as in Redis, and leases count in whole milliseconds, so that tests behave
-// alike on both. Every operation is atomic, under one lock per data set.
 package memory
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -63,57 +37,28 @@ func (Memory) CaddyModule() caddy.ModuleInfo {
 // StoreKey returns the name: strategies of the same name open one store.
 func (m *Memory) StoreKey() string { return m.Name }
 
-// OpenStore returns a store of the named data set. It allocates the data
-// set on first use and never blocks.
-func (m *Memory) OpenStore() (strategy.Store, error) {
+// Open returns a new store of the named data set, for Go code and tests
+// as for the rate_limit app (OpenStore). It allocates the data set on
+// first use, never blocks and never fails; close the store when done:
+//
+//	s, err := (&memory.Memory{Name: "test"}).Open()
+//	if err != nil { ... }
+//	defer s.Close()
+func (m *Memory) Open() (*Store, error) {
 	return newStore(shared(m.Name)), nil
+}
+
+// OpenStore returns a new store of the named data set (see Open and
+// strategy.Strategy).
+func (m *Memory) OpenStore() (strategy.Store, error) {
+	return strategy.OpenStore(m.Open)
 }
 
 // ValidateWindow refuses window sizes that are not positive whole
 // milliseconds. Memory could hold any size, but it takes those that Redis
 // takes, so that what works on one works on the other.
 func (m *Memory) ValidateWindow(size time.Duration) error {
-	if err := strategy.CheckSize(size); err != nil {
-		return fmt.Errorf("memory strategy: %w", err)
-	}
-	return nil
-}
-
-// UnmarshalCaddyfile sets up the strategy from Caddyfile tokens. The
-// dispenser starts at the module name, as caddyfile.UnmarshalModule leaves
-// it after the strategy subdirective. Syntax:
-//
-//	memory [<name>]
-//
-//	memory {
-//	    name <name>
-//	}
-func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume module name
-	if d.NextArg() {
-		m.Name = d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "name":
-			if m.Name != "" {
-				return d.Err("the name is already set")
-			}
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			m.Name = d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-		default:
-			return d.Errf("unrecognized subdirective '%s'", d.Val())
-		}
-	}
-	return nil
+	return errs.Settings(strategy.CheckSize(size))
 }
 
 // Interface guards

@@ -58,8 +58,8 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceNew runs the suite over stores of private data sets (New),
-// without a Cost hook.
+// TestConformanceNew runs the suite over stores of private data sets (the
+// deprecated New, while callers still use it), without a Cost hook.
 func TestConformanceNew(t *testing.T) {
 	strategytest.Run(t, strategytest.Harness{
 		Open:     func(*testing.T) strategy.Store { return memory.New() },
@@ -202,7 +202,7 @@ func TestValidateWindow(t *testing.T) {
 }
 
 func TestInputErrors(t *testing.T) {
-	s := memory.New()
+	s := open(t, uniqueName(t))
 	ctx := t.Context()
 	start := window.Start(time.Now().UnixNano(), time.Hour)
 	d := window.Diff{Key: "k", Size: time.Hour, Start: start, Value: 1}
@@ -250,7 +250,7 @@ func TestInputErrors(t *testing.T) {
 }
 
 func TestCloseTwice(t *testing.T) {
-	s := memory.New()
+	s := open(t, uniqueName(t))
 	for range 2 {
 		if err := s.Close(); err != nil {
 			t.Fatalf("closing: %v", err)

@@ -3,12 +3,17 @@ package memory
 import (
 	"container/heap"
 	"context"
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
+
+// slotKey names the slots of a key within a namespace.
+type slotKey struct {
+	namespace string
+	key       string
+}
 
 // AcquireSlot takes a slot of key, named id, when fewer than max slots of
 // key are held and unexpired, atomically (see strategy.Slotter). Taking
@@ -17,15 +22,8 @@ import (
 // it. An id of 1 to 256 bytes, a max of at least 1 and a lease from 1ms
 // to an hour are taken; other input is refused, before anything changes,
 // with an error that wraps strategy.ErrRejected.
-func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
-	held, ok, err = s.acquireSlot(ctx, namespace, key, id, max, lease)
-	if err != nil {
-		return 0, false, fmt.Errorf("acquiring a slot of namespace %q: %w", namespace, err)
-	}
-	return held, ok, nil
-}
-
-func (s *Store) acquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (int, bool, error) {
+func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (_ int, _ bool, err error) {
+	defer errs.AcquireSlot(&err, namespace)
 	if err := s.check(ctx); err != nil {
 		return 0, false, err
 	}
@@ -54,14 +52,8 @@ func (s *Store) acquireSlot(ctx context.Context, namespace, key, id string, max 
 // that are not held are skipped. An ID that no slot can have (empty, or
 // longer than 256 bytes) is refused, before anything is freed, with an
 // error that wraps strategy.ErrRejected.
-func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
-	if err := s.releaseSlots(ctx, namespace, slots); err != nil {
-		return fmt.Errorf("releasing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) releaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
+func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
+	defer errs.ReleaseSlots(&err, namespace, len(slots))
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -86,21 +78,12 @@ func (s *Store) releaseSlots(ctx context.Context, namespace string, slots []stra
 // to lease after the store's clock's now, atomically; a slot that expired
 // is not taken again. Bad input is refused as by AcquireSlot and
 // ReleaseSlots.
-func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
-	if err := s.renewSlots(ctx, namespace, slots, lease); err != nil {
-		return fmt.Errorf("renewing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) renewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
+func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
+	defer errs.RenewSlots(&err, namespace, len(slots))
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if err := strategy.CheckSlotLease(lease); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
 	now := s.now().UnixNano()
@@ -151,6 +134,3 @@ func slotExpiry(now int64, lease time.Duration) int64 {
 	}
 	return now + l
 }
-
-// Interface guards
-var _ strategy.Slotter = (*Store)(nil)

@@ -2,29 +2,20 @@ package memory
 
 import (
 	"context"
-	"fmt"
-	"math"
 	"sync/atomic"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
-	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// ErrInvalidWindow is wrapped by the errors of operations given a window
-// the store does not take: a size that is not a positive whole number of
-// milliseconds, or a start that is not a multiple of the size. It is
-// strategy.ErrInvalidWindow, which wraps strategy.ErrRejected, as such a
-// request can never succeed.
-var ErrInvalidWindow = strategy.ErrInvalidWindow
+// errs words the store's errors.
+var errs = strategy.Errors{Store: "memory"}
 
-// errClosed is returned by the calls made on a closed store.
-var errClosed = fmt.Errorf("%w: the memory store is closed", strategy.ErrNotSent)
-
-// Store is a store of the counters of one in-memory data set. It
-// implements strategy.Hitter and strategy.Slotter. Stores of the same data set (opened from
-// strategies of the same name) see the same counters, and each can be
-// closed on its own. It is safe for concurrent use.
+// Store is a store of the counters of one in-memory data set, opened by
+// Memory.Open. It implements strategy.Hitter, strategy.Slotter and
+// strategy.Banner. Stores of the same data set (opened from strategies of
+// the same name) see the same counters, and each can be closed on its own.
+// It is safe for concurrent use.
 type Store struct {
 	data   *data
 	closed atomic.Bool
@@ -34,8 +25,11 @@ type Store struct {
 	now func() time.Time
 }
 
-// New returns a store of a fresh data set that no other store shares, for
-// Go tests that need a store of their own.
+// New returns a store of a fresh data set that no other store shares.
+//
+// Deprecated: open a store of a name of its own with Memory.Open, the way
+// every store of this module opens. New stays for the callers that have
+// not moved yet.
 func New() *Store { return newStore(newData()) }
 
 func newStore(d *data) *Store { return &Store{data: d, now: time.Now} }
@@ -45,232 +39,12 @@ func newStore(d *data) *Store { return &Store{data: d, now: time.Now} }
 // strategy.ErrNotSent, as a network store's does when it sent nothing.
 func (s *Store) check(ctx context.Context) error {
 	if s.closed.Load() {
-		return errClosed
+		return errs.Closed()
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+		return errs.NotSent(err)
 	}
 	return nil
-}
-
-// PushDiffs adds the diffs of a batch to their counters, at most once per
-// batch ID and namespace: a batch whose ID was applied before (pushed
-// before, or a synchronous hit of that ID) applies nothing and succeeds.
-// The batch is applied all at once or not at all. Diffs with a zero or
-// non-finite value add nothing and are dropped, and diffs of windows that
-// have expired are skipped; a batch of which nothing is left records no ID.
-// A batch without an ID, or with a window that is not valid, is refused
-// whole with an error that wraps strategy.ErrRejected.
-func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := s.pushDiffs(ctx, b); err != nil {
-		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	if b.ID == "" {
-		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
-	}
-	for i := range b.Diffs {
-		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
-			return fmt.Errorf("diffs[%d]: %w", i, err)
-		}
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	m := marker{b.Namespace, b.ID}
-	if d.marked(m, now) {
-		return nil // applied before: a retry, or the diffs of a hit
-	}
-	last := int64(math.MinInt64) // the latest expiry of the counters written
-	for i := range b.Diffs {
-		df := &b.Diffs[i]
-		c := cell{df.Key, df.Size, df.Start}
-		if df.Value == 0 || !finite(df.Value) || c.expiresAt() <= now {
-			continue
-		}
-		d.add(b.Namespace, c, df.Value, now)
-		last = max(last, c.expiresAt())
-	}
-	if last != math.MinInt64 {
-		d.mark(m, max(last, now+int64(strategy.MinBatchIDLife)))
-	}
-	return nil
-}
-
-// GetCounters returns the counts of the current and previous windows, at
-// now, of every size of every key, leaving out the counters the data set
-// does not hold (never written, or expired). A counter that was reset is
-// held, with the value zero. It looks up 2*len(keys)*len(sizes) counters,
-// whatever the size of the namespace. A size that is not valid is refused
-// with an error that wraps strategy.ErrRejected.
-func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
-	if err != nil {
-		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
-	}
-	return counts, nil
-}
-
-func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	if err := s.check(ctx); err != nil {
-		return nil, err
-	}
-	if err := strategy.CheckSizes(sizes); err != nil {
-		return nil, err
-	}
-	if len(keys) == 0 || len(sizes) == 0 {
-		return nil, nil
-	}
-	at, clock := now.UnixNano(), s.now().UnixNano()
-	d := s.data
-	d.lookups.Add(int64(2 * len(keys) * len(sizes)))
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var counts []window.Count
-	for _, key := range keys {
-		for _, size := range sizes {
-			cur := window.Start(at, size)
-			for _, start := range [2]int64{cur, cur - int64(size)} {
-				if v, ok := d.get(namespace, cell{key, size, start}, clock); ok {
-					counts = append(counts, window.Count{Key: key, Size: size, Start: start, Value: v})
-				}
-			}
-		}
-	}
-	return counts, nil
-}
-
-// Reset sets key's counters of the window holding now and of the one
-// before it, of every given size, to zero: they are then held, and fetched
-// as zero, until they expire, and diffs pushed later add to zero. A size
-// that is not valid is refused, before anything is reset, with an error
-// that wraps strategy.ErrRejected.
-func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	if err := strategy.CheckSizes(sizes); err != nil {
-		return err
-	}
-	at, clock := now.UnixNano(), s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(clock)
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		d.put(namespace, cell{key, size, cur}, 0, clock)
-		d.put(namespace, cell{key, size, cur - int64(size)}, 0, clock)
-	}
-	return nil
-}
-
-// Hit applies one synchronous hit to the windows of a key and decides it,
-// atomically (see strategy.Hitter for the contract). In the order given,
-// each window's current count is incremented by its Value, unless an
-// earlier window rejected the hit, and the first window whose rate,
-// current + previous*Weight, exceeds its Max rejects it (math.Inf(1) never
-// does); with undo, the increments of a rejected hit are taken back before
-// Hit returns.
-//
-// A non-empty id names the hit and shares its marker with a batch of the
-// same ID and namespace, so the two are applied at most once between them.
-// A hit whose ID was applied before increments and undoes nothing: it
-// decides on the counts as they are, as a hit whose every Value is 0 would.
-// The marker lives as long as the hit's counters, but at least a minute
-// and at most two, as in Redis.
-//
-// It takes 1 to 16 windows, each of a size that is a positive whole number
-// of milliseconds and a start that is a multiple of it, with a finite
-// Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
-// most 256 bytes; other input is refused, before anything is applied, with
-// an error that wraps strategy.ErrRejected.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
-	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
-	if err != nil {
-		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
-	}
-	return counts, rejected, nil
-}
-
-func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
-	if err := s.check(ctx); err != nil {
-		return nil, -1, err
-	}
-	if err := strategy.CheckHit(id, windows); err != nil {
-		return nil, -1, err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	apply := true
-	if id != "" {
-		m := marker{namespace, id}
-		if d.marked(m, now) {
-			apply = false // the same hit again, or its batch came first
-		} else {
-			last := int64(math.MinInt64)
-			for _, w := range windows {
-				last = max(last, cell{key, w.Size, w.Start}.expiresAt())
-			}
-			life := min(max(last-now, int64(strategy.MinHitIDLife)), int64(strategy.MaxHitIDLife))
-			d.mark(m, now+life)
-		}
-	}
-
-	counts := make([]strategy.WindowCounts, len(windows))
-	rejected := -1
-	for i, w := range windows {
-		cur := cell{key, w.Size, w.Start}
-		c := &counts[i]
-		if apply && rejected < 0 && w.Value != 0 {
-			c.Current = d.add(namespace, cur, w.Value, now)
-		} else {
-			c.Current, _ = d.get(namespace, cur, now)
-		}
-		c.Previous, _ = d.get(namespace, cell{key, w.Size, w.Start - int64(w.Size)}, now)
-		if rejected < 0 && exceeds(c.Current+c.Previous*w.Weight, w.Max) {
-			rejected = i
-		}
-	}
-	if apply && undo && rejected >= 0 {
-		// Every window up to the one that rejected was incremented.
-		for i, w := range windows[:rejected+1] {
-			if w.Value != 0 {
-				counts[i].Current = d.add(namespace, cell{key, w.Size, w.Start}, -w.Value, now)
-			}
-		}
-	}
-	return counts, rejected, nil
-}
-
-// exceeds reports whether a rate exceeds a limit: +Inf never is exceeded
-// and -Inf always is, whatever the rate, as in Redis.
-func exceeds(rate, limit float64) bool {
-	switch {
-	case math.IsInf(limit, 1):
-		return false
-	case math.IsInf(limit, -1):
-		return true
-	}
-	return rate > limit
 }
 
 // Close marks the store closed: its later calls fail with an error that
@@ -281,23 +55,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Counters returns how many counters the data set holds for a namespace,
-// after dropping the expired ones.
-func (s *Store) Counters(namespace string) int {
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(s.now().UnixNano())
-	return len(d.spaces[namespace])
-}
-
 // Lookups returns how many counters GetCounters has looked up in the data
 // set so far, through any of its stores: a running total of the work
 // fetches did, for strategytest.Harness.Cost.
 func (s *Store) Lookups() int64 { return s.data.lookups.Load() }
 
-// finite reports whether v can be added to a counter.
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
-
 // Interface guards
-var _ strategy.Hitter = (*Store)(nil)
+var (
+	_ strategy.Hitter  = (*Store)(nil)
+	_ strategy.Slotter = (*Store)(nil)
+	_ strategy.Banner  = (*Store)(nil)
+)

@@ -18,7 +18,7 @@ func (c *fakeClock) advance(d time.Duration) { c.now = c.now.Add(d) }
 // newTestStore returns a store of a private data set on a fake clock that
 // starts at the beginning of an hour.
 func newTestStore() (*Store, *fakeClock) {
-	s := New()
+	s := newStore(newData())
 	c := &fakeClock{now: time.Unix(0, window.Start(time.Now().UnixNano(), time.Hour))}
 	s.now = c.Now
 	return s, c
@@ -194,7 +194,7 @@ func TestHitOnExpiredWindowStoresNothing(t *testing.T) {
 }
 
 func TestLookupsCountWindowsAsked(t *testing.T) {
-	s := New()
+	s := newStore(newData())
 	sizes := []time.Duration{time.Second, time.Minute, time.Hour}
 	if _, err := s.GetCounters(t.Context(), "ns", []string{"a", "b"}, sizes, time.Now()); err != nil {
 		t.Fatal(err)

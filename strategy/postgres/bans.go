@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,16 +20,10 @@ import (
 // error wraps strategy.ErrNotSent when the call surely never reached the
 // server, and strategy.ErrRejected for an end more than
 // strategy.MaxBanLength away.
-func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
-	if err := s.setBans(ctx, namespace, bans); err != nil {
-		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
+func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
+	defer errs.SetBans(&err, namespace, len(bans))
 	if s.isClosed() {
-		return errClosed
+		return errs.Closed()
 	}
 	if err := strategy.CheckBans(bans, time.Now()); err != nil {
 		return err
@@ -72,17 +65,10 @@ func (s *Store) setBans(ctx context.Context, namespace string, bans []strategy.B
 // known, every ban that ends after now (see strategy.Banner), in one
 // query: one round trip, which reads the namespace's version and one of
 // its bans when the version is known.
-func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
-	bans, version, err := s.getBans(ctx, namespace, known, now)
-	if err != nil {
-		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
-	}
-	return bans, version, nil
-}
-
-func (s *Store) getBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
+	defer errs.GetBans(&err, namespace)
 	if s.isClosed() {
-		return nil, 0, errClosed
+		return nil, 0, errs.Closed()
 	}
 	conn, err := s.acquireBans(ctx)
 	if err != nil {
@@ -113,18 +99,7 @@ func (s *Store) getBans(ctx context.Context, namespace string, known int64, now 
 }
 
 // acquireBans returns a connection as acquire does, with the bans' part
-// of the schema in place too, as acquireSlots does for slots.
+// of the schema in place too.
 func (s *Store) acquireBans(ctx context.Context) (*pgxpool.Conn, error) {
-	if !s.bansReady.Load() {
-		pool, err := s.getPool()
-		if err != nil {
-			return nil, err
-		}
-		if err := s.createSchema(ctx, pool, s.sql.banSchema, &s.bansReady); err != nil {
-			return nil, fmt.Errorf("%w: creating the bans tables: %w", strategy.ErrNotSent, err)
-		}
-	}
-	return s.acquire(ctx)
+	return s.acquirePart(ctx, s.sql.banSchema, &s.bansReady, "the bans tables")
 }
-
-var _ strategy.Banner = (*Store)(nil)

@@ -94,13 +94,13 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			}`, "duplicate subdirective 'table'"},
 		{"negative max_conns", `postgres {
 				max_conns -1
-			}`, "max_conns: '-1' is not a non-negative integer"},
+			}`, `max_conns: want a whole number from 0 to 2147483647, got "-1"`},
 		{"max_conns not a number", `postgres {
 				max_conns ten
-			}`, "max_conns: 'ten' is not a non-negative integer"},
+			}`, `max_conns: want a whole number from 0 to 2147483647, got "ten"`},
 		{"max_conns too large", `postgres {
 				max_conns 3000000000
-			}`, "max_conns: '3000000000' is not a non-negative integer"},
+			}`, `max_conns: want a whole number from 0 to 2147483647, got "3000000000"`},
 		{"max_conns twice", `postgres {
 				max_conns 1 2
 			}`, "wrong argument count"},

@@ -46,16 +46,10 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 // An error wraps strategy.ErrNotSent when the batch surely never reached
 // the server. Any other error may come after PostgreSQL applied it:
 // pushing it again with the same ID applies it only if it was not.
-func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	if err := s.pushDiffs(ctx, b); err != nil {
-		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
+	defer errs.PushDiffs(&err, b)
 	if b.ID == "" {
-		return fmt.Errorf("%w: the batch has no ID", strategy.ErrRejected)
+		return errs.Rejected("the batch has no ID")
 	}
 	for i := range b.Diffs {
 		if err := strategy.CheckWindow(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
@@ -127,6 +121,22 @@ func (s *Store) pushDiffs(ctx context.Context, b strategy.Batch) error {
 	return s.sent(err)
 }
 
+// windowsAt returns the windows that hold now and the ones before them,
+// of every size, in the order of sizes (current, previous, current, ...):
+// their sizes and starts in milliseconds, as the tables hold them.
+func windowsAt(sizes []time.Duration, now time.Time) (sizesMs, startsMs []int64) {
+	at := now.UnixNano()
+	sizesMs = make([]int64, 0, 2*len(sizes))
+	startsMs = make([]int64, 0, 2*len(sizes))
+	for _, size := range sizes {
+		cur := window.Start(at, size)
+		sizeMs := int64(size / time.Millisecond)
+		sizesMs = append(sizesMs, sizeMs, sizeMs)
+		startsMs = append(startsMs, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
+	}
+	return sizesMs, startsMs
+}
+
 // keep reports whether a diff of a valid window is pushed at now (Unix
 // nanoseconds): it adds something, to a window that has not expired.
 func keep(d *window.Diff, now int64) bool {
@@ -141,32 +151,15 @@ func keep(d *window.Diff, now int64) bool {
 // table. A size that is not valid is refused with an error that wraps
 // strategy.ErrRejected. An error wraps strategy.ErrNotSent when the query
 // surely never reached the server; a read changes nothing anyway.
-func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	counts, err := s.getCounters(ctx, namespace, keys, sizes, now)
-	if err != nil {
-		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
-	}
-	return counts, nil
-}
-
-func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (_ []window.Count, err error) {
+	defer errs.GetCounters(&err, namespace, len(keys))
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return nil, err
 	}
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
 	}
-	// The windows: the current and the previous one of each size, in the
-	// order of sizes.
-	at := now.UnixNano()
-	winSizes := make([]int64, 0, 2*len(sizes))
-	winStarts := make([]int64, 0, 2*len(sizes))
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		sizeMs := int64(size / time.Millisecond)
-		winSizes = append(winSizes, sizeMs, sizeMs)
-		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
-	}
+	winSizes, winStarts := windowsAt(sizes, now)
 	keyBytes := 0
 	for _, k := range keys {
 		keyBytes += min(len(k), maxStoredKey+1)
@@ -227,14 +220,8 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 // as zero, until they expire, and diffs pushed later add to zero. It is
 // one statement, one round trip. A size that is not valid is refused,
 // before anything is reset, with an error that wraps strategy.ErrRejected.
-func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	if err := s.reset(ctx, namespace, key, sizes, now); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
+	defer errs.Reset(&err, namespace)
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return err
 	}
@@ -245,15 +232,7 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 	if len(sizes) == 0 {
 		return nil
 	}
-	at := now.UnixNano()
-	winSizes := make([]int64, 0, 2*len(sizes))
-	winStarts := make([]int64, 0, 2*len(sizes))
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		sizeMs := int64(size / time.Millisecond)
-		winSizes = append(winSizes, sizeMs, sizeMs)
-		winStarts = append(winStarts, cur/int64(time.Millisecond), (cur-int64(size))/int64(time.Millisecond))
-	}
+	winSizes, winStarts := windowsAt(sizes, now)
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
@@ -293,15 +272,8 @@ func (s *Store) reset(ctx context.Context, namespace, key string, sizes []time.D
 // connection could be made or had, or the store is closed); any other
 // error leaves the caller not knowing whether it was applied, which a
 // batch of the hit's ID settles.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
-	counts, rejected, err = s.hit(ctx, namespace, key, id, windows, undo)
-	if err != nil {
-		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
-	}
-	return counts, rejected, nil
-}
-
-func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
+	defer errs.Hit(&err, namespace)
 	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
@@ -375,3 +347,6 @@ func appendStored(buf []byte, s string, bound int) []byte {
 	sum := sha256.Sum256([]byte(s))
 	return append(buf, sum[:]...)
 }
+
+// finite reports whether v can be added to a counter.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"regexp"
 	"slices"
@@ -93,7 +92,8 @@ type Postgres struct {
 	// else pgxpool's default, the greater of 4 and the number of CPUs.
 	MaxConns int32 `json:"max_conns,omitempty"`
 
-	// The checked settings, made by Provision or Open.
+	// The checked settings, made by Provision or Open, and Provision's
+	// logger (nil after Open: the store then logs nothing).
 	poolConfig *pgxpool.Config
 	names      *names
 	logger     *zap.Logger
@@ -138,9 +138,6 @@ func (p *Postgres) Provision(ctx caddy.Context) error {
 //	if err != nil { ... }
 //	defer s.Close()
 func (p *Postgres) Open() (*Store, error) {
-	if p.logger == nil {
-		p.logger = zap.NewNop()
-	}
 	if err := p.setup(); err != nil {
 		return nil, err
 	}
@@ -163,7 +160,7 @@ func (p *Postgres) setup() error {
 	p.Table = strings.ToLower(p.Table)
 	cfg, err := pgxpool.ParseConfig(p.DSN)
 	if err != nil { // Validate parsed it: only if the environment changed
-		return fmt.Errorf("postgres strategy: %w", dsnError(p.DSN, err))
+		return errs.Settings(dsnError(p.DSN, err))
 	}
 	if p.MaxConns > 0 {
 		cfg.MaxConns = p.MaxConns
@@ -182,26 +179,16 @@ func (p *Postgres) setup() error {
 // the value (never the password). It parses the DSN but never connects.
 // Provision runs it too.
 func (p *Postgres) Validate() error {
-	var errs []error
+	var dsn, maxConns error
 	if p.DSN == "" {
-		errs = append(errs, errors.New("dsn: required (a placeholder such as {env.DATABASE_URL} may have been empty)"))
+		dsn = errors.New("dsn: required (a placeholder such as {env.DATABASE_URL} may have been empty)")
 	} else if _, err := pgxpool.ParseConfig(p.DSN); err != nil {
-		errs = append(errs, dsnError(p.DSN, err))
-	}
-	if err := checkTable(p.Table); err != nil {
-		errs = append(errs, err)
+		dsn = dsnError(p.DSN, err)
 	}
 	if p.MaxConns < 0 {
-		errs = append(errs, fmt.Errorf("max_conns: must not be negative, got %d", p.MaxConns))
+		maxConns = fmt.Errorf("max_conns: must not be negative, got %d", p.MaxConns)
 	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, err := range errs {
-			msgs[i] = err.Error()
-		}
-		return fmt.Errorf("postgres strategy: %s", strings.Join(msgs, "; "))
-	}
-	return nil
+	return errs.Settings(dsn, checkTable(p.Table), maxConns)
 }
 
 // OpenStore returns a new store for p's settings (see strategy.Strategy),
@@ -209,12 +196,12 @@ func (p *Postgres) Validate() error {
 // It neither connects nor starts a goroutine: the pool is made when the
 // store is first used. p must be provisioned (or opened).
 func (p *Postgres) OpenStore() (strategy.Store, error) {
-	return p.openStore()
+	return strategy.OpenStore(p.openStore)
 }
 
 func (p *Postgres) openStore() (*Store, error) {
 	if p.poolConfig == nil {
-		return nil, errors.New("postgres strategy: opening a store of settings that were not provisioned")
+		return nil, errs.Settings(errors.New("opening a store of settings that were not provisioned"))
 	}
 	return newStore(p.poolConfig.Copy(), p.names, p.logger), nil
 }
@@ -238,10 +225,7 @@ func (p *Postgres) StoreKey() string {
 // that is not a positive whole number of milliseconds. The error names the
 // size and wraps ErrInvalidWindow.
 func (p *Postgres) ValidateWindow(size time.Duration) error {
-	if err := strategy.CheckSize(size); err != nil {
-		return fmt.Errorf("postgres strategy: %w", err)
-	}
-	return nil
+	return errs.Settings(strategy.CheckSize(size))
 }
 
 // tableName and schemaName match the parts of the table setting: plain
@@ -389,9 +373,6 @@ func redactDSN(dsn string) (string, []string) {
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	return dsn, secrets
 }
-
-// finite reports whether v can be added to a counter.
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // Interface guards
 var (

@@ -28,15 +28,8 @@ import (
 // call surely never reached the server; any other error leaves the caller
 // not knowing whether the slot was taken: acquiring the id again renews
 // it, releasing it frees it, and otherwise its lease frees it.
-func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
-	held, ok, err = s.acquireSlot(ctx, namespace, key, id, max, lease)
-	if err != nil {
-		return 0, false, fmt.Errorf("acquiring a slot of namespace %q: %w", namespace, err)
-	}
-	return held, ok, nil
-}
-
-func (s *Store) acquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (int, bool, error) {
+func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (_ int, _ bool, err error) {
+	defer errs.AcquireSlot(&err, namespace)
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
@@ -64,14 +57,8 @@ func (s *Store) acquireSlot(ctx context.Context, namespace, key, id string, max 
 // is refused, before anything is sent, with an error that wraps
 // strategy.ErrRejected. An error wraps strategy.ErrNotSent when the call
 // surely never reached the server; releasing again is harmless.
-func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
-	if err := s.releaseSlots(ctx, namespace, slots); err != nil {
-		return fmt.Errorf("releasing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) releaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
+func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
+	defer errs.ReleaseSlots(&err, namespace, len(slots))
 	if err := strategy.CheckSlots(slots); err != nil {
 		return err
 	}
@@ -83,18 +70,9 @@ func (s *Store) releaseSlots(ctx context.Context, namespace string, slots []stra
 // function: one round trip. A slot that expired is not taken again. Bad
 // input is refused as by AcquireSlot and ReleaseSlots, and errors are
 // those of ReleaseSlots (renewing twice is harmless too).
-func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
-	if err := s.renewSlots(ctx, namespace, slots, lease); err != nil {
-		return fmt.Errorf("renewing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (s *Store) renewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
-	if err := strategy.CheckSlotLease(lease); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
+func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
+	defer errs.RenewSlots(&err, namespace, len(slots))
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
 	leaseMs := strategy.LeaseMs(lease)
@@ -108,7 +86,7 @@ func (s *Store) renewSlots(ctx context.Context, namespace string, slots []strate
 // nothing.
 func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []strategy.Slot, leaseMs *int64) error {
 	if s.isClosed() {
-		return errClosed
+		return errs.Closed()
 	}
 	if len(slots) == 0 {
 		return nil

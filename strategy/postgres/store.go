@@ -31,12 +31,13 @@ const (
 	maxPurgeChunks = 100
 )
 
-// errClosed is returned by the calls made on a closed store.
-var errClosed = fmt.Errorf("%w: the postgres store is closed", strategy.ErrNotSent)
+// errs words the store's errors.
+var errs = strategy.Errors{Store: "postgres"}
 
-// Store is a store of window counters in one PostgreSQL table. It
-// implements strategy.Hitter and strategy.Slotter (whose slots live in a
-// table of their own), and is safe for concurrent use.
+// Store is a store of window counters in one PostgreSQL table, opened by
+// Postgres.Open or OpenStore. It implements strategy.Hitter,
+// strategy.Slotter and strategy.Banner (whose slots and bans live in tables
+// of their own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
 // connection pool, starts the purge goroutine, and creates the tables and
@@ -69,6 +70,9 @@ type Store struct {
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
 	return &Store{
 		config:     cfg,
 		names:      n,
@@ -85,7 +89,7 @@ func (s *Store) getPool() (*pgxpool.Pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errClosed
+		return nil, errs.Closed()
 	}
 	if s.pool != nil {
 		return s.pool, nil
@@ -94,7 +98,7 @@ func (s *Store) getPool() (*pgxpool.Pool, error) {
 	// pool_min_conns), but starts the pool's health check goroutine.
 	pool, err := pgxpool.NewWithConfig(context.Background(), s.config)
 	if err != nil {
-		return nil, fmt.Errorf("%w: making the connection pool: %w", strategy.ErrNotSent, err)
+		return nil, errs.NotSent(fmt.Errorf("making the connection pool: %w", err))
 	}
 	s.pool = pool
 	ctx, cancel := context.WithCancel(context.Background())
@@ -113,15 +117,15 @@ func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	}
 	if !s.schemaReady.Load() {
 		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
-			return nil, fmt.Errorf("%w: creating the tables: %w", strategy.ErrNotSent, err)
+			return nil, errs.NotSent(fmt.Errorf("creating the tables: %w", err))
 		}
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		if s.isClosed() {
-			return nil, fmt.Errorf("%w: %w", errClosed, err)
+			return nil, fmt.Errorf("%w: %w", errs.Closed(), err)
 		}
-		return nil, fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+		return nil, errs.NotSent(err)
 	}
 	return conn, nil
 }
@@ -133,16 +137,23 @@ func (s *Store) isClosed() bool {
 }
 
 // acquireSlots returns a connection as acquire does, with the slots' part
-// of the schema in place too. It makes that part before it takes a
-// connection, as createSchema takes one of its own.
+// of the schema in place too.
 func (s *Store) acquireSlots(ctx context.Context) (*pgxpool.Conn, error) {
-	if !s.slotsReady.Load() {
+	return s.acquirePart(ctx, s.sql.slotSchema, &s.slotsReady, "the slots table")
+}
+
+// acquirePart returns a connection as acquire does, with a part of the
+// schema that not every store needs (schema, which creates what, and
+// which ready records) in place too. It makes that part before it takes
+// a connection, as createSchema takes one of its own.
+func (s *Store) acquirePart(ctx context.Context, schema string, ready *atomic.Bool, what string) (*pgxpool.Conn, error) {
+	if !ready.Load() {
 		pool, err := s.getPool()
 		if err != nil {
 			return nil, err
 		}
-		if err := s.createSchema(ctx, pool, s.sql.slotSchema, &s.slotsReady); err != nil {
-			return nil, fmt.Errorf("%w: creating the slots table: %w", strategy.ErrNotSent, err)
+		if err := s.createSchema(ctx, pool, schema, ready); err != nil {
+			return nil, errs.NotSent(fmt.Errorf("creating %s: %w", what, err))
 		}
 	}
 	return s.acquire(ctx)
@@ -195,7 +206,7 @@ func (s *Store) sent(err error) error {
 		s.bansReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
-		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
+		return errs.NotSent(err)
 	}
 	return err
 }
@@ -278,7 +289,7 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	}
 	if !s.schemaReady.Load() {
 		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
-			return 0, fmt.Errorf("purging expired counters: %w: creating the tables: %w", strategy.ErrNotSent, err)
+			return 0, fmt.Errorf("purging expired counters: %w", errs.NotSent(fmt.Errorf("creating the tables: %w", err)))
 		}
 	}
 	n, err := s.purge(ctx, pool, true, -1)
@@ -350,4 +361,5 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 var (
 	_ strategy.Hitter  = (*Store)(nil)
 	_ strategy.Slotter = (*Store)(nil)
+	_ strategy.Banner  = (*Store)(nil)
 )

@@ -24,7 +24,7 @@ import (
 )
 
 // roundTrip pushes one diff and reads it back.
-func roundTrip(t *testing.T, r *Redis) error {
+func roundTrip(t *testing.T, r *Store) error {
 	t.Helper()
 	ctx := testCtx(t)
 	size := time.Minute
@@ -87,7 +87,6 @@ func TestPasswordPlaceholder(t *testing.T) {
 	if err := r.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Cleanup()
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +98,7 @@ func TestPasswordPlaceholder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	if err := roundTrip(t, store.(*Redis)); err != nil {
+	if err := roundTrip(t, store.(*Store)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -87,15 +87,9 @@ var getBansScript = goredis.NewScript(getBansSource)
 // error wraps strategy.ErrNotSent when the call surely never reached
 // Redis, and strategy.ErrRejected for an end more than
 // strategy.MaxBanLength away.
-func (r *Redis) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
-	if err := r.setBans(ctx, namespace, bans); err != nil {
-		return fmt.Errorf("setting %d bans of namespace %q: %w", len(bans), namespace, err)
-	}
-	return nil
-}
-
-func (r *Redis) setBans(ctx context.Context, namespace string, bans []strategy.Ban) error {
-	if err := r.checkOpen(); err != nil {
+func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
+	defer errs.SetBans(&err, namespace, len(bans))
+	if err := s.checkOpen(); err != nil {
 		return err
 	}
 	if err := strategy.CheckBans(bans, time.Now()); err != nil {
@@ -104,7 +98,7 @@ func (r *Redis) setBans(ctx context.Context, namespace string, bans []strategy.B
 	if len(bans) == 0 {
 		return nil
 	}
-	set, version := r.layout.bansKeys(namespace)
+	set, version := s.layout.bansKeys(namespace)
 	cmdArgs := make([]any, 0, 5+2*len(bans))
 	cmdArgs = append(cmdArgs, nil, nil, 2, set, version)
 	for _, b := range bans {
@@ -114,7 +108,7 @@ func (r *Redis) setBans(ctx context.Context, namespace string, bans []strategy.B
 		}
 		cmdArgs = append(cmdArgs, b.Key, until)
 	}
-	if err := runOnce(ctx, r.client, setBansScript, setBansSource, cmdArgs).Err(); err != nil {
+	if err := runOnce(ctx, s.client, setBansScript, setBansSource, cmdArgs).Err(); err != nil {
 		return notSent(err)
 	}
 	return nil
@@ -124,21 +118,14 @@ func (r *Redis) setBans(ctx context.Context, namespace string, bans []strategy.B
 // known, every ban that ends after now (see strategy.Banner), with one
 // script run: one round trip, whose cost is a GET when the version is
 // known, and otherwise a ZRANGEBYSCORE of the bans.
-func (r *Redis) GetBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
-	bans, version, err := r.getBans(ctx, namespace, known, now)
-	if err != nil {
-		return nil, 0, fmt.Errorf("getting the bans of namespace %q: %w", namespace, err)
-	}
-	return bans, version, nil
-}
-
-func (r *Redis) getBans(ctx context.Context, namespace string, known int64, now time.Time) ([]strategy.Ban, int64, error) {
-	if err := r.checkOpen(); err != nil {
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
+	defer errs.GetBans(&err, namespace)
+	if err := s.checkOpen(); err != nil {
 		return nil, 0, err
 	}
-	set, version := r.layout.bansKeys(namespace)
+	set, version := s.layout.bansKeys(namespace)
 	cmdArgs := []any{nil, nil, 2, set, version, known, now.UnixMilli()}
-	reply, err := runOnce(ctx, r.client, getBansScript, getBansSource, cmdArgs).StringSlice()
+	reply, err := runOnce(ctx, s.client, getBansScript, getBansSource, cmdArgs).StringSlice()
 	if err != nil {
 		return nil, 0, notSent(err)
 	}
@@ -159,5 +146,3 @@ func (r *Redis) getBans(ctx context.Context, namespace string, known int64, now 
 	}
 	return bans, v, nil
 }
-
-var _ strategy.Banner = (*Redis)(nil)

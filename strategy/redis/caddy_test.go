@@ -49,22 +49,19 @@ func TestLoadFromJSON(t *testing.T) {
 		r.ReadTimeout != caddy.Duration(500*time.Millisecond) || r.WriteTimeout != caddy.Duration(time.Second) || r.PoolSize != 4 {
 		t.Errorf("configuration not applied: %+v", r)
 	}
-	if r.client != nil {
-		t.Error("provisioning built a client")
-	}
 	opened, err := s.OpenStore()
 	if err != nil {
 		t.Fatalf("opening the store: %v", err)
 	}
-	store, ok := opened.(*Redis)
+	store, ok := opened.(*Store)
 	if !ok {
-		t.Fatalf("the store is a %T, not a *Redis", opened)
+		t.Fatalf("the store is a %T, not a *Store", opened)
 	}
 	if _, ok := opened.(strategy.Hitter); !ok {
 		t.Error("the store is not a strategy.Hitter")
 	}
-	if store == r || store.client == nil || r.client != nil {
-		t.Errorf("OpenStore did not build a client on a copy: store %p (client %v), module %p (client %v)", store, store.client, r, r.client)
+	if store.client == nil {
+		t.Errorf("OpenStore did not build a client: store %p (client %v)", store, store.client)
 	}
 	if err := roundTrip(t, store); err != nil {
 		t.Fatal(err)
@@ -141,15 +138,15 @@ func TestProvisionDoesNotDial(t *testing.T) {
 	if err := store.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r := &Redis{Addresses: []string{l.Addr().String()}}
-	if err := r.Open(); err != nil {
+	opened, err := (&Redis{Addresses: []string{l.Addr().String()}}).Open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Cleanup(); err != nil {
+	if err := opened.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Cleanup(); err != nil {
-		t.Errorf("a second Cleanup: %v", err)
+	if err := opened.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
 	}
 	time.Sleep(100 * time.Millisecond) // let a stray dial arrive
 	if n := accepted.Load(); n != 0 {
@@ -201,9 +198,9 @@ func TestValidate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.r
-			err := r.Open()
+			s, err := r.Open()
 			if err == nil {
-				r.Cleanup()
+				s.Close()
 				t.Fatal("Open succeeded")
 			}
 			for _, w := range tc.want {
@@ -215,10 +212,11 @@ func TestValidate(t *testing.T) {
 	}
 	t.Run("good", func(t *testing.T) {
 		r := Redis{Addresses: []string{"[::1]:6379", "redis-1.internal:6380"}, KeyPrefix: "rl:eu", PoolSize: 5}
-		if err := r.Open(); err != nil {
+		s, err := r.Open()
+		if err != nil {
 			t.Fatal(err)
 		}
-		r.Cleanup()
+		s.Close()
 	})
 }
 
@@ -238,12 +236,13 @@ func TestClientKind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.r
-			if err := r.Open(); err != nil {
+			s, err := r.Open()
+			if err != nil {
 				t.Fatal(err)
 			}
-			defer r.Cleanup()
+			defer s.Close()
 			var got string
-			switch c := r.client.(type) {
+			switch c := s.client.(type) {
 			case *goredis.ClusterClient:
 				got = "cluster"
 			case *goredis.Client:

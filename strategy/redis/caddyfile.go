@@ -1,9 +1,6 @@
 package redis
 
 import (
-	"strconv"
-
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/ratesync/caddy-ratelimit/internal/cfargs"
@@ -40,128 +37,35 @@ import (
 // subdirective may appear once. tls alone enables TLS with the system's
 // certificate authorities.
 func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // consume module name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if seen[name] && name != "addresses" {
-			return d.Errf("duplicate subdirective '%s'", name)
-		}
-		seen[name] = true
-		var err error
-		switch name {
-		case "addresses":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			r.Addresses = append(r.Addresses, args...)
-		case "master_name":
-			err = cfargs.One(d, &r.MasterName)
-		case "username":
-			err = cfargs.One(d, &r.Username)
-		case "password":
-			err = cfargs.One(d, &r.Password)
-		case "sentinel_username":
-			err = cfargs.One(d, &r.SentinelUsername)
-		case "sentinel_password":
-			err = cfargs.One(d, &r.SentinelPassword)
-		case "key_prefix":
-			err = cfargs.One(d, &r.KeyPrefix)
-		case "db":
-			err = natural(d, &r.DB)
-		case "pool_size":
-			err = natural(d, &r.PoolSize)
-		case "dial_timeout":
-			err = duration(d, &r.DialTimeout)
-		case "read_timeout":
-			err = duration(d, &r.ReadTimeout)
-		case "write_timeout":
-			err = duration(d, &r.WriteTimeout)
-		case "tls":
-			err = r.unmarshalTLS(d)
-		default:
-			return d.Errf("unrecognized subdirective '%s'", name)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return cfargs.Module(d, map[string]func() error{
+		"addresses":         func() error { return cfargs.List(d, &r.Addresses) },
+		"master_name":       func() error { return cfargs.One(d, &r.MasterName) },
+		"username":          func() error { return cfargs.One(d, &r.Username) },
+		"password":          func() error { return cfargs.One(d, &r.Password) },
+		"sentinel_username": func() error { return cfargs.One(d, &r.SentinelUsername) },
+		"sentinel_password": func() error { return cfargs.One(d, &r.SentinelPassword) },
+		"key_prefix":        func() error { return cfargs.One(d, &r.KeyPrefix) },
+		"db":                func() error { return cfargs.Int(d, "db", 0, &r.DB) },
+		"pool_size":         func() error { return cfargs.Int(d, "pool_size", 0, &r.PoolSize) },
+		"dial_timeout":      func() error { return cfargs.Duration(d, "dial_timeout", &r.DialTimeout) },
+		"read_timeout":      func() error { return cfargs.Duration(d, "read_timeout", &r.ReadTimeout) },
+		"write_timeout":     func() error { return cfargs.Duration(d, "write_timeout", &r.WriteTimeout) },
+		"tls":               func() error { return r.unmarshalTLS(d) },
+	}, "addresses")
 }
 
 // unmarshalTLS reads "tls" alone or "tls { ... }".
 func (r *Redis) unmarshalTLS(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoArgs(d); err != nil {
+		return err
 	}
 	t := new(TLSConfig)
 	r.TLS = t
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		name := d.Val()
-		if seen[name] {
-			return d.Errf("duplicate tls subdirective '%s'", name)
-		}
-		seen[name] = true
-		var err error
-		switch name {
-		case "ca":
-			err = cfargs.One(d, &t.CA)
-		case "cert":
-			err = cfargs.One(d, &t.Cert)
-		case "key":
-			err = cfargs.One(d, &t.Key)
-		case "server_name":
-			err = cfargs.One(d, &t.ServerName)
-		case "insecure_skip_verify":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			t.InsecureSkipVerify = true
-		default:
-			return d.Errf("unrecognized tls subdirective '%s'", name)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// natural reads a single non-negative integer argument.
-func natural(d *caddyfile.Dispenser, dst *int) error {
-	name := d.Val()
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < 0 {
-		return d.Errf("%s: '%s' is not a non-negative integer", name, d.Val())
-	}
-	*dst = n
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
-}
-
-// duration reads a single non-negative duration argument, such as 2s.
-func duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	name := d.Val()
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	v, err := caddy.ParseDuration(d.Val())
-	if err != nil || v < 0 {
-		return d.Errf("%s: '%s' is not a non-negative duration", name, d.Val())
-	}
-	*dst = caddy.Duration(v)
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
+	return cfargs.Block(d, "tls", map[string]func() error{
+		"ca":                   func() error { return cfargs.One(d, &t.CA) },
+		"cert":                 func() error { return cfargs.One(d, &t.Cert) },
+		"key":                  func() error { return cfargs.One(d, &t.Key) },
+		"server_name":          func() error { return cfargs.One(d, &t.ServerName) },
+		"insecure_skip_verify": func() error { return cfargs.Flag(d, &t.InsecureSkipVerify) },
+	})
 }

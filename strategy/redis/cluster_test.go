@@ -239,13 +239,13 @@ func TestCluster(t *testing.T) {
 }
 
 // counterKeyOf returns the Redis key of a counter.
-func counterKeyOf(r *Redis, ns, key string, size time.Duration, start int64) string {
+func counterKeyOf(r *Store, ns, key string, size time.Duration, start int64) string {
 	k, _ := r.layout.counterKey(nil, bucketOf(ns, key), size.Milliseconds(), start/int64(time.Millisecond), nsPart(ns), key)
 	return k
 }
 
 // slotOf returns the Cluster slot of a Redis key.
-func slotOf(t *testing.T, r *Redis, key string) int64 {
+func slotOf(t *testing.T, r *Store, key string) int64 {
 	t.Helper()
 	slot, err := r.client.ClusterKeySlot(testCtx(t), key).Result()
 	if err != nil {

@@ -46,10 +46,10 @@ func harness(t *testing.T, addrs []string, masters []*goredis.Client) strategyte
 			return s
 		},
 		Counters: func(t *testing.T, s strategy.Store, namespace string) int {
-			return countersOf(t, masters, s.(*Redis).KeyPrefix, namespace)
+			return countersOf(t, masters, settings.KeyPrefix, namespace)
 		},
 		Slots: func(t *testing.T, s strategy.Store, namespace string) int {
-			return slotsOf(t, masters, s.(*Redis).KeyPrefix, namespace)
+			return slotsOf(t, masters, settings.KeyPrefix, namespace)
 		},
 		Cost: func(t *testing.T) int64 {
 			var total int64

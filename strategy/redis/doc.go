@@ -9,13 +9,13 @@
 // replaces placeholders, applies defaults, checks the values and reads the
 // TLS files, and holds nothing. StoreKey is every connection setting (and
 // a digest of the TLS files), so that namespaces and configs naming the
-// same Redis share one store. OpenStore returns the store, a copy of the
-// settings with a go-redis client of its own, which dials only when first
-// used; the rate_limit app closes it with Close, and the module's Cleanup
-// leaves it alone. From Go, Open turns a filled-in Redis into a store
-// itself, without Caddy. The store is a strategy.Hitter, so it can serve
-// synchronous namespaces, and a strategy.Slotter, so it can hold the
-// concurrency slots of max_concurrent for a fleet.
+// same Redis share one store. OpenStore returns the store, a Store built
+// from the checked settings with a go-redis client of its own, which dials
+// only when first used; the rate_limit app closes it with Close. From Go,
+// Open does what Provision does and opens a Store, without Caddy. The
+// store is a strategy.Hitter, so it can serve synchronous namespaces, a
+// strategy.Slotter, so it can hold the concurrency slots of max_concurrent
+// for a fleet, and a strategy.Banner, so its bans reach every node.
 //
 // # Layout
 //

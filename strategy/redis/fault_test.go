@@ -35,7 +35,7 @@ func bigBatch(ns string, n int, size time.Duration, start int64) strategy.Batch 
 
 // stored reads every counter of a batch with a plain client: how many the
 // store holds, and whether each holds exactly its diff's value.
-func stored(t *testing.T, c *goredis.Client, r *Redis, b strategy.Batch) (present int, wrong []string) {
+func stored(t *testing.T, c *goredis.Client, r *Store, b strategy.Batch) (present int, wrong []string) {
 	t.Helper()
 	ctx := testCtx(t)
 	pipe := c.Pipeline()
@@ -64,7 +64,7 @@ func stored(t *testing.T, c *goredis.Client, r *Redis, b strategy.Batch) (presen
 
 // warmUp opens a connection and loads the push script, so that the next
 // push is written at once.
-func warmUp(t *testing.T, r *Redis, size time.Duration, start int64) {
+func warmUp(t *testing.T, r *Store, size time.Duration, start int64) {
 	t.Helper()
 	if err := r.PushDiffs(testCtx(t), strategy.Batch{ID: newID(), Namespace: "warm-up", Diffs: []window.Diff{
 		{Key: "k", Size: size, Start: start, Value: 1},
@@ -403,7 +403,7 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 }
 
 // waitForWindow waits until a window holds want.
-func waitForWindow(t *testing.T, r *Redis, ns, key string, size time.Duration, start int64, want float64) {
+func waitForWindow(t *testing.T, r *Store, ns, key string, size time.Duration, start int64, want float64) {
 	t.Helper()
 	poll.Until(t, 20*time.Second, fmt.Sprintf("the window to hold %v", want), func() bool {
 		v, err := r.GetWindow(testCtx(t), ns, key, size, start)

@@ -28,23 +28,24 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// open opens r (filled-in configuration) as a store and closes it when the
+// open opens a store of r (filled-in configuration) and closes it when the
 // test ends.
-func open(t testing.TB, r *Redis) *Redis {
+func open(t testing.TB, r *Redis) *Store {
 	t.Helper()
-	if err := r.Open(); err != nil {
+	s, err := r.Open()
+	if err != nil {
 		t.Fatalf("opening the store: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
+		if err := s.Close(); err != nil {
 			t.Errorf("closing the store: %v", err)
 		}
 	})
-	return r
+	return s
 }
 
 // startStandalone starts a redis-server and returns a store using it.
-func startStandalone(t testing.TB) (*redistest.Server, *Redis) {
+func startStandalone(t testing.TB) (*redistest.Server, *Store) {
 	t.Helper()
 	srv := redistest.Start(t)
 	return srv, open(t, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(5 * time.Second)})
@@ -189,7 +190,7 @@ func resetStats(t testing.TB, c *goredis.Client) {
 
 // hitOne applies a hit to one window with no limit, and returns the
 // window's counts after it.
-func hitOne(ctx context.Context, r *Redis, ns, key string, size time.Duration, start int64, value float64) (cur, prev float64, err error) {
+func hitOne(ctx context.Context, r *Store, ns, key string, size time.Duration, start int64, value float64) (cur, prev float64, err error) {
 	counts, _, err := r.Hit(ctx, ns, key, "", []strategy.WindowHit{{Size: size, Start: start, Value: value, Max: math.Inf(1)}}, false)
 	if err != nil {
 		return 0, 0, err

@@ -29,7 +29,7 @@ type hitCase struct {
 
 // runHits applies the hits of cases in turn to the windows (their Value
 // replaced by the case's), checking each result.
-func runHits(t *testing.T, r *Redis, ns, key string, windows []strategy.WindowHit, undo bool, cases []hitCase) {
+func runHits(t *testing.T, r *Store, ns, key string, windows []strategy.WindowHit, undo bool, cases []hitCase) {
 	t.Helper()
 	ctx := testCtx(t)
 	for i, tc := range cases {
@@ -49,7 +49,7 @@ func runHits(t *testing.T, r *Redis, ns, key string, windows []strategy.WindowHi
 }
 
 // checkWindows checks the counts the store holds for key's windows.
-func checkWindows(t *testing.T, r *Redis, ns, key string, windows []strategy.WindowHit, want ...float64) {
+func checkWindows(t *testing.T, r *Store, ns, key string, windows []strategy.WindowHit, want ...float64) {
 	t.Helper()
 	for i, w := range windows {
 		if v, err := r.GetWindow(testCtx(t), ns, key, w.Size, w.Start); err != nil || v != want[i] {

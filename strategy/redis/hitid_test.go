@@ -23,7 +23,7 @@ func hitDiffs(key string, windows []strategy.WindowHit) []window.Diff {
 }
 
 // hitWithID applies a hit and checks what it returns.
-func hitWithID(t *testing.T, r *Redis, ns, key, id string, windows []strategy.WindowHit, undo bool, want []strategy.WindowCounts, wantRejected int) {
+func hitWithID(t *testing.T, r *Store, ns, key, id string, windows []strategy.WindowHit, undo bool, want []strategy.WindowCounts, wantRejected int) {
 	t.Helper()
 	counts, rejected, err := r.Hit(testCtx(t), ns, key, id, windows, undo)
 	if err != nil {

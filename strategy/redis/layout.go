@@ -26,13 +26,6 @@ const (
 // marker), strategy.MinHitIDLife and strategy.MaxHitIDLife (a synchronous
 // hit's marker).
 
-// ErrInvalidWindow is wrapped by the errors of operations given a window
-// the store cannot hold: a size that is not a positive whole number of
-// milliseconds, or a start that is not a multiple of the size. Such a
-// request can never succeed: ErrInvalidWindow is strategy.ErrInvalidWindow,
-// which wraps strategy.ErrRejected, so callers drop it rather than retry.
-var ErrInvalidWindow = strategy.ErrInvalidWindow
-
 // FNV-1a 64 parameters.
 const (
 	fnvOffset = 14695981039346656037

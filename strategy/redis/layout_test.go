@@ -226,7 +226,7 @@ func TestPushPlanIgnoresOrder(t *testing.T) {
 		{"standalone", false, 11, []string{"rl:{5}:push:1:b1", "rl:{5}:push:2:b1", "rl:{5}:push:3:b1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Redis{layout: newLayout("rl"), cluster: tc.cluster}
+			r := &Store{layout: newLayout("rl"), cluster: tc.cluster}
 			plan := func(diffs []window.Diff) map[string]string {
 				calls, err := r.planPush(strategy.Batch{ID: "b1", Namespace: "ns", Diffs: diffs}, now)
 				if err != nil {
@@ -279,7 +279,7 @@ func TestPushPlanOfOneKeyIsTheHitsMarker(t *testing.T) {
 		diffs = append(diffs, window.Diff{Key: "k", Size: size, Start: window.Start(now, size), Value: 1})
 	}
 	for _, cluster := range []bool{false, true} {
-		r := &Redis{layout: newLayout("rl"), cluster: cluster}
+		r := &Store{layout: newLayout("rl"), cluster: cluster}
 		calls, err := r.planPush(strategy.Batch{ID: "hit-1", Namespace: "ns", Diffs: diffs}, now)
 		if err != nil {
 			t.Fatal(err)

@@ -130,7 +130,7 @@ func TestHitRememberedPreviousAdmitsExactly(t *testing.T) {
 		wg       sync.WaitGroup
 	)
 	for w := range 8 {
-		s := []*Redis{a, b}[w%2]
+		s := []*Store{a, b}[w%2]
 		wg.Go(func() {
 			for range 10 {
 				_, rejected, err := s.Hit(ctx, "exact", "k", newID(), windows, true)

@@ -11,10 +11,8 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
@@ -120,20 +118,6 @@ type Redis struct {
 	tlsConfig *tls.Config
 	tlsDigest string // of the TLS files' contents
 	layout    *layout
-	now       func() time.Time
-	logger    *zap.Logger
-
-	// The store's state, made by Open or OpenStore (on a copy).
-	client goredis.UniversalClient
-	closed *atomic.Bool // set by Close
-	// prevs remembers the counts that synchronous hits' replies gave, so
-	// that a hit can send its previous window's count instead of having
-	// the script read it.
-	prevs *prevCache
-	// cluster is set when client is a Cluster client, whose scripts and
-	// MGETs must keep to one slot (one bucket); a standalone server or a
-	// Sentinel-managed primary takes keys of any buckets in one.
-	cluster bool
 }
 
 // TLSConfig configures TLS for the connections to Redis.
@@ -173,11 +157,10 @@ func (Redis) CaddyModule() caddy.ModuleInfo {
 // rate_limit app opens the store (OpenStore), which connects when first
 // used.
 func (r *Redis) Provision(ctx caddy.Context) error {
-	r.logger = ctx.Logger()
 	if err := r.setup(); err != nil {
 		return err
 	}
-	r.logger.Debug("redis strategy configured",
+	ctx.Logger().Debug("redis strategy configured",
 		zap.Strings("addresses", r.Addresses),
 		zap.String("master_name", r.MasterName),
 		zap.Int("db", r.DB),
@@ -186,36 +169,36 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Open prepares r for use as a store outside Caddy, from Go code or tests:
-// it does what Provision and Validate do (placeholders, defaults, checks)
-// and builds r's own client, without dialing Redis. Fill in the
-// configuration fields first, and call Close when done:
+// Open prepares r's settings and opens a store of them for use outside
+// Caddy, from Go code or tests: it does what Provision and Validate do
+// (placeholders, defaults, checks), then what OpenStore does, without
+// dialing Redis. Fill in the configuration fields first, and close the
+// store when done:
 //
 //	r := &redis.Redis{Addresses: []string{"10.0.0.5:6379"}, Password: "secret"}
-//	if err := r.Open(); err != nil { ... }
-//	defer r.Close()
-func (r *Redis) Open() error {
-	if r.logger == nil {
-		r.logger = zap.NewNop()
-	}
+//	s, err := r.Open()
+//	if err != nil { ... }
+//	defer s.Close()
+func (r *Redis) Open() (*Store, error) {
 	if err := r.setup(); err != nil {
-		return err
+		return nil, err
 	}
-	r.connect()
-	return nil
+	return r.openStore()
 }
 
-// OpenStore returns a new store for r's settings (see strategy.Strategy): a
-// copy of r with a client of its own, which the caller closes with Close.
-// It does not dial: connections are opened when first used. r must be
-// provisioned (or opened).
+// OpenStore returns a new store for r's settings (see strategy.Strategy),
+// with a client of its own, which the caller closes with Close. It does
+// not dial: connections are opened when first used. r must be provisioned
+// (or opened).
 func (r *Redis) OpenStore() (strategy.Store, error) {
+	return strategy.OpenStore(r.openStore)
+}
+
+func (r *Redis) openStore() (*Store, error) {
 	if r.layout == nil {
-		return nil, errors.New("redis strategy: opening a store of settings that were not provisioned")
+		return nil, errs.Settings(errors.New("opening a store of settings that were not provisioned"))
 	}
-	s := *r
-	s.connect()
-	return &s, nil
+	return newStore(r), nil
 }
 
 // StoreKey identifies the store that r's settings open (see
@@ -237,10 +220,8 @@ func (r *Redis) StoreKey() string {
 // one that is not a positive whole number of milliseconds. The error names
 // the size and wraps ErrInvalidWindow.
 func (r *Redis) ValidateWindow(size time.Duration) error {
-	if _, _, err := windowMs(size, 0); err != nil {
-		return fmt.Errorf("redis strategy: %w", err)
-	}
-	return nil
+	_, _, err := windowMs(size, 0)
+	return errs.Settings(err)
 }
 
 // setup is the part of Provision that needs no Caddy context.
@@ -274,9 +255,6 @@ func (r *Redis) setup() error {
 	if r.WriteTimeout == 0 {
 		r.WriteTimeout = caddy.Duration(defaultWriteTimeout)
 	}
-	if r.now == nil {
-		r.now = time.Now
-	}
 	// Check before a client is built: go-redis panics on some bad values,
 	// such as a negative pool size.
 	if err := r.Validate(); err != nil {
@@ -285,44 +263,11 @@ func (r *Redis) setup() error {
 	if r.TLS != nil {
 		var err error
 		if r.tlsConfig, r.tlsDigest, err = r.TLS.build(expand); err != nil {
-			return fmt.Errorf("redis strategy: %w", err)
+			return errs.Settings(err)
 		}
 	}
 	r.layout = newLayout(r.KeyPrefix)
 	return nil
-}
-
-// connect builds r's client from its checked settings. It does not dial.
-func (r *Redis) connect() {
-	var tlsConfig *tls.Config
-	if r.tlsConfig != nil {
-		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
-	}
-	r.client = goredis.NewUniversalClient(&goredis.UniversalOptions{
-		Addrs:            r.Addresses,
-		MasterName:       r.MasterName,
-		Username:         r.Username,
-		Password:         r.Password,
-		SentinelUsername: r.SentinelUsername,
-		SentinelPassword: r.SentinelPassword,
-		DB:               r.DB,
-		TLSConfig:        tlsConfig,
-		DialTimeout:      time.Duration(r.DialTimeout),
-		ReadTimeout:      time.Duration(r.ReadTimeout),
-		WriteTimeout:     time.Duration(r.WriteTimeout),
-		PoolSize:         r.PoolSize,
-		// Fail fast when the store is down: the sync loop tries again at
-		// its next tick, and a synchronous hit must not hang a request.
-		// One retry still covers a pooled connection that a server
-		// restart broke. Hits opt out of it (noRetryCmd).
-		MaxRetries:    1,
-		DialerRetries: 2,
-		// Give up on a cancelled or timed-out sync at once.
-		ContextTimeoutEnabled: true,
-	})
-	r.closed = new(atomic.Bool)
-	r.prevs = newPrevCache()
-	_, r.cluster = r.client.(*goredis.ClusterClient)
 }
 
 // build makes the tls.Config, reading the files it names. It returns too
@@ -376,75 +321,42 @@ func (t *TLSConfig) build(expand func(string) string) (*tls.Config, string, erro
 // Validate checks the configuration, with errors that name the field and
 // the value. It never dials Redis. Provision runs it too.
 func (r *Redis) Validate() error {
-	var errs []error
+	var problems []error
 	for i, a := range r.Addresses {
 		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
-			errs = append(errs, fmt.Errorf("addresses[%d]: %q is not host:port", i, a))
+			problems = append(problems, fmt.Errorf("addresses[%d]: %q is not host:port", i, a))
 		}
 	}
 	if r.DB < 0 {
-		errs = append(errs, fmt.Errorf("db: must not be negative, got %d", r.DB))
+		problems = append(problems, fmt.Errorf("db: must not be negative, got %d", r.DB))
 	}
 	if r.DB != 0 && r.MasterName == "" && len(r.Addresses) > 1 {
-		errs = append(errs, fmt.Errorf("db: a Redis Cluster (several addresses) has only database 0, got %d", r.DB))
+		problems = append(problems, fmt.Errorf("db: a Redis Cluster (several addresses) has only database 0, got %d", r.DB))
 	}
 	if r.PoolSize < 0 {
-		errs = append(errs, fmt.Errorf("pool_size: must not be negative, got %d", r.PoolSize))
+		problems = append(problems, fmt.Errorf("pool_size: must not be negative, got %d", r.PoolSize))
 	}
 	if strings.ContainsAny(r.KeyPrefix, "{}") {
-		errs = append(errs, fmt.Errorf("key_prefix: %q may not contain '{' or '}', which would choose the Redis Cluster slot", r.KeyPrefix))
+		problems = append(problems, fmt.Errorf("key_prefix: %q may not contain '{' or '}', which would choose the Redis Cluster slot", r.KeyPrefix))
 	}
 	for _, d := range []struct {
 		field string
 		val   caddy.Duration
 	}{{"dial_timeout", r.DialTimeout}, {"read_timeout", r.ReadTimeout}, {"write_timeout", r.WriteTimeout}} {
 		if d.val < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %v", d.field, time.Duration(d.val)))
+			problems = append(problems, fmt.Errorf("%s: must not be negative, got %v", d.field, time.Duration(d.val)))
 		}
 	}
 	if (r.SentinelUsername != "" || r.SentinelPassword != "") && r.MasterName == "" {
-		errs = append(errs, errors.New("sentinel_username, sentinel_password: need master_name"))
+		problems = append(problems, errors.New("sentinel_username, sentinel_password: need master_name"))
 	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, err := range errs {
-			msgs[i] = err.Error()
-		}
-		return fmt.Errorf("redis strategy: %s", strings.Join(msgs, "; "))
-	}
-	return nil
-}
-
-// Close closes the store's client and its connections (see
-// strategy.Store). It copes with being called twice, and with a value that
-// has no client. Calls made after it fail with an error that wraps
-// strategy.ErrNotSent and go-redis's ErrClosed.
-func (r *Redis) Close() error {
-	if r.client == nil {
-		return nil
-	}
-	r.closed.Store(true)
-	if err := r.client.Close(); err != nil && !errors.Is(err, goredis.ErrClosed) {
-		return fmt.Errorf("closing redis client: %w", err)
-	}
-	return nil
-}
-
-// Cleanup releases what the module holds when its config is unloaded. A
-// provisioned module holds nothing (the rate_limit app closes the stores it
-// opened), so it only closes a client that Open built on this value. It
-// copes with a module that was never fully provisioned.
-func (r *Redis) Cleanup() error {
-	return r.Close()
+	return errs.Settings(problems...)
 }
 
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*Redis)(nil)
 	_ caddy.Validator       = (*Redis)(nil)
-	_ caddy.CleanerUpper    = (*Redis)(nil)
 	_ caddyfile.Unmarshaler = (*Redis)(nil)
 	_ strategy.Strategy     = (*Redis)(nil)
-	_ strategy.Hitter       = (*Redis)(nil)
-	_ strategy.Slotter      = (*Redis)(nil)
 )

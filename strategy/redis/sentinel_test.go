@@ -19,11 +19,11 @@ import (
 func TestSentinel(t *testing.T) {
 	primary := redistest.Start(t)
 	sentinel := redistest.StartSentinel(t, primary, "mymaster", 5*time.Second)
-	r := &Redis{Addresses: []string{sentinel.Addr}, MasterName: "mymaster"}
-	if err := r.Open(); err != nil {
+	r, err := (&Redis{Addresses: []string{sentinel.Addr}, MasterName: "mymaster"}).Open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Cleanup()
+	defer r.Close()
 	ctx := context.Background()
 	start := window.Start(steadyNow().UnixNano(), time.Minute)
 	for range 3 {
@@ -32,11 +32,11 @@ func TestSentinel(t *testing.T) {
 		}
 	}
 	// The counter is on the primary, read without the sentinel.
-	direct := &Redis{Addresses: []string{primary.Addr}}
-	if err := direct.Open(); err != nil {
+	direct, err := (&Redis{Addresses: []string{primary.Addr}}).Open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer direct.Cleanup()
+	defer direct.Close()
 	got, err := direct.GetWindow(ctx, "ns", "k", time.Minute, start)
 	if err != nil || got != 3 {
 		t.Fatalf("primary holds %v, %v; want 3", got, err)

@@ -98,24 +98,17 @@ return renewed
 // dialed, no pooled connection freed up, the store is closed). Any other
 // error leaves the caller not knowing whether the slot was taken;
 // acquiring or releasing the id again settles it, or the lease runs out.
-func (r *Redis) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
-	held, ok, err = r.acquireSlot(ctx, namespace, key, id, max, lease)
-	if err != nil {
-		return 0, false, fmt.Errorf("acquiring a slot of namespace %q: %w", namespace, err)
-	}
-	return held, ok, nil
-}
-
-func (r *Redis) acquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (int, bool, error) {
-	if err := r.checkOpen(); err != nil {
+func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (_ int, _ bool, err error) {
+	defer errs.AcquireSlot(&err, namespace)
+	if err := s.checkOpen(); err != nil {
 		return 0, false, err
 	}
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
-	set := r.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
+	set := s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
 	cmdArgs := []any{nil, nil, 1, set, id, max, strategy.LeaseMs(lease)}
-	reply, err := runOnce(ctx, r.client, acquireSlotScript, acquireSlotSource, cmdArgs).Int64Slice()
+	reply, err := runOnce(ctx, s.client, acquireSlotScript, acquireSlotSource, cmdArgs).Int64Slice()
 	if err != nil {
 		return 0, false, notSent(err)
 	}
@@ -136,25 +129,18 @@ func (r *Redis) acquireSlot(ctx context.Context, namespace, key, id string, max 
 // here (freeing a slot twice frees it once), but means that a failure
 // after an attempt may have been applied: so an error wraps
 // strategy.ErrNotSent only after Close, as PushDiffs' do.
-func (r *Redis) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
-	err := r.checkOpen()
-	if err == nil {
-		err = r.releaseSlots(ctx, namespace, slots)
+func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
+	defer errs.ReleaseSlots(&err, namespace, len(slots))
+	if err := s.checkOpen(); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("releasing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (r *Redis) releaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) error {
 	if err := strategy.CheckSlots(slots); err != nil {
 		return err
 	}
-	sets, ids := r.slotSets(namespace, slots)
+	sets, ids := s.slotSets(namespace, slots)
 	for len(sets) > 0 {
 		n := min(len(sets), maxPipelineSlotKeys)
-		pipe := r.client.Pipeline()
+		pipe := s.client.Pipeline()
 		for i := range n {
 			pipe.ZRem(ctx, sets[i], ids[i]...)
 		}
@@ -174,25 +160,15 @@ func (r *Redis) releaseSlots(ctx context.Context, namespace string, slots []stra
 // slot still held, and PTTL (and PEXPIRE when the set's life grows). Bad
 // input is refused as by AcquireSlot and ReleaseSlots; errors are those
 // of ReleaseSlots (renewing twice is harmless too).
-func (r *Redis) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
-	err := r.checkOpen()
-	if err == nil {
-		err = r.renewSlots(ctx, namespace, slots, lease)
-	}
-	if err != nil {
-		return fmt.Errorf("renewing %d slots of namespace %q: %w", len(slots), namespace, err)
-	}
-	return nil
-}
-
-func (r *Redis) renewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) error {
-	if err := strategy.CheckSlotLease(lease); err != nil {
+func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
+	defer errs.RenewSlots(&err, namespace, len(slots))
+	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	if err := strategy.CheckSlots(slots); err != nil {
+	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
-	sets, ids := r.slotSets(namespace, slots)
+	sets, ids := s.slotSets(namespace, slots)
 	leaseArg := strategy.LeaseMs(lease)
 	calls := make([]scriptCall, len(sets))
 	for i, set := range sets {
@@ -202,7 +178,7 @@ func (r *Redis) renewSlots(ctx context.Context, namespace string, slots []strate
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), maxPipelineSlotKeys)
-		if _, err := evalPipelined(ctx, r.client, renewSlotsScript, calls[:n]); err != nil {
+		if _, err := evalPipelined(ctx, s.client, renewSlotsScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]
@@ -212,7 +188,7 @@ func (r *Redis) renewSlots(ctx context.Context, namespace string, slots []strate
 
 // slotSets groups slots by key: the sorted set of each key, in the order
 // first given, and the ids of its slots, each once.
-func (r *Redis) slotSets(namespace string, slots []strategy.Slot) (sets []string, ids [][]any) {
+func (s *Store) slotSets(namespace string, slots []strategy.Slot) (sets []string, ids [][]any) {
 	if len(slots) == 0 {
 		return nil, nil
 	}
@@ -228,7 +204,7 @@ func (r *Redis) slotSets(namespace string, slots []strategy.Slot) (sets []string
 		if !ok {
 			i = len(sets)
 			index[sl.Key] = i
-			sets = append(sets, r.layout.slotsKey(bucketOf(namespace, sl.Key), nsp, sl.Key))
+			sets = append(sets, s.layout.slotsKey(bucketOf(namespace, sl.Key), nsp, sl.Key))
 			ids = append(ids, nil)
 		}
 		ids[i] = append(ids[i], sl.ID)

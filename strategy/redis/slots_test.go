@@ -18,7 +18,7 @@ import (
 
 // acquireOK takes a slot and fails the test unless it was taken with the
 // given number held.
-func acquireOK(t *testing.T, r *Redis, ns, key, id string, max int, lease time.Duration, wantHeld int) {
+func acquireOK(t *testing.T, r *Store, ns, key, id string, max int, lease time.Duration, wantHeld int) {
 	t.Helper()
 	held, ok, err := r.AcquireSlot(testCtx(t), ns, key, id, max, lease)
 	if err != nil || !ok || held != wantHeld {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"slices"
 	"strconv"
 	"time"
@@ -16,6 +15,13 @@ import (
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
+
+// ErrInvalidWindow is wrapped by the errors of operations given a window
+// the store cannot hold: a size that is not a positive whole number of
+// milliseconds, or a start that is not a multiple of the size. Such a
+// request can never succeed: ErrInvalidWindow is strategy.ErrInvalidWindow,
+// which wraps strategy.ErrRejected, so callers drop it rather than retry.
+var ErrInvalidWindow = strategy.ErrInvalidWindow
 
 // Bounds on what one round trip carries, so that a huge batch or fetch
 // neither holds a large reply in memory nor blocks Redis for long.
@@ -42,19 +48,12 @@ const (
 // so a push that ends failing to dial may have been applied by an earlier
 // attempt, and only its ID keeps it from counting twice; only a push made
 // after Close, which sends nothing, wraps it.
-func (r *Redis) PushDiffs(ctx context.Context, b strategy.Batch) error {
-	err := r.checkOpen()
-	if err == nil {
-		err = r.pushDiffs(ctx, b)
+func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
+	defer errs.PushDiffs(&err, b)
+	if err := s.checkOpen(); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("pushing %d diffs of namespace %q: %w", len(b.Diffs), b.Namespace, err)
-	}
-	return nil
-}
-
-func (r *Redis) pushDiffs(ctx context.Context, b strategy.Batch) error {
-	calls, err := r.planPush(b, r.now().UnixNano())
+	calls, err := s.planPush(b, s.now().UnixNano())
 	if err != nil {
 		return err
 	}
@@ -68,7 +67,7 @@ func (r *Redis) pushDiffs(ctx context.Context, b strategy.Batch) error {
 			}
 			n, diffs = n+1, diffs+d
 		}
-		if _, err := evalPipelined(ctx, r.client, pushScript, calls[:n]); err != nil {
+		if _, err := evalPipelined(ctx, s.client, pushScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]
@@ -92,7 +91,7 @@ func compareDiffs(a, b *window.Diff) int {
 // counters. Either way the runs, and so what each dedupe marker covers,
 // depend only on the set of diffs, not on their order, so that a retry is
 // split the same way as the first attempt.
-func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
+func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 	if b.ID == "" {
 		return nil, errors.New("the batch has no ID")
 	}
@@ -135,7 +134,7 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 	for k := range buckets {
 		lo, hi := int(starts[k]), int(starts[k+1])
 		split := hi-lo > maxScriptKeys
-		if !r.cluster {
+		if !s.cluster {
 			split = hi-lo > 1 && lo/maxScriptKeys != (hi-1)/maxScriptKeys
 		}
 		if split {
@@ -170,7 +169,7 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			}
 			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
 			var key string
-			key, buf = r.layout.counterKey(buf, int(bucket[i]), sizeMs, startMs, nsp, d.Key)
+			key, buf = s.layout.counterKey(buf, int(bucket[i]), sizeMs, startMs, nsp, d.Key)
 			exp := expireAtMs(sizeMs, startMs)
 			if exp != lastExp {
 				lastExp, expArg = exp, exp
@@ -185,11 +184,11 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		if len(call.keys) == 1 {
 			return
 		}
-		call.keys[0] = r.layout.dedupeKey(k, n, b.ID)
+		call.keys[0] = s.layout.dedupeKey(k, n, b.ID)
 		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		calls = append(calls, call)
 	}
-	if !r.cluster {
+	if !s.cluster {
 		// Run n's marker is in the bucket of its first diff, numbered n:
 		// a batch of one key's diffs is one run, marked as a hit of its ID
 		// marks it (see Hit).
@@ -221,22 +220,8 @@ func (r *Redis) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 // wraps strategy.ErrNotSent when its last attempt could not be sent (see
 // Hit); a read changes nothing, so an earlier attempt or pipeline that
 // reached Redis does no harm.
-func (r *Redis) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
-	counts, err := r.getCounters(ctx, namespace, keys, sizes, now)
-	if err != nil {
-		return nil, fmt.Errorf("fetching counters of %d keys of namespace %q: %w", len(keys), namespace, err)
-	}
-	return counts, nil
-}
-
-// windowRef says which window of which key an MGET reply is about.
-type windowRef struct {
-	key   int32 // index in keys
-	size  int32 // index in sizes
-	start int64
-}
-
-func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) ([]window.Count, error) {
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (_ []window.Count, err error) {
+	defer errs.GetCounters(&err, namespace, len(keys))
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
 	}
@@ -273,7 +258,7 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 	var (
 		buf    []byte
 		counts []window.Count
-		pipe   = r.client.Pipeline()
+		pipe   = s.client.Pipeline()
 		mgets  []*goredis.SliceCmd
 		refs   []windowRef // one per key read, in order
 		batch  []string    // the keys of the MGET being built
@@ -292,13 +277,13 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 			for _, v := range cmd.Val() {
 				ref := refs[at]
 				at++
-				s, ok := v.(string)
+				str, ok := v.(string)
 				if !ok {
 					continue // missing
 				}
-				f, err := strconv.ParseFloat(s, 64)
+				f, err := strconv.ParseFloat(str, 64)
 				if err != nil {
-					return fmt.Errorf("a counter holds %q, not a number", s)
+					return fmt.Errorf("a counter holds %q, not a number", str)
 				}
 				counts = append(counts, window.Count{Key: keys[ref.key], Size: sizes[ref.size], Start: ref.start, Value: f})
 			}
@@ -323,7 +308,7 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 			for j, w := range wins {
 				for _, start := range [2]int64{w.cur, w.prev} {
 					var key string
-					key, buf = r.layout.counterKey(buf, k, w.sizeMs, start/int64(time.Millisecond), nsp, keys[i])
+					key, buf = s.layout.counterKey(buf, k, w.sizeMs, start/int64(time.Millisecond), nsp, keys[i])
 					batch = append(batch, key)
 					refs = append(refs, windowRef{key: i, size: int32(j), start: start})
 					if len(batch) == maxMGetKeys {
@@ -337,7 +322,7 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 		// A Cluster's MGET reads one slot: end it with the bucket. A
 		// standalone server's may read any keys, so it fills up to
 		// maxMGetKeys across buckets.
-		if r.cluster {
+		if s.cluster {
 			if err := endMGet(); err != nil {
 				return nil, err
 			}
@@ -350,6 +335,13 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	return counts, nil
+}
+
+// windowRef says which window of which key an MGET reply is about.
+type windowRef struct {
+	key   int32 // index in keys
+	size  int32 // index in sizes
+	start int64
 }
 
 // Reset sets key's counters of the window holding now and of the one
@@ -368,18 +360,11 @@ func (r *Redis) getCounters(ctx context.Context, namespace string, keys []string
 // error, so a reset that ends failing to dial may have been applied by an
 // earlier attempt (a reset applied twice is the same reset, unless diffs
 // pushed in between are lost with it).
-func (r *Redis) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
-	err := r.checkOpen()
-	if err == nil {
-		err = r.reset(ctx, namespace, key, sizes, now)
+func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
+	defer errs.Reset(&err, namespace)
+	if err := s.checkOpen(); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: %w", namespace, err)
-	}
-	return nil
-}
-
-func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) error {
 	if len(sizes) == 0 {
 		return nil
 	}
@@ -388,7 +373,7 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		buf      []byte
 		counters []string
 	)
-	pipe := r.client.TxPipeline()
+	pipe := s.client.TxPipeline()
 	for _, size := range sizes {
 		sizeMs, _, err := windowMs(size, 0)
 		if err != nil {
@@ -397,7 +382,7 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 		curMs := window.Start(now.UnixNano(), size) / int64(time.Millisecond)
 		for _, startMs := range [2]int64{curMs, curMs - sizeMs} {
 			var counter string
-			counter, buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
+			counter, buf = s.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
 			counters = append(counters, counter)
 			// SET with PXAT, which go-redis's Set cannot send (its
 			// ExpireAt is in seconds): the value and the expiry in one
@@ -405,10 +390,10 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 			pipe.Do(ctx, "set", counter, "0", "pxat", expireAtMs(sizeMs, startMs))
 		}
 	}
-	_, err := pipe.Exec(ctx)
+	_, err = pipe.Exec(ctx)
 	// What the store remembers of the key's counts (its previous counts
 	// above all) is wrong now, or may be after an error.
-	r.prevs.forget(k, counters...)
+	s.prevs.forget(k, counters...)
 	return err
 }
 
@@ -416,30 +401,30 @@ func (r *Redis) reset(ctx context.Context, namespace, key string, sizes []time.D
 // starts at start (Unix nanoseconds), with one GET. A missing counter is 0.
 // An error wraps strategy.ErrNotSent as GetCounters' do. It is not part of
 // strategy.Store: tests and Go callers use it to read one counter.
-func (r *Redis) GetWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
-	v, err := r.getWindow(ctx, namespace, key, size, start)
+func (s *Store) GetWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
+	v, err := s.getWindow(ctx, namespace, key, size, start)
 	if err != nil {
 		return 0, fmt.Errorf("reading a window of namespace %q: %w", namespace, err)
 	}
 	return v, nil
 }
 
-func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
+func (s *Store) getWindow(ctx context.Context, namespace, key string, size time.Duration, start int64) (float64, error) {
 	sizeMs, startMs, err := windowMs(size, start)
 	if err != nil {
 		return 0, err
 	}
-	k, _ := r.layout.counterKey(nil, bucketOf(namespace, key), sizeMs, startMs, nsPart(namespace), key)
-	s, err := r.client.Get(ctx, k).Result()
+	k, _ := s.layout.counterKey(nil, bucketOf(namespace, key), sizeMs, startMs, nsPart(namespace), key)
+	str, err := s.client.Get(ctx, k).Result()
 	if errors.Is(err, goredis.Nil) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, notSent(err)
 	}
-	v, err := strconv.ParseFloat(s, 64)
+	v, err := strconv.ParseFloat(str, 64)
 	if err != nil {
-		return 0, fmt.Errorf("the counter holds %q, not a number", s)
+		return 0, fmt.Errorf("the counter holds %q, not a number", str)
 	}
 	return v, nil
 }
@@ -498,15 +483,8 @@ func (r *Redis) getWindow(ctx context.Context, namespace, key string, size time.
 // connection freed up in time (go-redis's ErrPoolTimeout), or the strategy
 // was closed (ErrClosed). Replies that refuse the command unapplied, such as
 // LOADING or TRYAGAIN, are not retried either: the caller decides.
-func (r *Redis) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (counts []strategy.WindowCounts, rejected int, err error) {
-	counts, rejected, err = r.hit(ctx, namespace, key, id, windows, undo)
-	if err != nil {
-		return nil, -1, fmt.Errorf("hitting windows of namespace %q: %w", namespace, err)
-	}
-	return counts, rejected, nil
-}
-
-func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
+	defer errs.Hit(&err, namespace)
 	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
@@ -532,7 +510,7 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 	cmdArgs = append(cmdArgs, undoArg, "0")
 	k := bucketOf(namespace, key)
 	nsp := nsPart(namespace)
-	nowMs := r.now().UnixMilli()
+	nowMs := s.now().UnixMilli()
 	var (
 		buf       []byte
 		lastExp   int64 // the latest expiry of the hit's counters
@@ -548,8 +526,8 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		w := &windows[i]
 		sizeMs, startMs := int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
 		var prevKey string
-		cmdArgs[3+2*i], buf = r.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
-		prevKey, buf = r.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
+		cmdArgs[3+2*i], buf = s.layout.counterKey(buf, k, sizeMs, startMs, nsp, key)
+		prevKey, buf = s.layout.counterKey(buf, k, sizeMs, startMs-sizeMs, nsp, key)
 		cmdArgs[4+2*i] = prevKey
 		var inc any = "0" // only reads; also keeps -0 away from Redis
 		if w.Value != 0 {
@@ -570,14 +548,14 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		exp := expireAtMs(sizeMs, startMs)
 		lastExp = max(lastExp, exp)
 		var prev any = "" // read it
-		cacheable[i] = r.prevs != nil
+		cacheable[i] = s.prevs != nil
 		for j := range windows {
 			if j != i && windows[j].Size == w.Size {
 				cacheable[i] = false
 			}
 		}
 		if cacheable[i] {
-			if e, ok := r.prevs.get(k, prevKey); ok {
+			if e, ok := s.prevs.get(k, prevKey); ok {
 				if e.usablePrev(startMs, nowMs, w.Weight) {
 					prev, sentAt[i] = e.prev, e.readAt
 				}
@@ -598,28 +576,28 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		cmdArgs[readFirstAt] = "1"
 	}
 	if id != "" {
-		cmdArgs[3+2*n] = r.layout.dedupeKey(k, 0, id)
+		cmdArgs[3+2*n] = s.layout.dedupeKey(k, 0, id)
 		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 
-	reply, err := runOnce(ctx, r.client, hitScript, hitSource, cmdArgs).Slice()
+	reply, err := runOnce(ctx, s.client, hitScript, hitSource, cmdArgs).Slice()
 	if err != nil {
 		return nil, -1, notSent(err)
 	}
 	if len(reply) != 1+2*n {
 		return nil, -1, fmt.Errorf("the hit script replied %d values, not %d", len(reply), 1+2*n)
 	}
-	s, _ := reply[0].(string)
-	rejected, err := strconv.Atoi(s)
+	str, _ := reply[0].(string)
+	rejected, err := strconv.Atoi(str)
 	if err != nil || rejected < -1 || rejected >= n {
 		return nil, -1, fmt.Errorf("the hit script replied %v, not a window index", reply[0])
 	}
 	parse := func(v any) (float64, bool) {
-		s, ok := v.(string)
+		str, ok := v.(string)
 		if !ok {
 			return 0, false
 		}
-		f, err := strconv.ParseFloat(s, 64)
+		f, err := strconv.ParseFloat(str, 64)
 		return f, err == nil
 	}
 	counts := make([]strategy.WindowCounts, n)
@@ -643,31 +621,7 @@ func (r *Redis) hit(ctx context.Context, namespace, key, id string, windows []st
 		if e.readAt == 0 {
 			e.readAt = nowMs
 		}
-		r.prevs.put(k, cmdArgs[4+2*i].(string), e, nowMs)
+		s.prevs.put(k, cmdArgs[4+2*i].(string), e, nowMs)
 	}
 	return counts, rejected, nil
-}
-
-// checkOpen returns an error that wraps strategy.ErrNotSent and go-redis's
-// ErrClosed once Close was called, for the calls whose own errors cannot
-// tell a closed client from a resend that failed.
-func (r *Redis) checkOpen() error {
-	if r.closed != nil && r.closed.Load() {
-		return fmt.Errorf("%w: %w", strategy.ErrNotSent, goredis.ErrClosed)
-	}
-	return nil
-}
-
-// notSent wraps err with strategy.ErrNotSent when it shows that a command
-// never reached Redis: dialing failed (go-redis writes nothing before it
-// has a connection), the pool had no free connection in time, or the
-// client was closed. Other errors, timeouts and resets among them, come
-// after the command may have been written, and are returned as they are.
-func notSent(err error) error {
-	var op *net.OpError
-	if errors.Is(err, goredis.ErrClosed) || errors.Is(err, goredis.ErrPoolTimeout) ||
-		(errors.As(err, &op) && op.Op == "dial") {
-		return fmt.Errorf("%w: %w", strategy.ErrNotSent, err)
-	}
-	return err
 }

@@ -248,7 +248,7 @@ func TestConcurrentPushesFromSeveralNodes(t *testing.T) {
 	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
-	var rs []*Redis
+	var rs []*Store
 	for range nodes {
 		rs = append(rs, open(t, &Redis{Addresses: []string{srv.Addr}}))
 	}

@@ -1,0 +1,122 @@
+package redis
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// errs words the store's errors.
+var errs = strategy.Errors{Store: "redis"}
+
+// Store is a store of window counters in Redis, opened from Redis
+// settings (see the package documentation for its keys and costs). It
+// implements strategy.Hitter, strategy.Slotter and strategy.Banner, and is
+// safe for concurrent use. It dials when first used, not before; Close
+// closes its client.
+type Store struct {
+	client goredis.UniversalClient
+	// cluster is set when client is a Cluster client, whose scripts and
+	// MGETs must keep to one slot (one bucket); a standalone server or a
+	// Sentinel-managed primary takes keys of any buckets in one.
+	cluster bool
+	layout  *layout
+	// prevs remembers the counts that synchronous hits' replies gave, so
+	// that a hit can send its previous window's count instead of having
+	// the script read it.
+	prevs  *prevCache
+	closed atomic.Bool // set by Close
+	// now is the clock that decides which diffs have ended and how long
+	// markers live; tests replace it. Counters and slots expire by the
+	// server's clock.
+	now func() time.Time
+}
+
+// newStore returns a store of r's checked settings, with a client of its
+// own. It does not dial.
+func newStore(r *Redis) *Store {
+	var tlsConfig *tls.Config
+	if r.tlsConfig != nil {
+		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
+	}
+	client := goredis.NewUniversalClient(&goredis.UniversalOptions{
+		Addrs:            r.Addresses,
+		MasterName:       r.MasterName,
+		Username:         r.Username,
+		Password:         r.Password,
+		SentinelUsername: r.SentinelUsername,
+		SentinelPassword: r.SentinelPassword,
+		DB:               r.DB,
+		TLSConfig:        tlsConfig,
+		DialTimeout:      time.Duration(r.DialTimeout),
+		ReadTimeout:      time.Duration(r.ReadTimeout),
+		WriteTimeout:     time.Duration(r.WriteTimeout),
+		PoolSize:         r.PoolSize,
+		// Fail fast when the store is down: the sync loop tries again at
+		// its next tick, and a synchronous hit must not hang a request.
+		// One retry still covers a pooled connection that a server
+		// restart broke. Hits opt out of it (noRetryCmd).
+		MaxRetries:    1,
+		DialerRetries: 2,
+		// Give up on a cancelled or timed-out sync at once.
+		ContextTimeoutEnabled: true,
+	})
+	_, cluster := client.(*goredis.ClusterClient)
+	return &Store{
+		client:  client,
+		cluster: cluster,
+		layout:  r.layout,
+		prevs:   newPrevCache(),
+		now:     time.Now,
+	}
+}
+
+// Close closes the store's client and its connections (see
+// strategy.Store). Calling it again does nothing. Calls made after it
+// fail with an error that wraps strategy.ErrNotSent and go-redis's
+// ErrClosed.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	if err := s.client.Close(); err != nil && !errors.Is(err, goredis.ErrClosed) {
+		return fmt.Errorf("closing redis client: %w", err)
+	}
+	return nil
+}
+
+// checkOpen returns an error that wraps strategy.ErrNotSent and go-redis's
+// ErrClosed once Close was called, for the calls whose own errors cannot
+// tell a closed client from a resend that failed.
+func (s *Store) checkOpen() error {
+	if s.closed.Load() {
+		return errs.NotSent(goredis.ErrClosed)
+	}
+	return nil
+}
+
+// notSent wraps err with strategy.ErrNotSent when it shows that a command
+// never reached Redis: dialing failed (go-redis writes nothing before it
+// has a connection), the pool had no free connection in time, or the
+// client was closed. Other errors, timeouts and resets among them, come
+// after the command may have been written, and are returned as they are.
+func notSent(err error) error {
+	var op *net.OpError
+	if errors.Is(err, goredis.ErrClosed) || errors.Is(err, goredis.ErrPoolTimeout) ||
+		(errors.As(err, &op) && op.Op == "dial") {
+		return errs.NotSent(err)
+	}
+	return err
+}
+
+// Interface guards
+var (
+	_ strategy.Hitter  = (*Store)(nil)
+	_ strategy.Slotter = (*Store)(nil)
+	_ strategy.Banner  = (*Store)(nil)
+)
