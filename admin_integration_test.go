@@ -241,11 +241,11 @@ func TestAdminAPIResetAcrossTheFleet(t *testing.T) {
 		}
 		respond "ok"
 	}`)
-	store := &redis.Redis{Addresses: []string{srv.Addr}, KeyPrefix: "admintest"}
-	if err := store.Open(); err != nil {
+	store, err := (&redis.Redis{Addresses: []string{srv.Addr}, KeyPrefix: "admintest"}).Open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Cleanup()
+	defer store.Close()
 	ctx := context.Background()
 	k := uniqueKey(t)
 	stored := func() float64 {
@@ -264,7 +264,7 @@ func TestAdminAPIResetAcrossTheFleet(t *testing.T) {
 		t.Fatal("the first hit was rejected")
 	}
 	// Another node pushes its 4 hits: with this node's, the limit.
-	err := store.PushDiffs(ctx, strategy.Batch{ID: "other-node-" + k, Namespace: "fleet", Diffs: []window.Diff{
+	err = store.PushDiffs(ctx, strategy.Batch{ID: "other-node-" + k, Namespace: "fleet", Diffs: []window.Diff{
 		{Key: k, Size: time.Hour, Start: window.Start(time.Now().UnixNano(), time.Hour), Value: 4},
 	}})
 	if err != nil {

@@ -609,11 +609,11 @@ func TestSynchronousNamespaceOnRedis(t *testing.T) {
 	if got := countAdmitted(t, tester, "/", key, 7); got != 4 {
 		t.Fatalf("admitted %d of 7, want 4", got)
 	}
-	store := &redis.Redis{Addresses: []string{srv.Addr}, KeyPrefix: "itest"}
-	if err := store.Open(); err != nil {
+	store, err := (&redis.Redis{Addresses: []string{srv.Addr}, KeyPrefix: "itest"}).Open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Cleanup()
+	defer store.Close()
 	start := time.Now().Truncate(time.Hour).UnixNano()
 	// A hit that timed out on a loaded machine reaches the store on retry.
 	poll.Until(t, 10*time.Second, "the store to count all 7 hits (rejected ones count without disable_penalty)", func() bool {

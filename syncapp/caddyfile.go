@@ -53,63 +53,30 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume option name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoArgs(d); err != nil {
+		return err
 	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "zone":
-			if err := a.unmarshalZone(d); err != nil {
-				return err
-			}
-		case "namespace":
-			if err := a.unmarshalNamespace(d); err != nil {
-				return err
-			}
-		case "flush_timeout":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur < 0 {
-				return d.Errf("flush_timeout: invalid duration %q", v)
-			}
-			a.FlushTimeout = caddy.Duration(dur)
-		default:
-			return d.Errf("unrecognized subdirective '%s'", d.Val())
-		}
-	}
-	return nil
+	return cfargs.Block(d, "", map[string]func() error{
+		"zone":          func() error { return a.unmarshalZone(d) },
+		"namespace":     func() error { return a.unmarshalNamespace(d) },
+		"flush_timeout": func() error { return cfargs.Duration(d, "flush_timeout", &a.FlushTimeout) },
+	}, "zone", "namespace")
 }
 
 func (a *App) unmarshalZone(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	name := d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
+	var name string
+	if err := cfargs.One(d, &name); err != nil {
+		return err
 	}
 	if _, ok := a.Zones[name]; ok {
 		return d.Errf("zone %q is defined twice", name)
 	}
 	z := new(ZoneConfig)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "max_keys":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("zone %q: max_keys must be a positive integer, got %q", name, v)
-			}
-			z.MaxKeys = n
-		default:
-			return d.Errf("zone %q: unrecognized subdirective '%s'", name, d.Val())
-		}
+	err := cfargs.Block(d, "", map[string]func() error{
+		"max_keys": func() error { return cfargs.Int(d, "max_keys", 1, &z.MaxKeys) },
+	})
+	if err != nil {
+		return err
 	}
 	if a.Zones == nil {
 		a.Zones = make(map[string]*ZoneConfig)
@@ -119,24 +86,17 @@ func (a *App) unmarshalZone(d *caddyfile.Dispenser) error {
 }
 
 func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	name := d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
+	var name string
+	if err := cfargs.One(d, &name); err != nil {
+		return err
 	}
 	if _, ok := a.Namespaces[name]; ok {
 		return d.Errf("namespace %q is defined twice", name)
 	}
 	ns := new(NamespaceConfig)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
-		case "zone":
-			if err := cfargs.One(d, &ns.Zone); err != nil {
-				return err
-			}
-		case "sync_rate":
+	err := cfargs.Block(d, "", map[string]func() error{
+		"zone": func() error { return cfargs.One(d, &ns.Zone) },
+		"sync_rate": func() error {
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
 				return err
@@ -149,7 +109,9 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				return d.Errf("namespace %q: %v", name, err)
 			}
 			ns.SyncRate = &rate
-		case "sync_above":
+			return nil
+		},
+		"sync_above": func() error {
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
 				return err
@@ -159,10 +121,12 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				return d.Errf("namespace %q: sync_above: %q is not a fraction of a limit: want a number in (0, 1], such as 0.8", name, v)
 			}
 			ns.SyncAbove = &f
-		case "window_sizes":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
+			return nil
+		},
+		"window_sizes": func() error {
+			var args []string
+			if err := cfargs.List(d, &args); err != nil {
+				return err
 			}
 			for _, arg := range args {
 				dur, err := caddy.ParseDuration(arg)
@@ -171,7 +135,9 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				}
 				ns.WindowSizes = append(ns.WindowSizes, caddy.Duration(dur))
 			}
-		case "strategy":
+			return nil
+		},
+		"strategy": func() error {
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
@@ -181,9 +147,11 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				return err
 			}
 			ns.StrategyRaw = caddyconfig.JSONModuleObject(unm, "module", module, nil)
-		default:
-			return d.Errf("namespace %q: unrecognized subdirective '%s'", name, d.Val())
-		}
+			return nil
+		},
+	}, "window_sizes")
+	if err != nil {
+		return err
 	}
 	if a.Namespaces == nil {
 		a.Namespaces = make(map[string]*NamespaceConfig)

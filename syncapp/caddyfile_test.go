@@ -89,8 +89,8 @@ func TestGlobalOptionBadInput(t *testing.T) {
 		input string
 		want  string
 	}{
-		{`rate_limit { zone z { max_keys 0 } }`, `max_keys must be a positive integer, got "0"`},
-		{`rate_limit { zone z { max_keys lots } }`, `max_keys must be a positive integer, got "lots"`},
+		{`rate_limit { zone z { max_keys 0 } }`, `max_keys: want a whole number of 1 or more, got "0"`},
+		{`rate_limit { zone z { max_keys lots } }`, `max_keys: want a whole number of 1 or more, got "lots"`},
 		{`rate_limit { zone z { capacity 5 } }`, `unrecognized subdirective 'capacity'`},
 		{`rate_limit { namespace n { sync_rate 500us } }`, `sync_rate: 500µs is too short`},
 		{`rate_limit { namespace n { sync_rate sometimes } }`, `sync_rate: invalid value "sometimes"`},
@@ -103,7 +103,8 @@ func TestGlobalOptionBadInput(t *testing.T) {
 		{`rate_limit { namespace n { strategy nosuch } }`, `rate_limit.strategies.nosuch`},
 		{`rate_limit { namespace n { speed 5 } }`, `unrecognized subdirective 'speed'`},
 		{`rate_limit { namespace n { } namespace n { } }`, `namespace "n" is defined twice`},
-		{`rate_limit { flush_timeout soon }`, `flush_timeout: invalid duration "soon"`},
+		{"rate_limit { namespace n { sync_rate 1s\nsync_rate 2s } }", `duplicate subdirective 'sync_rate'`},
+		{`rate_limit { flush_timeout soon }`, `flush_timeout: want a duration of 0 or more, got "soon"`},
 		{`rate_limit { bogus }`, `unrecognized subdirective 'bogus'`},
 		{`rate_limit extra`, `wrong argument count`},
 	} {

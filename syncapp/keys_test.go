@@ -37,8 +37,15 @@ func (g *gatedStrategy) StoreKey() string                   { return g.Name }
 func (*gatedStrategy) ValidateWindow(time.Duration) error   { return nil }
 func (g *gatedStrategy) OpenStore() (strategy.Store, error) { return gatedStoreOf(g.Name), nil }
 
+// memoryDataSet opens a memory store of the named data set, which the
+// stores of that name share.
+func memoryDataSet(name string) *memory.Store {
+	s, _ := (&memory.Memory{Name: name}).Open() // it never fails
+	return s
+}
+
 func gatedStoreOf(name string) *gatedStore {
-	v, _ := gatedStores.LoadOrStore(name, &gatedStore{Store: memory.New(), entered: make(chan struct{}), release: make(chan struct{})})
+	v, _ := gatedStores.LoadOrStore(name, &gatedStore{Store: memoryDataSet("gated/" + name), entered: make(chan struct{}), release: make(chan struct{})})
 	return v.(*gatedStore)
 }
 

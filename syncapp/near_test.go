@@ -34,7 +34,7 @@ func (*countingStrategy) CaddyModule() caddy.ModuleInfo {
 func (c *countingStrategy) StoreKey() string                 { return c.Name }
 func (*countingStrategy) ValidateWindow(time.Duration) error { return nil }
 func (c *countingStrategy) OpenStore() (strategy.Store, error) {
-	v, _ := countingStores.LoadOrStore(c.Name, &countingStore{Store: memory.New()})
+	v, _ := countingStores.LoadOrStore(c.Name, &countingStore{Store: memoryDataSet("counting/" + c.Name)})
 	return v.(*countingStore), nil
 }
 

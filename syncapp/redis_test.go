@@ -45,7 +45,7 @@ func storeTotal(t *testing.T, addr, key string, size time.Duration) float64 {
 // hits a test counts do not pay for that within the hit timeout.
 func warmUp(t *testing.T, ns *Namespace) {
 	t.Helper()
-	if _, err := ns.store.(*redis.Redis).GetWindow(context.Background(), ns.name, "warm-up", time.Hour, 0); err != nil {
+	if _, err := ns.store.(*redis.Store).GetWindow(context.Background(), ns.name, "warm-up", time.Hour, 0); err != nil {
 		t.Fatalf("warming up: %v", err)
 	}
 	ns.Increment(context.Background(), "warm-up", time.Hour, 1)

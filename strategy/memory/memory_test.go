@@ -58,16 +58,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceNew runs the suite over stores of private data sets (the
-// deprecated New, while callers still use it), without a Cost hook.
-func TestConformanceNew(t *testing.T) {
-	strategytest.Run(t, strategytest.Harness{
-		Open:     func(*testing.T) strategy.Store { return memory.New() },
-		Counters: counters,
-		Slots:    slots,
-	})
-}
-
 func TestSameNameSharesCounters(t *testing.T) {
 	ctx := t.Context()
 	name := uniqueName(t)

@@ -25,13 +25,6 @@ type Store struct {
 	now func() time.Time
 }
 
-// New returns a store of a fresh data set that no other store shares.
-//
-// Deprecated: open a store of a name of its own with Memory.Open, the way
-// every store of this module opens. New stays for the callers that have
-// not moved yet.
-func New() *Store { return newStore(newData()) }
-
 func newStore(d *data) *Store { return &Store{data: d, now: time.Now} }
 
 // check returns why a call cannot be served: the store is closed or the
