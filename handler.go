@@ -157,14 +157,10 @@ type Handler struct {
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
 	policy    string // the RateLimit-Policy header
-	allowed   prometheus.Counter
-	rejected  prometheus.Counter
-	dryRun    prometheus.Counter
+	outcomes  outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
 	newBlock func() (*placeholders, []string, []byte)
-	// concurrencyRejected counts requests rejected by max_concurrent.
-	concurrencyRejected prometheus.Counter
 	// cost is what a request counts, unless costFromRequest: then the
 	// placeholders of Cost give it.
 	cost            float64
@@ -172,12 +168,10 @@ type Handler struct {
 	// undo: a rejected first hit counts nothing, since the request may
 	// wait (max_delay) or must not count (disable_penalty).
 	undo bool
-	// What max_delay needs: the requests waiting now, the outcome of
-	// those served after waiting, and how long they waited.
+	// What max_delay needs: the requests waiting now, and how long those
+	// served after waiting waited.
 	waiting *atomic.Int64
-	delayed prometheus.Counter
 	delays  prometheus.Observer
-	banned  prometheus.Counter
 	logger  *zap.Logger
 }
 
@@ -228,13 +222,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
-	h.allowed = metrics.requests.WithLabelValues(h.Namespace, "allowed")
-	h.rejected = metrics.requests.WithLabelValues(h.Namespace, "rejected")
-	h.dryRun = metrics.requests.WithLabelValues(h.Namespace, "dry_run")
-	h.concurrencyRejected = metrics.requests.WithLabelValues(h.Namespace, "concurrency_rejected")
-	h.delayed = metrics.requests.WithLabelValues(h.Namespace, "delayed")
+	h.outcomes = newOutcomeCounters(h.Namespace)
 	h.delays = metrics.delays.WithLabelValues(h.Namespace)
-	h.banned = metrics.requests.WithLabelValues(h.Namespace, "banned")
 	h.waiting = new(atomic.Int64)
 	h.undo = h.DisablePenalty || h.waits()
 	if h.Ban > 0 {
@@ -335,19 +324,18 @@ const maxInlineLimits = 4
 // the next handler runs: a route's goroutine whose stack the garbage
 // collector shrank grows it again only if a request goes deeper.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	key, value, outcome, err := h.count(w, r)
-	if err != nil {
-		return err
-	}
-	if outcome != nil {
-		if h.MaxConcurrent > 0 {
-			release, err := h.acquire(w, r, key)
-			if err != nil {
-				return err
-			}
+	key, value, o, err := h.count(w, r)
+	if o.admitted() && h.MaxConcurrent > 0 {
+		var release func()
+		if release, err = h.acquire(w, r, key); err != nil {
+			o = concurrencyRejected
+		} else {
 			defer release()
 		}
-		outcome.Inc()
+	}
+	h.outcomes.record(o)
+	if err != nil {
+		return err
 	}
 	if len(h.CountStatus) > 0 {
 		return h.serveThenCount(w, r, next, key, value)
@@ -357,11 +345,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // count counts the request against every limit (waiting for its turn
 // under max_delay; with count_status, only checking them), sets its
-// headers and placeholders, and decides: a non-nil error rejects it;
-// outcome, when the limits admitted it, is the counter of its outcome
-// (allowed or delayed), and nil in a dry run that would have rejected it.
-// It returns the key and the request's cost too.
-func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, outcome prometheus.Counter, err error) {
+// headers and placeholders, and decides the outcome: allowed, delayed or
+// dryRunRejected let the request through; any other comes with the error
+// that ends it. It returns the key and the request's cost too.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, o outcome, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	key = boundKey(h.key(r, repl))
@@ -371,7 +358,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
-			return key, value, nil, h.rejectBanned(w, repl, until)
+			return key, value, banned, h.rejectBanned(w, repl, until)
 		}
 	}
 
@@ -382,7 +369,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
 	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
-	outcome = h.allowed
+	o = allowed
 	var rejected int
 	if len(h.CountStatus) > 0 {
 		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
@@ -394,10 +381,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if rejected >= 0 && h.waits() {
 		if rejected, err = h.delay(ctx, key, value, samples); err != nil {
-			return key, value, nil, err
+			return key, value, clientGone, err
 		}
 		if rejected < 0 {
-			outcome = h.delayed
+			o = delayed
 		}
 	}
 	for i, s := range samples {
@@ -413,9 +400,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	h.show(w, repl, left, shown, reset, rejected >= 0)
 	if rejected < 0 {
-		return key, value, outcome, nil
+		return key, value, o, nil
 	}
-	return key, value, nil, h.reject(ctx, w, key, rejected, value, samples, now)
+	o, err = h.reject(ctx, w, key, rejected, value, samples, now)
+	return key, value, o, err
 }
 
 // show sets the placeholders and, unless they are hidden, the headers:
@@ -448,22 +436,21 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 	}
 }
 
-// reject handles a request that limit i rejected: nil in a dry run, which
-// lets it through, or else the error that ends it, with Retry-After set.
-func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) error {
+// reject handles a request that limit i rejected: in a dry run, it lets
+// it through; otherwise it returns the error that ends it, with
+// Retry-After set.
+func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) (outcome, error) {
 	if h.DryRun {
-		h.dryRun.Inc()
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
 			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[i].name))
 		}
-		return nil
+		return dryRunRejected, nil
 	}
-	h.rejected.Inc()
 	if h.bans() {
 		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, value, now)))
-	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
+	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
 		h.limits[i].limitValue, h.limits[i].size, h.Namespace))
 }
 
@@ -472,7 +459,6 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string,
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		h.concurrencyRejected.Inc()
 		w.Header().Set("Retry-After", "1")
 		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
 			h.MaxConcurrent, h.Namespace))
@@ -529,12 +515,12 @@ func (h *Handler) reset(i int, s window.Sample, left int, now int64) int {
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
-	return ceilSeconds(h.wait(i, s, target, now))
+	return ceilSeconds(h.wait(s, target, now))
 }
 
-// wait returns the seconds until the rate of limit i's window falls to
-// target, if no more hits come.
-func (h *Handler) wait(i int, s window.Sample, target float64, now int64) float64 {
+// wait returns the seconds until the rate of a limit's window, as sampled
+// in s, falls to target, if no more hits come.
+func (h *Handler) wait(s window.Sample, target float64, now int64) float64 {
 	return s.Until(target, now, h.fixed).Seconds()
 }
 
@@ -552,7 +538,7 @@ func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) 
 	}
 	for i, s := range samples {
 		if target := h.limits[i].max - value; s.Rate(h.fixed) > target+1e-9 {
-			secs = max(secs, ceilSeconds(h.wait(i, s, max(target, 0), now)))
+			secs = max(secs, ceilSeconds(h.wait(s, max(target, 0), now)))
 		}
 	}
 	return h.jitter(secs)
