@@ -29,7 +29,9 @@ func init() {
 
 // Defaults of the handler's fields.
 const (
-	DefaultKey       = "{http.request.remote.host}"
+	// DefaultKey counts requests by the client's address.
+	DefaultKey = "{http.request.remote.host}"
+	// DefaultErrorCode is the status of rejections.
 	DefaultErrorCode = http.StatusTooManyRequests
 	// DefaultMaxWaiting is max_waiting when max_delay is set.
 	DefaultMaxWaiting = 1000
