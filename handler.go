@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -30,7 +29,9 @@ func init() {
 
 // Defaults of the handler's fields.
 const (
-	DefaultKey       = "{http.request.remote.host}"
+	// DefaultKey counts requests by the client's address.
+	DefaultKey = "{http.request.remote.host}"
+	// DefaultErrorCode is the status of rejections.
 	DefaultErrorCode = http.StatusTooManyRequests
 	// DefaultMaxWaiting is max_waiting when max_delay is set.
 	DefaultMaxWaiting = 1000
@@ -158,14 +159,10 @@ type Handler struct {
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
 	policy    string // the RateLimit-Policy header
-	allowed   prometheus.Counter
-	rejected  prometheus.Counter
-	dryRun    prometheus.Counter
+	outcomes  outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
 	newBlock func() (*placeholders, []string, []byte)
-	// concurrencyRejected counts requests rejected by max_concurrent.
-	concurrencyRejected prometheus.Counter
 	// cost is what a request counts, unless costFromRequest: then the
 	// placeholders of Cost give it.
 	cost            float64
@@ -173,12 +170,10 @@ type Handler struct {
 	// undo: a rejected first hit counts nothing, since the request may
 	// wait (max_delay) or must not count (disable_penalty).
 	undo bool
-	// What max_delay needs: the requests waiting now, the outcome of
-	// those served after waiting, and how long they waited.
+	// What max_delay needs: the requests waiting now, and how long those
+	// served after waiting waited.
 	waiting *atomic.Int64
-	delayed prometheus.Counter
 	delays  prometheus.Observer
-	banned  prometheus.Counter
 	logger  *zap.Logger
 }
 
@@ -229,13 +224,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
-	h.allowed = metrics.requests.WithLabelValues(h.Namespace, "allowed")
-	h.rejected = metrics.requests.WithLabelValues(h.Namespace, "rejected")
-	h.dryRun = metrics.requests.WithLabelValues(h.Namespace, "dry_run")
-	h.concurrencyRejected = metrics.requests.WithLabelValues(h.Namespace, "concurrency_rejected")
-	h.delayed = metrics.requests.WithLabelValues(h.Namespace, "delayed")
+	h.outcomes = newOutcomeCounters(h.Namespace)
 	h.delays = metrics.delays.WithLabelValues(h.Namespace)
-	h.banned = metrics.requests.WithLabelValues(h.Namespace, "banned")
 	h.waiting = new(atomic.Int64)
 	h.undo = h.DisablePenalty || h.waits()
 	if h.Ban > 0 {
@@ -336,19 +326,18 @@ const maxInlineLimits = 4
 // the next handler runs: a route's goroutine whose stack the garbage
 // collector shrank grows it again only if a request goes deeper.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	key, value, outcome, err := h.count(w, r)
-	if err != nil {
-		return err
-	}
-	if outcome != nil {
-		if h.MaxConcurrent > 0 {
-			release, err := h.acquire(w, r, key)
-			if err != nil {
-				return err
-			}
+	key, value, o, err := h.count(w, r)
+	if o.admitted() && h.MaxConcurrent > 0 {
+		var release func()
+		if release, err = h.acquire(w, r, key); err != nil {
+			o = concurrencyRejected
+		} else {
 			defer release()
 		}
-		outcome.Inc()
+	}
+	h.outcomes.record(o)
+	if err != nil {
+		return err
 	}
 	if len(h.CountStatus) > 0 {
 		return h.serveThenCount(w, r, next, key, value)
@@ -358,11 +347,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // count counts the request against every limit (waiting for its turn
 // under max_delay; with count_status, only checking them), sets its
-// headers and placeholders, and decides: a non-nil error rejects it;
-// outcome, when the limits admitted it, is the counter of its outcome
-// (allowed or delayed), and nil in a dry run that would have rejected it.
-// It returns the key and the request's cost too.
-func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, outcome prometheus.Counter, err error) {
+// headers and placeholders, and decides the outcome: allowed, delayed or
+// dryRunRejected let the request through; any other comes with the error
+// that ends it. It returns the key and the request's cost too.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, o outcome, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	key = boundKey(h.key(r, repl))
@@ -372,7 +360,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
-			return key, value, nil, h.rejectBanned(w, repl, until)
+			return key, value, banned, h.rejectBanned(w, repl, until)
 		}
 	}
 
@@ -383,7 +371,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
 	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
-	outcome = h.allowed
+	o = allowed
 	var rejected int
 	if len(h.CountStatus) > 0 {
 		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
@@ -395,10 +383,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if rejected >= 0 && h.waits() {
 		if rejected, err = h.delay(ctx, key, value, samples); err != nil {
-			return key, value, nil, err
+			return key, value, clientGone, err
 		}
 		if rejected < 0 {
-			outcome = h.delayed
+			o = delayed
 		}
 	}
 	for i, s := range samples {
@@ -414,9 +402,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	h.show(w, repl, left, shown, reset, rejected >= 0)
 	if rejected < 0 {
-		return key, value, outcome, nil
+		return key, value, o, nil
 	}
-	return key, value, nil, h.reject(ctx, w, key, rejected, value, samples, now)
+	o, err = h.reject(ctx, w, key, rejected, value, samples, now)
+	return key, value, o, err
 }
 
 // show sets the placeholders and, unless they are hidden, the headers:
@@ -449,22 +438,21 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 	}
 }
 
-// reject handles a request that limit i rejected: nil in a dry run, which
-// lets it through, or else the error that ends it, with Retry-After set.
-func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) error {
+// reject handles a request that limit i rejected: in a dry run, it lets
+// it through; otherwise it returns the error that ends it, with
+// Retry-After set.
+func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) (outcome, error) {
 	if h.DryRun {
-		h.dryRun.Inc()
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
 			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[i].name))
 		}
-		return nil
+		return dryRunRejected, nil
 	}
-	h.rejected.Inc()
 	if h.bans() {
 		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, value, now)))
-	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
+	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
 		h.limits[i].limitValue, h.limits[i].size, h.Namespace))
 }
 
@@ -473,7 +461,6 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string,
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		h.concurrencyRejected.Inc()
 		w.Header().Set("Retry-After", "1")
 		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
 			h.MaxConcurrent, h.Namespace))
@@ -530,12 +517,12 @@ func (h *Handler) reset(i int, s window.Sample, left int, now int64) int {
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
-	return ceilSeconds(h.wait(i, s, target, now))
+	return ceilSeconds(h.wait(s, target, now))
 }
 
-// wait returns the seconds until the rate of limit i's window falls to
-// target, if no more hits come.
-func (h *Handler) wait(i int, s window.Sample, target float64, now int64) float64 {
+// wait returns the seconds until the rate of a limit's window, as sampled
+// in s, falls to target, if no more hits come.
+func (h *Handler) wait(s window.Sample, target float64, now int64) float64 {
 	return s.Until(target, now, h.fixed).Seconds()
 }
 
@@ -553,7 +540,7 @@ func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) 
 	}
 	for i, s := range samples {
 		if target := h.limits[i].max - value; s.Rate(h.fixed) > target+1e-9 {
-			secs = max(secs, ceilSeconds(h.wait(i, s, max(target, 0), now)))
+			secs = max(secs, ceilSeconds(h.wait(s, max(target, 0), now)))
 		}
 	}
 	return h.jitter(secs)
@@ -565,140 +552,6 @@ func (h *Handler) jitter(secs int) int {
 		secs += rand.IntN(ceilSeconds(j.Seconds()) + 1)
 	}
 	return secs
-}
-
-// headerRoom returns how many header values a request sets, and how many
-// bytes the numbers among them take as long as no count is negative.
-func (h *Handler) headerRoom() (vals, text int) {
-	vals = 2*len(h.limits) + 3
-	resetDigits := 0
-	for _, l := range h.limits {
-		text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
-		// RateLimit-Reset is at most two windows.
-		resetDigits = max(resetDigits, len(strconv.FormatInt(int64(2*l.size/time.Second)+1, 10)))
-	}
-	text += resetDigits
-	if h.DraftHeaders {
-		vals += 2
-		longest := 0
-		for _, l := range h.limits {
-			longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
-		}
-		text += longest + len(";r=;t=") + resetDigits
-	}
-	return vals, text
-}
-
-// The blocks a request that shows headers allocates, one per request: the
-// placeholders, the backing arrays of the header values, and the bytes
-// of the numbers among them. Each fills a size class of Go's allocator.
-type (
-	block5 struct { // 160 bytes: one limit
-		ph   placeholders
-		vals [5]string
-		text [48]byte
-	}
-	block7 struct { // 192 bytes: two limits
-		ph   placeholders
-		vals [7]string
-		text [48]byte
-	}
-	block9 struct { // 256 bytes: three limits, or two with the draft's fields
-		ph   placeholders
-		vals [9]string
-		text [80]byte
-	}
-	block13 struct { // 352 bytes: four limits with the draft's fields
-		ph   placeholders
-		vals [13]string
-		text [112]byte
-	}
-)
-
-func (b *block5) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block7) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block9) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block13) parts() (*placeholders, []string, []byte) { return &b.ph, b.vals[:0], b.text[:0] }
-
-func newBlock[B any, P interface {
-	*B
-	parts() (*placeholders, []string, []byte)
-}]() (*placeholders, []string, []byte) {
-	return P(new(B)).parts()
-}
-
-// blockFor returns how to allocate what a request's headers need: the
-// smallest block with room for vals header values and text bytes of
-// numbers, or else three allocations.
-func blockFor(vals, text int) func() (*placeholders, []string, []byte) {
-	for _, b := range []struct {
-		vals, text int
-		alloc      func() (*placeholders, []string, []byte)
-	}{
-		{5, 48, newBlock[block5]},
-		{7, 48, newBlock[block7]},
-		{9, 80, newBlock[block9]},
-		{13, 112, newBlock[block13]},
-	} {
-		if vals <= b.vals && text <= b.text {
-			return b.alloc
-		}
-	}
-	return func() (*placeholders, []string, []byte) {
-		return new(placeholders), make([]string, 0, vals), make([]byte, 0, text)
-	}
-}
-
-// setHeaders writes the rate limit headers. Their values are appended to
-// vals, and the numbers among them to text, whose bytes the value strings
-// share. Each header gets its own one-element slice of vals,
-// capped so that a later Add copies instead of writing into its
-// neighbour: no slice is shared with another request, since a later
-// handler may rewrite a value in place (Caddy's header directive does).
-func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left []int, shown, reset int) {
-	put := func(name, v string) {
-		vals = append(vals, v) // within the block's capacity
-		n := len(vals)
-		hdr[name] = vals[n-1 : n : n]
-	}
-	// str returns text[start:] as a string sharing its bytes, which are
-	// never written again: text only grows by append, and growing it
-	// past its capacity leaves the strings made so far in the old array.
-	str := func(start int) string { return unsafe.String(&text[start], len(text)-start) }
-	var shownLeft string
-	for i, l := range h.limits {
-		start := len(text)
-		text = strconv.AppendInt(text, int64(left[i]), 10)
-		s := str(start)
-		if i == shown {
-			shownLeft = s
-		}
-		put(l.limitHeader, l.limitValue)
-		put(l.leftHeader, s)
-	}
-	start := len(text)
-	text = strconv.AppendInt(text, int64(reset), 10)
-	resetText := str(start)
-	put("Ratelimit-Limit", h.limits[shown].limitValue)
-	put("Ratelimit-Remaining", shownLeft)
-	put("Ratelimit-Reset", resetText)
-	if h.DraftHeaders {
-		// The IETF draft's structured fields: every policy, and the state
-		// of the one with the least remaining, unless that one has no
-		// policy item (a window of a fraction of a second).
-		if h.policy != "" {
-			put("Ratelimit-Policy", h.policy)
-		}
-		if l := &h.limits[shown]; l.policy != "" {
-			start := len(text)
-			text = append(text, l.policyName...)
-			text = append(text, ";r="...)
-			text = append(text, shownLeft...)
-			text = append(text, ";t="...)
-			text = append(text, resetText...)
-			put("Ratelimit", str(start))
-		}
-	}
 }
 
 // Interface guards

@@ -100,7 +100,6 @@ func (h *Handler) rejectBanned(w http.ResponseWriter, repl *caddy.Replacer, unti
 		left = make([]int, len(h.limits))
 	}
 	h.show(w, repl, left[:len(h.limits)], len(h.limits)-1, secs, true)
-	h.banned.Inc()
 	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
 }
