@@ -23,14 +23,15 @@ const (
 )
 
 // health is what a namespace knows of its store's health: whether
-// synchronous hits should skip the store for a moment, how far apart
-// failing runs get, and when to log. Failures are logged once per log
-// interval, not once per request, and the first success after failures
-// is logged and signalled on recovered, so that the loop pushes what
-// waited at once.
+// requests should skip the store for a moment, how far apart failing runs
+// get, and when to log. Failures are logged once per log interval, not
+// once per request nor once per outage of a flapping store, and the first
+// success after failures is signalled on recovered, so that the loop
+// pushes what waited at once.
 type health struct {
 	name   string
 	logger *zap.Logger
+	now    func() time.Time // time.Now; tests step it
 	// logEvery is the least time between two logs of store failures:
 	// minLogInterval, or longer in tests that count the logs.
 	logEvery  time.Duration
@@ -40,17 +41,21 @@ type health struct {
 	runFailures int // consecutive failed runs: they space runs out
 	failures    int // failed runs and hits since the store last worked
 	lastLog     time.Time
-	unlogged    int // failures since the last log
+	unlogged    int  // failures since the last log
+	logged      bool // a failure was logged since the last recovery log
 
-	// While the store is known to be down, synchronous hits count locally
-	// without trying it, so that requests do not each wait for a timeout.
-	// A hit tries again once downUntil (Unix nanoseconds) has passed.
-	downUntil atomic.Int64
-	failing   atomic.Bool
+	// While the store is known to be down, requests count locally without
+	// trying it, so that they do not each wait for a timeout. Once
+	// downUntil (Unix nanoseconds) has passed, one request at a time
+	// probes the store, until probeUntil; the others keep skipping it
+	// until a probe succeeds or fails.
+	failing    atomic.Bool
+	downUntil  atomic.Int64
+	probeUntil atomic.Int64
 }
 
 func newHealth(name string, logger *zap.Logger) *health {
-	return &health{name: name, logger: logger, logEvery: minLogInterval, recovered: make(chan struct{}, 1)}
+	return &health{name: name, logger: logger, now: time.Now, logEvery: minLogInterval, recovered: make(chan struct{}, 1)}
 }
 
 // failedRun counts a failed sync run, which spaces the next runs out, and
@@ -62,38 +67,54 @@ func (h *health) failedRun(err error, logInterval time.Duration) {
 	h.failed(err, logInterval)
 }
 
-// failed counts a failure of a run or a hit, marks the store down for a
-// moment, and logs, at most once per logInterval (or logEvery if longer).
-// A cancelled call says nothing of the store.
+// failed counts a failure of a run or a request, marks the store down for
+// a moment, and logs, at most once per logInterval (or logEvery if
+// longer), however often the store comes back in between. A cancelled
+// call says nothing of the store.
 func (h *health) failed(err error, logInterval time.Duration) {
 	metrics.syncErrors.WithLabelValues(h.name).Inc()
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	h.downUntil.Store(time.Now().Add(retryInterval).UnixNano())
+	now := h.now()
+	h.downUntil.Store(now.Add(retryInterval).UnixNano())
+	h.probeUntil.Store(0)
 	h.failing.Store(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.failures++
 	h.unlogged++
-	if time.Since(h.lastLog) < max(h.logEvery, logInterval) {
+	if now.Sub(h.lastLog) < max(h.logEvery, logInterval) {
 		return
 	}
 	h.logger.Error("store unreachable: limits are enforced on local counts and hits are kept for later",
 		zap.String("namespace", h.name),
 		zap.Int("failures_since_last_log", h.unlogged),
 		zap.Error(err))
-	h.lastLog = time.Now()
+	h.lastLog = now
 	h.unlogged = 0
+	h.logged = true
 }
 
-// down reports whether synchronous hits should skip the store for now.
+// down reports whether a request should skip the store for now: for
+// retryInterval after a failure, and then while another request probes
+// it. A request told false must report to succeeded or failed; one that
+// does not (it had nothing to ask) holds the probe for at most
+// hitTimeout.
 func (h *health) down() bool {
-	return h.downUntil.Load() > time.Now().UnixNano()
+	if !h.failing.Load() {
+		return false
+	}
+	now := h.now().UnixNano()
+	if h.downUntil.Load() > now {
+		return true
+	}
+	p := h.probeUntil.Load()
+	return p > now || !h.probeUntil.CompareAndSwap(p, now+int64(hitTimeout))
 }
 
 // succeeded records that the store worked. The first success after
-// failures is logged and signalled.
+// failures is signalled, and logged if their failure was.
 func (h *health) succeeded() {
 	if !h.failing.Load() {
 		return
@@ -101,12 +122,15 @@ func (h *health) succeeded() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.failing.Swap(false) {
-		h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
+		if h.logged {
+			h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
+			h.logged = false
+		}
 		signal(h.recovered)
 	}
-	h.runFailures, h.failures, h.unlogged = 0, 0, 0
-	h.lastLog = time.Time{}
+	h.runFailures, h.failures = 0, 0
 	h.downUntil.Store(0)
+	h.probeUntil.Store(0)
 }
 
 // recoveries signals the first success after failures, so that the loop

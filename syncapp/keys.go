@@ -2,6 +2,7 @@ package syncapp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -47,7 +48,12 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 		samples, err := n.storeSamples(ctx, key, sizes, now)
 		cancel()
-		if err == nil {
+		switch {
+		case errors.Is(err, strategy.ErrRejected): // the store is fine
+		case err != nil:
+			n.health.failed(err, 0)
+		default:
+			n.health.succeeded()
 			v := n.outbox.view()
 			for i, s := range samples {
 				s.Current += v.of(key, s.Size, s.Start)

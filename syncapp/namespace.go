@@ -99,7 +99,7 @@ func (n *Namespace) Mode() Mode { return n.mode }
 // count locally.
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
 	switch {
-	case n.syncAbove > 0 && !n.health.down():
+	case n.syncAbove > 0:
 		return n.hitNear(ctx, key, limits, value, fixed, undo, out)
 	case n.mode == Synchronous && !n.health.down():
 		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, nil); ok {
@@ -122,8 +122,18 @@ func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, val
 	if !near {
 		return rejected
 	}
-	if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
-		return rejected
+	if !n.health.down() {
+		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
+			return rejected
+		}
+	} else {
+		// The store is skipped: what the near hit took goes back, and the
+		// hit counts locally.
+		windows := make([]strategy.WindowHit, len(limits))
+		for i, l := range limits {
+			windows[i] = strategy.WindowHit{Size: l.Size, Start: out[i].Start}
+		}
+		n.giveBack(key, windows, unsynced, 0, true)
 	}
 	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }
