@@ -15,8 +15,10 @@ const (
 	// the hits its store could not take, and how long hits skip a store
 	// that just failed.
 	retryInterval = time.Second
-	// maxBackoff caps how far apart failing periodic runs get.
-	maxBackoff = 10 * time.Second
+	// maxBackoff caps how far apart failing periodic runs get: a run every
+	// two seconds costs a store that is down nothing, and a node syncs
+	// again within about that long of the store coming back.
+	maxBackoff = 2 * time.Second
 	// minLogInterval is the least time between two logs of store failures
 	// of one namespace.
 	minLogInterval = 10 * time.Second

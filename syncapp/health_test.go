@@ -103,3 +103,24 @@ func TestFlappingStoreLogsOncePerInterval(t *testing.T) {
 		t.Errorf("the last failure line counts %v failures since the one before, want the failures in between", n)
 	}
 }
+
+// Failing runs back off, but never so far that a node waits more than
+// maxBackoff (and an interval) to sync again once the store is back.
+func TestBackoffIsShort(t *testing.T) {
+	h, now := steppedHealth(zap.NewNop())
+	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, time.Second} {
+		h.succeeded()
+		last := time.Duration(0)
+		for failures := 1; failures <= 20; failures++ {
+			h.failedRun(errors.New("connection refused"), interval)
+			d := h.delay(interval, *now)
+			if d > 2*time.Second+interval {
+				t.Fatalf("sync_rate %v, %d failed runs: the next run in %v, want at most 2s and an interval", interval, failures, d)
+			}
+			if d+interval < last {
+				t.Fatalf("sync_rate %v, %d failed runs: the next run in %v, sooner than after %d (%v)", interval, failures, d, failures-1, last)
+			}
+			last = d
+		}
+	}
+}
