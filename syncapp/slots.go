@@ -45,15 +45,18 @@ type heldSlot struct {
 
 // slotHolder keeps the slots a namespace's requests hold in its store:
 // it renews them every third of a lease while their requests run, and
-// releases them, batched and off the requests' path, when they end. Its
-// loop starts with the first slot and ends with the namespace's
-// fleetState.
+// releases them, batched and off the requests' path, when they end. A
+// release that fails is tried again every retryInterval until the slot's
+// lease would have ended anyway, so that a store back from an outage does
+// not keep the slots of requests that ended during it. Its loop starts
+// with the first slot and ends with the namespace's fleetState.
 type slotHolder struct {
 	logger *zap.Logger
 	health *health
 
-	mu   sync.Mutex
-	held map[heldSlot]struct{}
+	mu         sync.Mutex
+	held       map[heldSlot]struct{}
+	unreleased map[heldSlot]unreleased
 
 	releases chan heldSlot
 	worker   worker
@@ -61,11 +64,12 @@ type slotHolder struct {
 
 func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 	return &slotHolder{
-		logger:   logger,
-		health:   h,
-		held:     make(map[heldSlot]struct{}),
-		releases: make(chan heldSlot, 4096),
-		worker:   newWorker(),
+		logger:     logger,
+		health:     h,
+		held:       make(map[heldSlot]struct{}),
+		unreleased: make(map[heldSlot]unreleased),
+		releases:   make(chan heldSlot, 4096),
+		worker:     newWorker(),
 	}
 }
 
@@ -94,8 +98,11 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namesp
 		h.logger.Error("the store refused a concurrency slot; counting on this node", zap.String("namespace", namespace), zap.Error(err))
 	case errors.Is(err, strategy.ErrNotSent):
 		h.health.failed(err, 0)
-	default: // it may have been taken: give it back
+	default: // it may have been taken, now or when the store resumes
 		h.health.failed(err, 0)
+		h.mu.Lock()
+		h.unreleased[slot] = unreleased{until: time.Now().Add(slotLease), uncertain: true}
+		h.mu.Unlock()
 		h.queue(slot)
 	}
 	return slot, false, false
@@ -121,10 +128,28 @@ func (h *slotHolder) queue(slot heldSlot) {
 // maxReleaseBatch bounds the slots one release call frees.
 const maxReleaseBatch = 512
 
-// loop releases slots as their requests end and renews the held ones.
+// unreleased is a slot to release again: its release failed, or its
+// acquire failed after it may have been applied. until is when its lease
+// ends at the latest. An uncertain acquire may reach the store after a
+// release of its slot, so that slot is released again until then even
+// when a release worked.
+type unreleased struct {
+	until     time.Time
+	uncertain bool
+}
+
+// releaseSlots is the call that frees slots in their store.
+func releaseSlots(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+	return st.ReleaseSlots(ctx, ns, slots)
+}
+
+// loop releases slots as their requests end, renews the held ones, and
+// tries the failed releases again.
 func (h *slotHolder) loop() {
 	renew := time.NewTicker(slotLease / 3)
 	defer renew.Stop()
+	retry := time.NewTicker(retryInterval)
+	defer retry.Stop()
 	for {
 		select {
 		case <-h.worker.stopping():
@@ -132,9 +157,9 @@ func (h *slotHolder) loop() {
 			return
 		case first := <-h.releases:
 			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
-			h.each(batch, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
-				return st.ReleaseSlots(ctx, ns, slots)
-			})
+			h.retryLater(h.each(batch, releaseSlots))
+		case <-retry.C:
+			h.retryReleases(time.Now())
 		case <-renew.C:
 			h.mu.Lock()
 			held := make([]heldSlot, 0, len(h.held))
@@ -149,9 +174,53 @@ func (h *slotHolder) loop() {
 	}
 }
 
-// each calls f once per store and namespace of the given slots. A
-// failure leaves the slots to their leases.
-func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slotter, string, []strategy.Slot) error) {
+// retryLater keeps slots whose release failed for the next retry.
+func (h *slotHolder) retryLater(failed []heldSlot) {
+	if len(failed) == 0 {
+		return
+	}
+	until := time.Now().Add(slotLease)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range failed {
+		if _, ok := h.unreleased[s]; !ok {
+			h.unreleased[s] = unreleased{until: until}
+		}
+	}
+}
+
+// retryReleases releases again the slots whose release failed or whose
+// acquire was uncertain, and forgets those whose lease ended by now.
+func (h *slotHolder) retryReleases(now time.Time) {
+	h.mu.Lock()
+	var again []heldSlot
+	for s, u := range h.unreleased {
+		if !now.Before(u.until) {
+			delete(h.unreleased, s)
+			continue
+		}
+		again = append(again, s)
+	}
+	h.mu.Unlock()
+	if len(again) == 0 {
+		return
+	}
+	failed := make(map[heldSlot]bool)
+	for _, s := range h.each(again, releaseSlots) {
+		failed[s] = true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range again {
+		if u := h.unreleased[s]; !u.uncertain && !failed[s] {
+			delete(h.unreleased, s)
+		}
+	}
+}
+
+// each calls f once per store and namespace of the given slots, and
+// returns the slots of the calls that failed.
+func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slotter, string, []strategy.Slot) error) (failed []heldSlot) {
 	type group struct {
 		store     strategy.Slotter
 		namespace string
@@ -167,8 +236,12 @@ func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slo
 		cancel()
 		if err != nil {
 			h.health.failed(err, 0)
+			for _, s := range slots {
+				failed = append(failed, heldSlot{store: g.store, namespace: g.namespace, slot: s})
+			}
 		}
 	}
+	return failed
 }
 
 // drain appends the slots queued for release to batch, until it holds
@@ -193,6 +266,10 @@ func (h *slotHolder) releaseAll() {
 		all = append(all, s)
 	}
 	clear(h.held)
+	for s := range h.unreleased {
+		all = append(all, s)
+	}
+	clear(h.unreleased)
 	h.mu.Unlock()
 	all = h.drain(all, cap(h.releases)+len(all))
 	// The config that held a store may have closed it already: what
