@@ -135,6 +135,9 @@ func (h *health) succeeded() {
 	h.probeUntil.Store(0)
 }
 
+// ok reports whether the store worked the last time it was asked.
+func (h *health) ok() bool { return !h.failing.Load() }
+
 // recoveries signals the first success after failures, so that the loop
 // pushes what waited at once.
 func (h *health) recoveries() <-chan struct{} { return h.recovered }

@@ -150,11 +150,13 @@ func (l *loop) loop() {
 		syncs := ns != nil && ns.mode != Local
 		var timer *time.Timer
 		var wait <-chan time.Time
+		var backlog <-chan struct{}
 		if syncs {
 			timer = time.NewTimer(l.health.delay(ns.runInterval(), time.Now()))
 			wait = timer.C
+			backlog = ns.backlog()
 		}
-		run, woken := false, false
+		run, early, woken := false, false, false
 		select {
 		case <-stop:
 		case <-l.wake:
@@ -163,6 +165,11 @@ func (l *loop) loop() {
 			run = syncs
 		case <-wait:
 			run = true
+		case <-backlog:
+			// Keys with diffs leave the zone faster than the runs take
+			// them: push now, unless the store is failing (then the
+			// zone drops the oldest past twice its capacity).
+			early = l.health.ok()
 		}
 		if timer != nil {
 			timer.Stop()
@@ -176,25 +183,29 @@ func (l *loop) loop() {
 			l.releaseStores(false)
 			l.runs.unlock()
 		}
-		if run {
+		if run || early {
 			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
-			l.runCurrent(runCtx)
+			l.runCurrent(runCtx, !early)
 			cancelRun()
 		}
 	}
 }
 
-// runCurrent does one periodic run for the namespace attached once the
-// run lock is taken: a namespace detached meanwhile has its config's Stop
-// and Cleanup push for it.
-func (l *loop) runCurrent(ctx context.Context) {
+// runCurrent does one run for the namespace attached once the run lock is
+// taken (a namespace detached meanwhile has its config's Stop and Cleanup
+// push for it): a periodic run, or with periodic false a push alone.
+func (l *loop) runCurrent(ctx context.Context, periodic bool) {
 	defer recoverAndLog(l.logger, "syncing namespace")
 	if l.runs.lock(ctx, l.name) != nil {
 		return
 	}
 	defer l.runs.unlock()
 	if ns := l.current(); ns != nil && ns.store != nil {
-		_ = ns.runLocked(ctx, true, fetchAfter(time.Now(), ns.runInterval()))
+		if periodic {
+			_ = ns.runLocked(ctx, true, fetchAfter(time.Now(), ns.runInterval()))
+		} else {
+			_ = ns.runLocked(ctx, false, time.Time{})
+		}
 	}
 }
 

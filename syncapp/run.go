@@ -157,6 +157,10 @@ func fetchBeat(interval time.Duration) time.Duration {
 	return min(interval/5, 10*time.Millisecond)
 }
 
+// backlog receives when keys with diffs leave the zone faster than the
+// runs take them (window.Namespace.Backlog).
+func (n *Namespace) backlog() <-chan struct{} { return n.counters.Backlog() }
+
 // runInterval is the time between two runs of the namespace's loop: its
 // sync_rate, or for a synchronous namespace the retry interval of hits that
 // failed.

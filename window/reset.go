@@ -86,7 +86,7 @@ func (n *Namespace) Reset(key string) []time.Duration {
 	kept := s.orphans[:0]
 	for _, o := range s.orphans {
 		if o.ns == n.id && o.Key == key {
-			n.orphans.Add(-1)
+			n.orphanGone()
 			continue
 		}
 		kept = append(kept, o)

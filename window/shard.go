@@ -374,22 +374,36 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 }
 
 // orphan keeps a diff whose entry is gone, unless it is zero or its window
-// has expired. The list is bounded by the shard's quota; past it the oldest
-// orphans are dropped and counted.
+// has expired. The zone keeps at most twice its capacity of them, however
+// unevenly they fall on its shards; past it the older half of this
+// shard's are dropped (or the new one, if the shard holds none), and
+// counted. From the capacity on, the namespace's Backlog is signalled,
+// for its sync loop to take them before that.
 func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v float64, now int64) {
 	if v == 0 || (k+2)*size <= now {
 		return
 	}
-	if len(s.orphans) >= 2*s.quota {
-		drop := len(s.orphans) - s.quota
+	if z.orphaned.Load() >= 2*z.limit.Load() {
+		drop := (len(s.orphans) + 1) / 2
+		if drop == 0 {
+			z.dropped.Add(1)
+			return
+		}
 		z.dropped.Add(uint64(drop))
 		for _, o := range s.orphans[:drop] {
-			z.namespace(o.ns).orphans.Add(-1)
+			z.namespace(o.ns).orphanGone()
 		}
 		s.orphans = append(s.orphans[:0], s.orphans[drop:]...)
 	}
 	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: k * size, Value: v}})
-	z.namespace(ns).orphans.Add(1)
+	n := z.namespace(ns)
+	n.orphans.Add(1)
+	if z.orphaned.Add(1) >= z.limit.Load() {
+		select {
+		case n.backlog <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // list records that entry i was touched since the namespace's last Take.

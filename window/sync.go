@@ -73,7 +73,7 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 		for _, o := range s.orphans {
 			if o.ns == n.id {
 				diffs = append(diffs, o.Diff)
-				n.orphans.Add(-1)
+				n.orphanGone()
 			} else {
 				kept = append(kept, o)
 			}

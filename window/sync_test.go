@@ -314,3 +314,50 @@ func TestApplyAddsNoEmptyWindows(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictedDiffsWithinTwiceTheCapacity evicts, without a take, just
+// under twice the zone's capacity of keys with a diff: however unevenly
+// they fall on the shards, none is dropped (at 1,999 of them over 32
+// shards, one shard holds at least 63: more than twice its share), and
+// the namespace's Backlog says it is time to take them.
+func TestEvictedDiffsWithinTwiceTheCapacity(t *testing.T) {
+	const capacity = 1000
+	z := mustZone(t, capacity, newFakeClock(base))
+	if n := len(z.current()); n != 32 {
+		t.Fatalf("%d shards, want 32 for the pigeonhole below", n)
+	}
+	ns := mustNamespace(t, z, "o")
+	ns.SetTracked(true)
+	const evicted = 2*capacity - 1
+	for i := range capacity + evicted {
+		ns.Increment("k"+strconv.Itoa(i), time.Minute, 1)
+	}
+	if z.Dropped() != 0 {
+		t.Fatalf("%d diffs of evicted keys dropped with %d waiting, want none under %d", z.Dropped(), evicted, 2*capacity)
+	}
+	select {
+	case <-ns.Backlog():
+	default:
+		t.Fatal("no backlog signalled with more diffs of evicted keys waiting than the zone holds keys")
+	}
+	diffs, _ := ns.Take()
+	if got := sum(diffs); got != capacity+evicted {
+		t.Fatalf("took %v, want every one of the %d hits", got, capacity+evicted)
+	}
+	// Past twice the capacity they are dropped, and the zone's memory
+	// stays bounded.
+	const flood = 4 * capacity // the first capacity evict keys taken already
+	for i := range flood {
+		ns.Increment("flood"+strconv.Itoa(i), time.Minute, 1)
+	}
+	if z.Dropped() == 0 || z.orphaned.Load() > 2*capacity {
+		t.Fatalf("dropped %d, %d waiting: want drops, and at most %d waiting", z.Dropped(), z.orphaned.Load(), 2*capacity)
+	}
+	diffs, _ = ns.Take()
+	if got := sum(diffs) + float64(z.Dropped()); got != flood {
+		t.Fatalf("took %v and dropped %d of %d hits", sum(diffs), z.Dropped(), flood)
+	}
+	if z.orphaned.Load() != 0 {
+		t.Fatalf("%d diffs of evicted keys counted after the take, want 0", z.orphaned.Load())
+	}
+}

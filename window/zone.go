@@ -35,6 +35,7 @@ type Zone struct {
 	limit     atomic.Int64
 	evictions atomic.Uint64
 	dropped   atomic.Uint64
+	orphaned  atomic.Int64 // diffs of keys that left the zone, in all namespaces
 
 	mu         sync.Mutex // guards names
 	names      map[string]*Namespace
@@ -88,8 +89,9 @@ func (z *Zone) Len() int { return int(z.live.Load()) }
 func (z *Zone) Evictions() uint64 { return z.evictions.Load() }
 
 // Dropped returns how many pending diffs of evicted keys were dropped
-// because too many were waiting to be pushed (a long store outage during a
-// flood of new keys). Bounded memory wins over those diffs.
+// because more than twice the zone's capacity were waiting to be pushed
+// (a store outage during a flood of new keys). Bounded memory wins over
+// those diffs.
 func (z *Zone) Dropped() uint64 { return z.dropped.Load() }
 
 // Resize changes the zone's capacity, keeping every counter that fits;
@@ -222,7 +224,7 @@ func (z *Zone) Namespace(name string) (*Namespace, error) {
 	if len(all) > math.MaxUint16 {
 		return nil, fmt.Errorf("zone holds too many namespaces (%d)", len(all))
 	}
-	n := &Namespace{zone: z, id: uint16(len(all)), name: name}
+	n := &Namespace{zone: z, id: uint16(len(all)), name: name, backlog: make(chan struct{}, 1)}
 	z.names[name] = n
 	next := append(all[:len(all):len(all)], n)
 	z.namespaces.Store(&next)
@@ -259,6 +261,20 @@ type Namespace struct {
 	tracked atomic.Bool
 	dirty   atomic.Int64 // keys with a diff
 	orphans atomic.Int64 // diffs of keys that left the zone
+	backlog chan struct{}
+}
+
+// Backlog receives when the zone holds as many diffs of evicted keys as
+// it holds keys: keys with diffs leave the zone faster than the namespace
+// syncs. A sync loop that takes the namespace's diffs now keeps them from
+// being dropped past twice the capacity.
+func (n *Namespace) Backlog() <-chan struct{} { return n.backlog }
+
+// orphanGone counts one diff of an evicted key less: taken, reset or
+// dropped.
+func (n *Namespace) orphanGone() {
+	n.orphans.Add(-1)
+	n.zone.orphaned.Add(-1)
 }
 
 // Name returns the namespace's name.
