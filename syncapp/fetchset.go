@@ -27,7 +27,7 @@ func fetchRuns(interval time.Duration) int64 {
 // keep a key that a node sees less often than every two runs up to date
 // between its requests.
 type fetchSet struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	// touched maps each key to the number of fetches made when a run last
 	// found it touched; fetches counts the fetches made.
 	touched map[string]int64
@@ -49,6 +49,14 @@ func (f *fetchSet) touch(keys []string, capacity int) {
 		}
 		f.touched[k] = f.fetches
 	}
+}
+
+// has reports whether the runs fetch key.
+func (f *fetchSet) has(key string) bool {
+	f.mu.RLock()
+	_, ok := f.touched[key]
+	f.mu.RUnlock()
+	return ok
 }
 
 // due returns the keys touched within the last runs fetches, and forgets

@@ -105,6 +105,8 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
+	case n.mode == Periodic:
+		return n.hitPeriodic(ctx, key, limits, value, fixed, undo, out)
 	}
 	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }

@@ -21,7 +21,12 @@ import (
 // admits the hit, as Retry-After says.
 func (n *Namespace) HitIfRoom(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
 	if n.mode != Synchronous && n.syncAbove == 0 {
-		return n.counters.HitIfRoom(key, limits, value, out)
+		rejected, wait = n.counters.HitIfRoom(key, limits, value, out)
+		if rejected >= 0 && n.mode == Periodic && n.stale(key) {
+			n.refresh(ctx, key) // see hitPeriodic
+			rejected, wait = n.counters.HitIfRoom(key, limits, value, out)
+		}
+		return rejected, wait
 	}
 	if rejected = n.Hit(ctx, key, limits, value, fixed, true, out); rejected < 0 {
 		return -1, 0
