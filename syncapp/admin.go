@@ -355,19 +355,32 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace st
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
+	// A client key longer than MaxKeyLen is held bounded, as the handler
+	// bounds it; a key of a bounded key's length may be one already.
+	named := namedKeys(key)
 	if r.Method == http.MethodDelete {
 		if source != sourceNode {
 			return apiError(http.StatusBadRequest, errors.New("source: a reset is always of this node and the store"))
 		}
-		if err := ns.Reset(ctx, key); err != nil {
-			return apiError(http.StatusBadGateway, err)
+		for _, k := range named {
+			if err := ns.Reset(ctx, k); err != nil {
+				return apiError(http.StatusBadGateway, err)
+			}
 		}
 		a.logger.Info("reset a key", zap.String("namespace", ns.name))
 	}
-	info, err := ns.describeKey(ctx, key, source)
+	held := named[0]
+	for _, k := range named {
+		if len(ns.counters.Inspect(k)) > 0 || !ns.BannedUntil(k).IsZero() {
+			held = k
+			break
+		}
+	}
+	info, err := ns.describeKey(ctx, held, source)
 	if err != nil {
 		return apiError(http.StatusBadGateway, err)
 	}
+	info.Key = url.QueryEscape(key)
 	return writeJSON(w, info)
 }
 

@@ -374,3 +374,40 @@ func TestFleetResetThroughTheAdminAPI(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminLongKeys: a client key over MaxKeyLen bytes, which the handler
+// counts and bans under its bounded form, can be read and reset through
+// the admin API by the key the client sent, and by the bounded form the
+// bans listing shows.
+func TestAdminLongKeys(t *testing.T) {
+	n := start(t, caddy.NewUsagePool(), `{"namespaces": {"api": {"window_sizes": ["1h"]}}}`)
+	ns := n.ns("api")
+	api := adminOf(n)
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Hour, Max: 2}}
+	out := make([]window.Sample, 1)
+	for _, long := range []string{strings.Repeat("a", MaxKeyLen+1), strings.Repeat("b", boundLen), strings.Repeat("c", 4000)} {
+		held := BoundKey(long) // as the handler counts it
+		for range 3 {
+			ns.Hit(ctx, held, limits, 1, false, false, out)
+		}
+		ns.Ban(ctx, held, time.Now().Add(time.Hour))
+
+		for _, given := range []string{long, held} {
+			info := readKey(t, api, http.MethodGet, keyPath("api", given))
+			if info.BannedUntil == nil || len(info.Windows) != 1 || info.Windows[0].Current != 3 {
+				t.Fatalf("GET of a %d-byte key by %d bytes: %+v, want its 3 hits and its ban", len(long), len(given), info)
+			}
+			if info.Key != url.QueryEscape(given) {
+				t.Fatalf("GET answered for key %q, want the key given", info.Key)
+			}
+		}
+		info := readKey(t, api, http.MethodDelete, keyPath("api", long))
+		if info.BannedUntil != nil || info.Windows[0].Current != 0 {
+			t.Fatalf("DELETE of a %d-byte key: %+v, want no hits and no ban", len(long), info)
+		}
+		if !ns.BannedUntil(held).IsZero() || ns.SlidingWindow(held, time.Hour, nil).Current != 0 {
+			t.Fatalf("after the DELETE of a %d-byte key, the handler's key is still counted or banned", len(long))
+		}
+	}
+}
