@@ -24,6 +24,19 @@ func One(d *caddyfile.Dispenser, dst *string) error {
 	return nil
 }
 
+// Secret reads the single argument of the subdirective name into dst,
+// like One, but its errors never show a token: an unquoted value with
+// spaces splits into several, any of which may be part of a password.
+// hint tells how to write the value.
+func Secret(d *caddyfile.Dispenser, name, hint string, dst *string) error {
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return d.Errf("%s: wrong argument count: want one value, got %d arguments (%s)", name, len(args), hint)
+	}
+	*dst = args[0]
+	return nil
+}
+
 // Duration reads the single argument of the subdirective name into dst: a
 // duration of 0 or more.
 func Duration(d *caddyfile.Dispenser, name string, dst *caddy.Duration) error {

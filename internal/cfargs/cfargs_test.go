@@ -195,3 +195,27 @@ func TestModule(t *testing.T) {
 		t.Errorf("an argument: error %v, want an argument count error", err)
 	}
 }
+
+// Secret reads one value, and its errors show none of the tokens.
+func TestSecret(t *testing.T) {
+	for _, tc := range []struct {
+		input, want string
+	}{
+		{"password S3cret", ""},
+		{"password", "got 0 arguments"},
+		{"password my S3cret", "got 2 arguments (quote it)"},
+	} {
+		d := caddyfile.NewTestDispenser(tc.input)
+		d.Next()
+		var got string
+		err := Secret(d, "password", "quote it", &got)
+		switch {
+		case tc.want == "" && (err != nil || got != "S3cret"):
+			t.Errorf("%q: %q, %v", tc.input, got, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v, want one containing %q", tc.input, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "S3cret"):
+			t.Errorf("%q: the error shows the secret: %v", tc.input, err)
+		}
+	}
+}

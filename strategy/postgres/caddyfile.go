@@ -20,7 +20,9 @@ import (
 // spaces, so quote it: dsn "host=db.internal dbname=ratelimit".
 func (p *Postgres) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return cfargs.Module(d, map[string]func() error{
-		"dsn":       func() error { return cfargs.One(d, &p.DSN) },
+		"dsn": func() error {
+			return cfargs.Secret(d, "dsn", `a keyword/value DSN has spaces, so quote it: dsn "host=... dbname=..."`, &p.DSN)
+		},
 		"max_conns": func() error { return cfargs.Int32(d, "max_conns", 0, &p.MaxConns) },
 		"table":     func() error { return cfargs.One(d, &p.Table) },
 	})

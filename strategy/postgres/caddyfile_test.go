@@ -88,6 +88,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"dsn with two values", `postgres {
 				dsn host=a dbname=b
 			}`, "wrong argument count"},
+		{"an unquoted keyword/value dsn", `postgres {
+				dsn host=127.0.0.1 password=S3cretPW sslmode=bogus
+			}`, "so quote it"},
 		{"duplicate", `postgres {
 				table a
 				table b
@@ -110,6 +113,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got error %v, want one containing %q", err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "S3cretPW") {
+				t.Errorf("the error shows the password: %v", err)
 			}
 		})
 	}
