@@ -67,7 +67,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			}
 			n, diffs = n+1, diffs+d
 		}
-		if _, err := evalPipelined(ctx, s.client, pushScript, calls[:n]); err != nil {
+		if err := s.evalPipelined(ctx, pushScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]
@@ -255,6 +255,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 	}
 
 	nsp := nsPart(namespace)
+	ctx, failed := s.watch(ctx)
 	var (
 		buf    []byte
 		counts []window.Count
@@ -268,9 +269,10 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		if len(mgets) == 0 {
 			return nil
 		}
-		_, err := pipe.Exec(ctx)
-		if err != nil {
-			return notSent(err)
+		if _, err := pipe.Exec(ctx); err != nil {
+			if err := s.readAgain(ctx, failed, mgets); err != nil {
+				return notSent(err)
+			}
 		}
 		at := 0
 		for _, cmd := range mgets {
@@ -335,6 +337,36 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	return counts, nil
+}
+
+// readAgain sends once more, on a Cluster, the MGETs of a failed fetch
+// pipeline that failed on a node whose slots another master serves by
+// then (see resendable), such as a replica promoted after its master
+// died, replacing them in mgets. It returns the first error of an MGET
+// that did not succeed in the end.
+func (s *Store) readAgain(ctx context.Context, failed *failedNodes, mgets []*goredis.SliceCmd) error {
+	cmds := make([]goredis.Cmder, len(mgets))
+	for i, cmd := range mgets {
+		cmds[i] = cmd
+	}
+	again := s.resendable(ctx, failed, cmds, func(i int) string {
+		key, _ := mgets[i].Args()[1].(string)
+		return key
+	})
+	if len(again) > 0 {
+		pipe := s.client.Pipeline()
+		for _, i := range again {
+			mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
+			_ = pipe.Process(ctx, mgets[i])
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, cmd := range mgets {
+		if err := cmd.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // windowRef says which window of which key an MGET reply is about.
@@ -580,7 +612,7 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 
-	reply, err := runOnce(ctx, s.client, hitScript, hitSource, cmdArgs).Slice()
+	reply, err := s.runOnce(ctx, hitScript, hitSource, cmdArgs, false).Slice()
 	if err != nil {
 		return nil, -1, notSent(err)
 	}

@@ -108,7 +108,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	}
 	set := s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
 	cmdArgs := []any{nil, nil, 1, set, id, max, strategy.LeaseMs(lease)}
-	reply, err := runOnce(ctx, s.client, acquireSlotScript, acquireSlotSource, cmdArgs).Int64Slice()
+	reply, err := s.runOnce(ctx, acquireSlotScript, acquireSlotSource, cmdArgs, false).Int64Slice()
 	if err != nil {
 		return 0, false, notSent(err)
 	}
@@ -178,7 +178,7 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), maxPipelineSlotKeys)
-		if _, err := evalPipelined(ctx, s.client, renewSlotsScript, calls[:n]); err != nil {
+		if err := s.evalPipelined(ctx, renewSlotsScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]
