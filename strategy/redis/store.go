@@ -43,8 +43,10 @@ type Store struct {
 }
 
 // newStore returns a store of r's checked settings, with a client of its
-// own. It does not dial.
+// own. It does not dial. The first store routes go-redis's own log lines
+// to Caddy's logger (see goredisLog).
 func newStore(r *Redis) *Store {
+	routeLogs()
 	var tlsConfig *tls.Config
 	if r.tlsConfig != nil {
 		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
