@@ -33,8 +33,11 @@ const failoverBound = 5 * time.Second
 func TestClusterFailover(t *testing.T) {
 	cl := redistest.StartClusterWithReplicas(t, 3, 1)
 	// The masters are the seeds, as in a typical configuration; the
-	// timeouts are the defaults.
+	// timeouts are the defaults. Pushes, fetches and hits go through
+	// stores of their own, so that none gains from another's reload.
 	r := open(t, &Redis{Addresses: cl.Addrs[:3]})
+	fetcher := open(t, &Redis{Addresses: cl.Addrs[:3]})
+	hitter := open(t, &Redis{Addresses: cl.Addrs[:3]})
 	cc := r.client.(*goredis.ClusterClient)
 	ctx := testCtx(t)
 	now := steadyNow()
@@ -71,15 +74,17 @@ func TestClusterFailover(t *testing.T) {
 	hitSize := 2 * time.Hour
 	hitStart := window.Start(now.UnixNano(), hitSize)
 	hit := func(ctx context.Context, key string) error {
-		_, _, err := r.Hit(ctx, "after", key, newID(), []strategy.WindowHit{{Size: hitSize, Start: hitStart, Value: 1, Max: math.Inf(1)}}, false)
+		_, _, err := hitter.Hit(ctx, "after", key, newID(), []strategy.WindowHit{{Size: hitSize, Start: hitStart, Value: 1, Max: math.Inf(1)}}, false)
 		return err
 	}
 	// Every node serves the store's pooled connections.
 	if err := r.PushDiffs(ctx, batchOf("before", all)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.GetCounters(ctx, "before", all, []time.Duration{size}, now); err != nil {
-		t.Fatal(err)
+	for _, s := range []*Store{r, fetcher} {
+		if _, err := s.GetCounters(ctx, "before", all, []time.Duration{size}, now); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, k := range all {
 		if err := hit(ctx, k); err != nil {
@@ -102,14 +107,16 @@ func TestClusterFailover(t *testing.T) {
 	}
 	push := func(ctx context.Context) error { return r.PushDiffs(ctx, batch) }
 	fetch := func(ctx context.Context) error {
-		_, err := r.GetCounters(ctx, "after", all, []time.Duration{size}, now)
+		_, err := fetcher.GetCounters(ctx, "after", all, []time.Duration{size}, now)
 		return err
 	}
+	// A key of a healthy master is hit at every attempt, and never fails.
+	var healthyErr error
 	hits := func(ctx context.Context) error {
-		if err := hit(ctx, dead[0]); err != nil {
-			return err
+		if err := hit(ctx, healthy[0]); err != nil && healthyErr == nil {
+			healthyErr = err
 		}
-		return hit(ctx, healthy[0])
+		return hit(ctx, dead[0])
 	}
 
 	firstErr := try(push)
@@ -158,6 +165,9 @@ func TestClusterFailover(t *testing.T) {
 			break
 		}
 		time.Sleep(poll.Interval)
+	}
+	if healthyErr != nil {
+		t.Errorf("a hit of a key of a healthy master failed: %v", healthyErr)
 	}
 	for _, o := range ops {
 		if o.ok == 0 {
