@@ -212,8 +212,8 @@ func (s *Server) Client(password string) *redis.Client {
 
 // Cluster is a Redis Cluster, one process per node.
 type Cluster struct {
-	// Servers are the cluster's nodes: the masters first, then the
-	// replicas (until a failover changes the roles).
+	// Servers are the cluster's nodes, masters and replicas; Masters
+	// tells which are masters.
 	Servers []*Server
 	// Addrs are their addresses, as a client's seed list.
 	Addrs []string
@@ -250,7 +250,6 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 		c.Servers = append(c.Servers, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
-	// redis-cli makes the first masters nodes of the list the masters.
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
@@ -280,7 +279,57 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 		}
 		rc.Close()
 	}
+	// Every node must know every replica's master, which gossip spreads.
+	for _, s := range c.Servers {
+		for {
+			nodes, err := s.nodes(ctx)
+			var withSlots, replicasKnown int
+			for _, n := range nodes {
+				if n.master && n.slots > 0 {
+					withSlots++
+				}
+				if !n.master && n.masterID != "-" {
+					replicasKnown++
+				}
+			}
+			if err == nil && withSlots == masters && replicasKnown == masters*replicas {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s does not know every master and replica: %v %v", s.Addr, nodes, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	return c
+}
+
+// Masters returns the running nodes that are masters holding slots, as
+// the first running node sees them.
+func (c *Cluster) Masters(t testing.TB) []*Server {
+	t.Helper()
+	for _, s := range c.Servers {
+		if s.cmd == nil {
+			continue
+		}
+		nodes, err := s.nodes(context.Background())
+		if err != nil {
+			t.Fatalf("redistest: reading the nodes of %s: %v", s.Addr, err)
+		}
+		var masters []*Server
+		for _, n := range nodes {
+			if n.master && n.slots > 0 {
+				for _, m := range c.Servers {
+					if m.Addr == n.addr {
+						masters = append(masters, m)
+					}
+				}
+			}
+		}
+		return masters
+	}
+	t.Fatal("redistest: no cluster node is running")
+	return nil
 }
 
 // clusterNode is a line of CLUSTER NODES.

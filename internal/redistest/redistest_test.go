@@ -52,7 +52,11 @@ func TestClusterPromote(t *testing.T) {
 	if len(c.Servers) != 6 {
 		t.Fatalf("%d nodes, want 6", len(c.Servers))
 	}
-	master := c.Servers[0]
+	masters := c.Masters(t)
+	if len(masters) != 3 {
+		t.Fatalf("%d masters, want 3", len(masters))
+	}
+	master := masters[0]
 	replica := c.ReplicaOf(t, master)
 	master.Kill()
 	c.Promote(t, replica)

@@ -35,16 +35,21 @@ func TestClusterFailover(t *testing.T) {
 	// The masters are the seeds, as in a typical configuration; the
 	// timeouts are the defaults. Pushes, fetches and hits go through
 	// stores of their own, so that none gains from another's reload.
-	r := open(t, &Redis{Addresses: cl.Addrs[:3]})
-	fetcher := open(t, &Redis{Addresses: cl.Addrs[:3]})
-	hitter := open(t, &Redis{Addresses: cl.Addrs[:3]})
+	masters := cl.Masters(t)
+	var seeds []string
+	for _, m := range masters {
+		seeds = append(seeds, m.Addr)
+	}
+	r := open(t, &Redis{Addresses: seeds})
+	fetcher := open(t, &Redis{Addresses: seeds})
+	hitter := open(t, &Redis{Addresses: seeds})
 	cc := r.client.(*goredis.ClusterClient)
 	ctx := testCtx(t)
 	now := steadyNow()
 	size := time.Hour
 	start := window.Start(now.UnixNano(), size)
 
-	victim := cl.Servers[0]
+	victim := masters[0]
 	replica := cl.ReplicaOf(t, victim)
 	// Keys of the victim's slots and of the other masters.
 	var dead, healthy []string
@@ -191,4 +196,60 @@ func TestClusterFailover(t *testing.T) {
 			t.Errorf("key %q holds %v after the batch, want 1", k, v)
 		}
 	}
+}
+
+// A Cluster master that stays down, with no replica to promote: every
+// call that touches its slots fails, and has the slot map reloaded, but
+// at most once per minReloadInterval, however many calls fail.
+func TestClusterNodeDownReloadsRateLimited(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	r := open(t, &Redis{Addresses: cl.Addrs})
+	ctx := testCtx(t)
+	now := steadyNow()
+	size := time.Hour
+	start := window.Start(now.UnixNano(), size)
+	var keys []string
+	for i := range 200 {
+		keys = append(keys, fmt.Sprintf("client-%d", i))
+	}
+	b := strategy.Batch{ID: newID(), Namespace: "ns"}
+	for _, k := range keys {
+		b.Diffs = append(b.Diffs, window.Diff{Key: k, Size: size, Start: start, Value: 1})
+	}
+	if err := r.PushDiffs(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	victim := cl.Servers[0]
+	var clients []*goredis.Client
+	for _, s := range cl.Servers[1:] {
+		c := s.Client("")
+		resetStats(t, c)
+		clients = append(clients, c)
+	}
+	victim.Kill()
+
+	began := time.Now()
+	var failures int
+	for range 10 {
+		if err := r.PushDiffs(ctx, b); err != nil {
+			failures++
+		}
+		if _, err := r.GetCounters(ctx, "ns", keys, []time.Duration{size}, now); err != nil {
+			failures++
+		}
+	}
+	r.topo.close() // no reload in the background after the count
+	took := time.Since(began)
+	if failures != 20 {
+		t.Errorf("%d of 20 calls failed with a master down, want all", failures)
+	}
+	var reloads int
+	for _, c := range clients {
+		reloads += serverCalls(t, c)["cluster|slots"]
+	}
+	// At most one reload per interval, plus the one in flight at the end.
+	if most := int(took/minReloadInterval) + 1; reloads > most || reloads == 0 {
+		t.Errorf("%d reloads of the slot map in %v, want 1 to %d", reloads, took, most)
+	}
+	t.Logf("%d failed calls in %v, %d reloads", failures, took, reloads)
 }

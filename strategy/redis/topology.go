@@ -96,6 +96,7 @@ func (t *topology) refresh(ctx context.Context, since time.Time) bool {
 		t.running, t.done = nil, now
 		t.mu.Unlock()
 		close(ch)
+		return true
 	}
 }
 
