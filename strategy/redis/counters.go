@@ -270,7 +270,15 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 			return nil
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			if err := s.readAgain(ctx, failed, mgets); err != nil {
+			cmds := make([]goredis.Cmder, len(mgets))
+			for i, cmd := range mgets {
+				cmds[i] = cmd
+			}
+			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
+				mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
+				return mgets[i]
+			})
+			if err != nil {
 				return notSent(err)
 			}
 		}
@@ -337,36 +345,6 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	return counts, nil
-}
-
-// readAgain sends once more, on a Cluster, the MGETs of a failed fetch
-// pipeline that failed on a node whose slots another master serves by
-// then (see resendable), such as a replica promoted after its master
-// died, replacing them in mgets. It returns the first error of an MGET
-// that did not succeed in the end.
-func (s *Store) readAgain(ctx context.Context, failed *failedNodes, mgets []*goredis.SliceCmd) error {
-	cmds := make([]goredis.Cmder, len(mgets))
-	for i, cmd := range mgets {
-		cmds[i] = cmd
-	}
-	again := s.resendable(ctx, failed, cmds, func(i int) string {
-		key, _ := mgets[i].Args()[1].(string)
-		return key
-	})
-	if len(again) > 0 {
-		pipe := s.client.Pipeline()
-		for _, i := range again {
-			mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
-			_ = pipe.Process(ctx, mgets[i])
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	for _, cmd := range mgets {
-		if err := cmd.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // windowRef says which window of which key an MGET reply is about.

@@ -22,7 +22,8 @@ const failoverBound = 5 * time.Second
 // A Cluster master killed with SIGKILL and its replica promoted with
 // CLUSTER FAILOVER TAKEOVER: within failoverBound of the promotion, the
 // store pushes, fetches and hits keys of the failed master's slots and of
-// the healthy masters, in calls that mix both, and a batch tried again
+// the healthy masters, in calls that mix both, and takes and releases
+// concurrency slots, and a batch tried again
 // through the failover is applied once. The keys of the healthy masters
 // are applied by the first attempt of a push that mixes them with keys of
 // the failed master.
@@ -43,6 +44,7 @@ func TestClusterFailover(t *testing.T) {
 	r := open(t, &Redis{Addresses: seeds})
 	fetcher := open(t, &Redis{Addresses: seeds})
 	hitter := open(t, &Redis{Addresses: seeds})
+	slotter := open(t, &Redis{Addresses: seeds})
 	cc := r.client.(*goredis.ClusterClient)
 	ctx := testCtx(t)
 	now := steadyNow()
@@ -96,6 +98,16 @@ func TestClusterFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	slot := func(ctx context.Context, key string) error {
+		id := newID()
+		if _, ok, err := slotter.AcquireSlot(ctx, "after", key, id, 1000, time.Minute); err != nil || !ok {
+			return fmt.Errorf("acquiring a slot: %v, taken %v", err, ok)
+		}
+		return slotter.ReleaseSlots(ctx, "after", []strategy.Slot{{Key: key, ID: id}})
+	}
+	if err := slot(ctx, dead[0]); err != nil {
+		t.Fatal(err)
+	}
 
 	victim.Kill()
 	cl.Promote(t, replica)
@@ -141,7 +153,10 @@ func TestClusterFailover(t *testing.T) {
 		op   func(context.Context) error
 		ok   time.Duration // after the promotion
 		err  error         // the first error
-	}{{name: "push", op: push}, {name: "fetch", op: fetch}, {name: "hits", op: hits}}
+	}{
+		{name: "push", op: push}, {name: "fetch", op: fetch}, {name: "hits", op: hits},
+		{name: "slots", op: func(ctx context.Context) error { return slot(ctx, dead[0]) }},
+	}
 	if firstErr == nil {
 		ops[0].ok = firstTook
 	} else {

@@ -268,3 +268,29 @@ func (s *Store) resendable(ctx context.Context, failed *failedNodes, cmds []gore
 	}
 	return again
 }
+
+// sendAgain sends once more, in one pipeline, the commands of a failed
+// pipeline that resendable picks, each remade by remake (a new command of
+// the same arguments, which takes its place in cmds), on a Cluster. It
+// returns the first error of a command that did not succeed in the end.
+// The commands must be harmless to apply twice.
+func (s *Store) sendAgain(ctx context.Context, failed *failedNodes, cmds []goredis.Cmder, remake func(i int) goredis.Cmder) error {
+	again := s.resendable(ctx, failed, cmds, func(i int) string {
+		key, _ := cmds[i].Args()[1].(string)
+		return key
+	})
+	if len(again) > 0 {
+		pipe := s.client.Pipeline()
+		for _, i := range again {
+			cmds[i] = remake(i)
+			_ = pipe.Process(ctx, cmds[i])
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
