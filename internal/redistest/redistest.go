@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -209,18 +210,29 @@ func (s *Server) Client(password string) *redis.Client {
 	return c
 }
 
-// Cluster is a Redis Cluster of masters only, one process each.
+// Cluster is a Redis Cluster, one process per node.
 type Cluster struct {
-	// Servers are the cluster's nodes.
+	// Servers are the cluster's nodes, masters and replicas; Masters
+	// tells which are masters.
 	Servers []*Server
 	// Addrs are their addresses, as a client's seed list.
 	Addrs []string
 }
 
 // StartCluster starts a Redis Cluster with the given number of masters
-// (at least 3), assigns the slots, and waits until every node reports the
-// cluster healthy.
+// (at least 3) and no replicas, assigns the slots, and waits until every
+// node reports the cluster healthy.
 func StartCluster(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	return StartClusterWithReplicas(t, masters, 0)
+}
+
+// StartClusterWithReplicas starts a Redis Cluster with the given number of
+// masters (at least 3), each with the given number of replicas, and waits
+// until every node reports the cluster healthy and every replica's link to
+// its master is up. The nodes' timeout is 15 s, so that the cluster itself
+// never fails a node over during a test: tests do it with Promote.
+func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 	t.Helper()
 	if masters < 3 {
 		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
@@ -231,7 +243,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
 	}
 	c := &Cluster{}
-	for range masters {
+	for range masters * (1 + replicas) {
 		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
 		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"}
 		s.startOnFreePort()
@@ -239,17 +251,24 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for _, s := range c.Servers {
 		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
 		for {
 			info, err := rc.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			ready := err == nil && strings.Contains(info, "cluster_state:ok")
+			if ready {
+				var repl string
+				repl, err = rc.Info(ctx, "replication").Result()
+				ready = err == nil && (strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up"))
+				info += repl
+			}
+			if ready {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -260,7 +279,149 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		}
 		rc.Close()
 	}
+	// Every node must know every replica's master, which gossip spreads.
+	for _, s := range c.Servers {
+		for {
+			nodes, err := s.nodes(ctx)
+			var withSlots, replicasKnown int
+			for _, n := range nodes {
+				if n.master && n.slots > 0 {
+					withSlots++
+				}
+				if !n.master && n.masterID != "-" {
+					replicasKnown++
+				}
+			}
+			if err == nil && withSlots == masters && replicasKnown == masters*replicas {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s does not know every master and replica: %v %v", s.Addr, nodes, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	return c
+}
+
+// Masters returns the running nodes that are masters holding slots, as
+// the first running node sees them.
+func (c *Cluster) Masters(t testing.TB) []*Server {
+	t.Helper()
+	for _, s := range c.Servers {
+		if s.cmd == nil {
+			continue
+		}
+		nodes, err := s.nodes(context.Background())
+		if err != nil {
+			t.Fatalf("redistest: reading the nodes of %s: %v", s.Addr, err)
+		}
+		var masters []*Server
+		for _, n := range nodes {
+			if n.master && n.slots > 0 {
+				for _, m := range c.Servers {
+					if m.Addr == n.addr {
+						masters = append(masters, m)
+					}
+				}
+			}
+		}
+		return masters
+	}
+	t.Fatal("redistest: no cluster node is running")
+	return nil
+}
+
+// clusterNode is a line of CLUSTER NODES.
+type clusterNode struct {
+	id, addr, masterID string
+	master             bool
+	slots              int // the number of slot fields
+}
+
+// nodes returns the cluster's nodes as s sees them.
+func (s *Server) nodes(ctx context.Context) ([]clusterNode, error) {
+	rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer rc.Close()
+	out, err := rc.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	var nodes []clusterNode
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		// <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot> ...
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		nodes = append(nodes, clusterNode{
+			id: f[0], addr: addr, masterID: f[3],
+			master: slices.Contains(strings.Split(f[2], ","), "master"),
+			slots:  len(f) - 8,
+		})
+	}
+	return nodes, nil
+}
+
+// ReplicaOf returns a replica of master, which must be running.
+func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
+	t.Helper()
+	nodes, err := master.nodes(context.Background())
+	if err != nil {
+		t.Fatalf("redistest: reading the nodes of %s: %v", master.Addr, err)
+	}
+	var masterID string
+	for _, n := range nodes {
+		if n.addr == master.Addr {
+			masterID = n.id
+		}
+	}
+	for _, n := range nodes {
+		if n.masterID == masterID && !n.master {
+			for _, s := range c.Servers {
+				if s.Addr == n.addr {
+					return s
+				}
+			}
+		}
+	}
+	t.Fatalf("redistest: %s has no replica", master.Addr)
+	return nil
+}
+
+// Promote makes replica a master at once, with CLUSTER FAILOVER TAKEOVER,
+// which needs neither its master (which may be dead) nor the other
+// masters' agreement, and returns once every running node reports it as a
+// master holding slots.
+func (c *Cluster) Promote(t testing.TB, replica *Server) {
+	t.Helper()
+	ctx := context.Background()
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	defer rc.Close()
+	if err := rc.Do(ctx, "cluster", "failover", "takeover").Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER FAILOVER TAKEOVER on %s: %v", replica.Addr, err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.Servers {
+		if s.cmd == nil {
+			continue // killed
+		}
+		for {
+			nodes, err := s.nodes(ctx)
+			promoted := false
+			for _, n := range nodes {
+				promoted = promoted || n.addr == replica.Addr && n.master && n.slots > 0
+			}
+			if promoted {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: %s does not see %s promoted: %v %v", s.Addr, replica.Addr, nodes, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
 
 // freePort returns a loopback TCP port nobody listens on; with bus, port

@@ -46,3 +46,22 @@ func TestRestartWaitsForItsPort(t *testing.T) {
 		t.Fatalf("the restarted server does not answer: %v", err)
 	}
 }
+
+func TestClusterPromote(t *testing.T) {
+	c := StartClusterWithReplicas(t, 3, 1)
+	if len(c.Servers) != 6 {
+		t.Fatalf("%d nodes, want 6", len(c.Servers))
+	}
+	masters := c.Masters(t)
+	if len(masters) != 3 {
+		t.Fatalf("%d masters, want 3", len(masters))
+	}
+	master := masters[0]
+	replica := c.ReplicaOf(t, master)
+	master.Kill()
+	c.Promote(t, replica)
+	role, err := replica.Client("").Do(context.Background(), "role").Slice()
+	if err != nil || len(role) == 0 || role[0] != "master" {
+		t.Fatalf("the promoted replica's role: %v, %v", role, err)
+	}
+}

@@ -83,7 +83,9 @@ var getBansScript = goredis.NewScript(getBansSource)
 // per ban set, a ZREM per ban lifted, then ZRANGE, GET, SET and two
 // PEXPIREAT. Ends are kept in whole milliseconds.
 //
-// It is sent at most once; setting the same bans again is harmless. An
+// go-redis sends it at most once; setting the same bans again is
+// harmless, so on a Cluster it is sent once more after a connection
+// failure if a promoted replica serves its slot by then. An
 // error wraps strategy.ErrNotSent when the call surely never reached
 // Redis, and strategy.ErrRejected for an end more than
 // strategy.MaxBanLength away.
@@ -108,7 +110,7 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		}
 		cmdArgs = append(cmdArgs, b.Key, until)
 	}
-	if err := runOnce(ctx, s.client, setBansScript, setBansSource, cmdArgs).Err(); err != nil {
+	if err := s.runOnce(ctx, setBansScript, setBansSource, cmdArgs, true).Err(); err != nil {
 		return notSent(err)
 	}
 	return nil
@@ -125,7 +127,7 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 	}
 	set, version := s.layout.bansKeys(namespace)
 	cmdArgs := []any{nil, nil, 2, set, version, known, now.UnixMilli()}
-	reply, err := runOnce(ctx, s.client, getBansScript, getBansSource, cmdArgs).StringSlice()
+	reply, err := s.runOnce(ctx, getBansScript, getBansSource, cmdArgs, true).StringSlice()
 	if err != nil {
 		return nil, 0, notSent(err)
 	}

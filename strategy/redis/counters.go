@@ -67,7 +67,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			}
 			n, diffs = n+1, diffs+d
 		}
-		if _, err := evalPipelined(ctx, s.client, pushScript, calls[:n]); err != nil {
+		if err := s.evalPipelined(ctx, pushScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]
@@ -255,6 +255,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 	}
 
 	nsp := nsPart(namespace)
+	ctx, failed := s.watch(ctx)
 	var (
 		buf    []byte
 		counts []window.Count
@@ -268,9 +269,18 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		if len(mgets) == 0 {
 			return nil
 		}
-		_, err := pipe.Exec(ctx)
-		if err != nil {
-			return notSent(err)
+		if _, err := pipe.Exec(ctx); err != nil {
+			cmds := make([]goredis.Cmder, len(mgets))
+			for i, cmd := range mgets {
+				cmds[i] = cmd
+			}
+			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
+				mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
+				return mgets[i]
+			})
+			if err != nil {
+				return notSent(err)
+			}
 		}
 		at := 0
 		for _, cmd := range mgets {
@@ -580,7 +590,7 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 
-	reply, err := runOnce(ctx, s.client, hitScript, hitSource, cmdArgs).Slice()
+	reply, err := s.runOnce(ctx, hitScript, hitSource, cmdArgs, false).Slice()
 	if err != nil {
 		return nil, -1, notSent(err)
 	}

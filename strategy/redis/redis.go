@@ -94,7 +94,9 @@ type Redis struct {
 	// connect at most twice and resends a command at most once after a
 	// network error (a synchronous hit never, as it could count twice), so
 	// a store that is down fails calls quickly; the caller's deadline
-	// bounds them too. Default: 2s.
+	// bounds them too. On a Cluster, a call that failed on a master whose
+	// slots a promoted replica serves by then is sent to it once more
+	// (a hit only if it surely was not sent). Default: 2s.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
 	// ReadTimeout bounds the wait for a reply to a command or a pipeline.

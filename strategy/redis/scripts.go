@@ -2,9 +2,12 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // pushScript applies one run of diffs, at most once per batch.
@@ -339,4 +342,60 @@ func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Sc
 		}
 	}
 	return cmds, nil
+}
+
+// evalPipelined runs every call of script as the function evalPipelined
+// does, and on a Cluster, once more those that failed on a node whose
+// slots another master serves by then (see resendable), such as a
+// replica promoted after its master died. A call sent again is applied
+// at most once all the same: a push's runs are guarded by their
+// markers, and renewing slots twice renews them once. It returns the
+// first error of a call that did not succeed in the end.
+func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls []scriptCall) error {
+	ctx, failed := s.watch(ctx)
+	cmds, err := evalPipelined(ctx, s.client, script, calls)
+	if err == nil || failed == nil {
+		return err
+	}
+	cmders := make([]goredis.Cmder, len(cmds))
+	for i, cmd := range cmds {
+		cmders[i] = cmd
+	}
+	again := s.resendable(ctx, failed, cmders, func(i int) string { return calls[i].keys[0] })
+	if len(again) == 0 {
+		return err
+	}
+	retry := make([]scriptCall, len(again))
+	for j, i := range again {
+		retry[j] = calls[i]
+	}
+	retried, _ := evalPipelined(ctx, s.client, script, retry)
+	for j, i := range again {
+		cmds[i] = retried[j]
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runOnce runs a script as the function runOnce does, on the node of its
+// first key, cmdArgs[3]. On a Cluster, a run that failed on a connection
+// failure and surely was not sent (see notSent), or any run that failed on
+// one if resend is set (for scripts that only read, or that are
+// harmless when applied twice), is run once more if the key's slot is
+// served by another master by then (see resendable).
+func (s *Store) runOnce(ctx context.Context, script *goredis.Script, src string, cmdArgs []any, resend bool) *goredis.Cmd {
+	ctx, failed := s.watch(ctx)
+	cmd := runOnce(ctx, s.client, script, src, cmdArgs)
+	if failed == nil || cmd.Err() == nil || !resend && !errors.Is(notSent(cmd.Err()), strategy.ErrNotSent) {
+		return cmd
+	}
+	key, _ := cmdArgs[3].(string)
+	if len(s.resendable(ctx, failed, []goredis.Cmder{cmd}, func(int) string { return key })) == 0 {
+		return cmd
+	}
+	return runOnce(ctx, s.client, script, src, cmdArgs)
 }

@@ -108,7 +108,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	}
 	set := s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
 	cmdArgs := []any{nil, nil, 1, set, id, max, strategy.LeaseMs(lease)}
-	reply, err := runOnce(ctx, s.client, acquireSlotScript, acquireSlotSource, cmdArgs).Int64Slice()
+	reply, err := s.runOnce(ctx, acquireSlotScript, acquireSlotSource, cmdArgs, false).Int64Slice()
 	if err != nil {
 		return 0, false, notSent(err)
 	}
@@ -128,7 +128,9 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 // go-redis resends a pipeline after a network error, which is harmless
 // here (freeing a slot twice frees it once), but means that a failure
 // after an attempt may have been applied: so an error wraps
-// strategy.ErrNotSent only after Close, as PushDiffs' do.
+// strategy.ErrNotSent only after Close, as PushDiffs' do. On a Cluster,
+// what failed on a master whose slots a promoted replica serves by then is
+// sent to it once more (see the package documentation).
 func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
 	defer errs.ReleaseSlots(&err, namespace, len(slots))
 	if err := s.checkOpen(); err != nil {
@@ -138,14 +140,23 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 		return err
 	}
 	sets, ids := s.slotSets(namespace, slots)
+	ctx, failed := s.watch(ctx)
 	for len(sets) > 0 {
 		n := min(len(sets), maxPipelineSlotKeys)
 		pipe := s.client.Pipeline()
+		cmds := make([]goredis.Cmder, n)
 		for i := range n {
-			pipe.ZRem(ctx, sets[i], ids[i]...)
+			cmds[i] = pipe.ZRem(ctx, sets[i], ids[i]...)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return err
+			// Freeing a slot twice frees it once: send again, on a
+			// Cluster, what failed on a master since replaced.
+			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
+				return goredis.NewIntCmd(ctx, cmds[i].Args()...)
+			})
+			if err != nil {
+				return err
+			}
 		}
 		sets, ids = sets[n:], ids[n:]
 	}
@@ -178,7 +189,7 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), maxPipelineSlotKeys)
-		if _, err := evalPipelined(ctx, s.client, renewSlotsScript, calls[:n]); err != nil {
+		if err := s.evalPipelined(ctx, renewSlotsScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]

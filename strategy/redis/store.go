@@ -33,6 +33,9 @@ type Store struct {
 	// the script read it.
 	prevs  *prevCache
 	closed atomic.Bool // set by Close
+	// topo keeps a Cluster client's slot map fresh after failures; nil
+	// for a standalone server or a Sentinel-managed primary.
+	topo *topology
 	// now is the clock that decides which diffs have ended and how long
 	// markers live; tests replace it. Counters and slots expire by the
 	// server's clock.
@@ -40,8 +43,10 @@ type Store struct {
 }
 
 // newStore returns a store of r's checked settings, with a client of its
-// own. It does not dial.
+// own. It does not dial. The first store routes go-redis's own log lines
+// to Caddy's logger (see goredisLog).
 func newStore(r *Redis) *Store {
+	routeLogs()
 	var tlsConfig *tls.Config
 	if r.tlsConfig != nil {
 		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
@@ -68,14 +73,19 @@ func newStore(r *Redis) *Store {
 		// Give up on a cancelled or timed-out sync at once.
 		ContextTimeoutEnabled: true,
 	})
-	_, cluster := client.(*goredis.ClusterClient)
-	return &Store{
-		client:  client,
-		cluster: cluster,
-		layout:  r.layout,
-		prevs:   newPrevCache(),
-		now:     time.Now,
+	s := &Store{
+		client: client,
+		layout: r.layout,
+		prevs:  newPrevCache(),
+		now:    time.Now,
 	}
+	if cc, ok := client.(*goredis.ClusterClient); ok {
+		s.cluster = true
+		// A reload in the background is a CLUSTER SLOTS, tried on the
+		// nodes one after the other until one answers.
+		s.topo = newTopology(cc, 2*time.Duration(r.DialTimeout)+time.Duration(r.ReadTimeout))
+	}
+	return s
 }
 
 // Close closes the store's client and its connections (see
@@ -84,7 +94,11 @@ func newStore(r *Redis) *Store {
 // ErrClosed.
 func (s *Store) Close() error {
 	s.closed.Store(true)
-	if err := s.client.Close(); err != nil && !errors.Is(err, goredis.ErrClosed) {
+	err := s.client.Close()
+	if s.topo != nil {
+		s.topo.close() // after the client, which ends a reload at once
+	}
+	if err != nil && !errors.Is(err, goredis.ErrClosed) {
 		return fmt.Errorf("closing redis client: %w", err)
 	}
 	return nil
