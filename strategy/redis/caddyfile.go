@@ -6,6 +6,9 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/cfargs"
 )
 
+// quoteIt is how to write a password that errors never show.
+const quoteIt = `a password with spaces must be quoted: password "..."`
+
 // UnmarshalCaddyfile sets up the strategy from Caddyfile tokens. The
 // dispenser starts at the module name, as caddyfile.UnmarshalModule leaves
 // it after the strategy subdirective. Syntax:
@@ -41,9 +44,9 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		"addresses":         func() error { return cfargs.List(d, &r.Addresses) },
 		"master_name":       func() error { return cfargs.One(d, &r.MasterName) },
 		"username":          func() error { return cfargs.One(d, &r.Username) },
-		"password":          func() error { return cfargs.One(d, &r.Password) },
+		"password":          func() error { return cfargs.Secret(d, "password", quoteIt, &r.Password) },
 		"sentinel_username": func() error { return cfargs.One(d, &r.SentinelUsername) },
-		"sentinel_password": func() error { return cfargs.One(d, &r.SentinelPassword) },
+		"sentinel_password": func() error { return cfargs.Secret(d, "sentinel_password", quoteIt, &r.SentinelPassword) },
 		"key_prefix":        func() error { return cfargs.One(d, &r.KeyPrefix) },
 		"db":                func() error { return cfargs.Int(d, "db", 0, &r.DB) },
 		"pool_size":         func() error { return cfargs.Int(d, "pool_size", 0, &r.PoolSize) },

@@ -116,6 +116,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"duplicate subdirective", "redis {\n db 1\n db 2\n}", []string{"duplicate subdirective 'db'"}},
 		{"duplicate tls", "redis {\n tls\n tls\n}", []string{"duplicate subdirective 'tls'"}},
 		{"missing argument", "redis {\n password\n}", []string{"wrong argument count"}},
+		{"a password with a space, unquoted", "redis {\n password my S3cret\n}", []string{"password: wrong argument count", "quoted"}},
+		{"a sentinel password with a space, unquoted", "redis {\n sentinel_password my S3cret\n}", []string{"sentinel_password: wrong argument count"}},
 		{"extra argument", "redis {\n username a b\n}", []string{"wrong argument count"}},
 		{"addresses without any", "redis {\n addresses\n}", []string{"wrong argument count"}},
 		{"insecure_skip_verify with a value", "redis {\n tls {\n  insecure_skip_verify yes\n }\n}", []string{"wrong argument count"}},
@@ -131,6 +133,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("err = %q, want it to contain %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "S3cret") {
+				t.Errorf("err = %q shows the password", err)
 			}
 		})
 	}
