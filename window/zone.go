@@ -270,6 +270,10 @@ type Namespace struct {
 // being dropped past twice the capacity.
 func (n *Namespace) Backlog() <-chan struct{} { return n.backlog }
 
+// Orphaned returns how many diffs of keys that left the zone wait for the
+// namespace's next Take.
+func (n *Namespace) Orphaned() int { return int(n.orphans.Load()) }
+
 // orphanGone counts one diff of an evicted key less: taken, reset or
 // dropped.
 func (n *Namespace) orphanGone() {

@@ -79,9 +79,13 @@ func isExecutable(path string) bool {
 }
 
 // Require returns the server binaries, or ends the test: it fails under CI
-// and is skipped elsewhere.
+// and is skipped elsewhere when they are missing, and is skipped in -short
+// mode, the quick run of scripts/test.sh -short.
 func Require(t testing.TB) Binaries {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: a quick run starts no PostgreSQL server")
+	}
 	b, err := Find()
 	if err == nil {
 		return b

@@ -29,9 +29,13 @@ import (
 )
 
 // Require returns the path of redis-server, or ends the test: it fails
-// under CI and is skipped elsewhere.
+// under CI and is skipped elsewhere when they are missing, and is skipped
+// in -short mode, the quick run of scripts/test.sh -short.
 func Require(t testing.TB) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: a quick run starts no redis-server")
+	}
 	path, err := exec.LookPath("redis-server")
 	if err == nil {
 		return path
