@@ -45,15 +45,22 @@ const (
 // (error_code, 429 by default) that handle_errors can shape, and a
 // Retry-After header.
 //
-// Unless hide_client_headers is set, responses carry, for each limit,
+// What responses carry besides Retry-After is chosen by headers: by
+// default the IETF draft's structured fields RateLimit-Policy (every limit,
+// and max_concurrent, as a policy) and RateLimit (the state of one policy:
+// the one that rejected the request, or else the limit with the least
+// remaining, ties to the larger window); with "kong", for each limit
 // X-RateLimit-Limit-<Window> and X-RateLimit-Remaining-<Window> (Second,
 // Minute, Hour, Day, Month, Year, or else the window in seconds), and
-// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for the limit
-// with the least remaining (ties: the larger window). RateLimit-Reset is
-// computed from the client's own counts: when the client is limited, the
-// seconds until its rate admits one more request; otherwise the seconds
-// until one more request's worth of its quota comes back. Retry-After is
-// the seconds until every limit admits one more request, at least 1.
+// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for that same
+// limit. The reset (RateLimit's t, RateLimit-Reset) is computed from the
+// client's own counts: when a request of the same cost would be rejected,
+// the seconds until it would be admitted; otherwise the seconds until one
+// more hit's worth of its quota comes back. Retry-After, on a rejection, is
+// the seconds until a request of the same cost is admitted: every limit
+// has room for it, the key's ban (if any) has ended, at least 1, plus up
+// to retry_after_jitter; it is never less than the t of the policy the
+// same response names.
 //
 // These placeholders are set for handle_errors, logs and later handlers:
 //
@@ -65,6 +72,7 @@ const (
 // `{http.rate_limit.limit}` | That limit
 // `{http.rate_limit.remaining}` | Requests left in that limit
 // `{http.rate_limit.reset}` | Seconds until that limit's reset, as in RateLimit-Reset
+// `{http.rate_limit.policy}` | The name of the policy the RateLimit field names (the concurrency policy on a max_concurrent rejection), as a client parsing the field reads it
 type Handler struct {
 	// The namespace of the rate_limit app to count in. The namespace
 	// "default" always exists, local only; any other must be declared in
@@ -87,12 +95,27 @@ type Handler struct {
 	// If true, rejected requests do not count.
 	DisablePenalty bool `json:"disable_penalty,omitempty"`
 
-	// If true, responses carry no rate limit headers (Retry-After is still
-	// set on rejections).
+	// The rate limit headers responses carry: "draft", the IETF draft's
+	// structured fields RateLimit-Policy and RateLimit
+	// (draft-ietf-httpapi-ratelimit-headers-11); "kong", Kong's
+	// X-RateLimit-Limit-<Window>, X-RateLimit-Remaining-<Window>,
+	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset; both
+	// ["draft", "kong"]; or ["none"]. Retry-After is sent on every
+	// rejection whatever this says. Policy names are the namespace and
+	// the window's name joined by "-" (such as "api-Minute"), with every
+	// byte that is not printable ASCII, and %, " and \, percent-encoded
+	// as %xx in lowercase hex (a namespace "café" gives
+	// "caf%c3%a9-Minute"), so that the name is the same in the field and
+	// in the {http.rate_limit.policy} placeholder. Kong's headers are
+	// Integers: a fractional limit is shown rounded down, as is what
+	// remains. Default: ["draft"].
+	Headers []string `json:"headers,omitempty"`
+
+	// An older spelling of headers ["none"]: if true, responses carry no
+	// rate limit headers (Retry-After is still set on rejections).
 	HideClientHeaders bool `json:"hide_client_headers,omitempty"`
 
-	// If true, responses also carry the IETF draft's structured fields
-	// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers).
+	// An older spelling that adds "draft" to headers.
 	DraftHeaders bool `json:"draft_headers,omitempty"`
 
 	// The most random time added to Retry-After, so that rejected clients
@@ -158,8 +181,14 @@ type Handler struct {
 	limits    []limit
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
-	policy    string // the RateLimit-Policy header
-	outcomes  outcomeCounters
+	// What headers responses carry: the draft's fields, Kong's headers.
+	draft, kong bool
+	policy      string // the RateLimit-Policy header
+	// The concurrency policy's name in the draft's fields, and as the
+	// policy placeholder gives it.
+	concurrencyName  string
+	concurrencyValue any
+	outcomes         outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
 	newBlock func() (*placeholders, []string, []byte)
@@ -281,6 +310,9 @@ func (h *Handler) validate() error {
 	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
 		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
+	if err := h.parseHeaders(); err != nil {
+		return err
+	}
 	if h.RetryAfterJitter < 0 {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
 	}
@@ -307,8 +339,10 @@ func (h *Handler) validate() error {
 			items = append(items, l.policy)
 		}
 	}
+	name := policyName(h.Namespace, "concurrency")
+	h.concurrencyName, h.concurrencyValue = name, name
 	if h.MaxConcurrent > 0 {
-		items = append(items, sfString(h.Namespace+"-concurrency")+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
+		items = append(items, sfString(name)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
 	h.policy = strings.Join(items, ", ")
 	h.newBlock = blockFor(h.headerRoom())
@@ -421,7 +455,7 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 	var own *placeholders
 	var vals []string
 	var text []byte
-	if h.HideClientHeaders {
+	if !h.showsHeaders() {
 		if ph == nil {
 			own = new(placeholders)
 		}
@@ -433,7 +467,7 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 		repl.Map(ph.get)
 	}
 	*ph = placeholders{lim: &h.limits[shown], remaining: left[shown], reset: reset, exceeded: exceeded}
-	if !h.HideClientHeaders {
+	if h.showsHeaders() {
 		h.setHeaders(w.Header(), vals, text, left, shown, reset)
 	}
 }

@@ -166,19 +166,33 @@ func TestHeaders(t *testing.T) {
 			limit 5 1m
 			limit 100 1h
 			limit 1000 90s
-			draft_headers
+			headers draft kong
 		}
 		rate_limit /hidden {
 			key {http.request.header.X-Key}
 			limit 5 1m
 			hide_client_headers
 		}
+		rate_limit /default {
+			key {http.request.header.X-Key}
+			limit 5 1m
+		}
 		respond "ok"
 	}`)
 	key := uniqueKey(t)
 	clearOfWindowEnds(time.Minute, 90*time.Second, time.Hour)
+	// The default is the draft's two fields, and nothing else.
+	resp, _ := get(t, tester, "/default", uniqueKey(t))
+	for name := range resp.Header {
+		if n := strings.ToLower(name); strings.Contains(n, "ratelimit") && n != "ratelimit-policy" && n != "ratelimit" {
+			t.Errorf("default headers: response has %s", name)
+		}
+	}
+	if resp.Header.Get("RateLimit-Policy") != `"default-Minute";q=5;w=60` || !strings.HasPrefix(resp.Header.Get("RateLimit"), `"default-Minute";r=4;t=`) {
+		t.Errorf("default headers: RateLimit-Policy %q, RateLimit %q", resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"))
+	}
 	get(t, tester, "/limited", key)
-	resp, _ := get(t, tester, "/limited", key)
+	resp, _ = get(t, tester, "/limited", key)
 	for name, want := range map[string]string{
 		"X-RateLimit-Limit-Minute":     "5",
 		"X-RateLimit-Remaining-Minute": "3",
@@ -344,6 +358,7 @@ func TestDryRun(t *testing.T) {
 			key {http.request.header.X-Key}
 			limit 1 1h
 			dry_run
+			headers kong
 		}
 		respond "ok"
 	}`)
@@ -698,6 +713,7 @@ func TestResetIsPerKey(t *testing.T) {
 		rate_limit {
 			key {http.request.header.X-Key}
 			limit 100 1h
+			headers kong
 		}
 		respond "ok"
 	}`)

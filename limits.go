@@ -47,7 +47,7 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
 	}
 	name := windowName(size)
-	policyName := sfString(namespace + "-" + name)
+	sfName := sfString(policyName(namespace, name))
 	return limit{
 		max:         l.Limit,
 		size:        size,
@@ -55,8 +55,8 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		limitHeader: "X-Ratelimit-Limit-" + name,
 		leftHeader:  "X-Ratelimit-Remaining-" + name,
 		name:        name,
-		policyName:  policyName,
-		policy:      draftPolicy(policyName, l.Limit, size),
+		policyName:  sfName,
+		policy:      draftPolicy(sfName, l.Limit, size),
 		nsValue:     namespace,
 		nameValue:   name,
 		limitAsAny:  formatCount(l.Limit),
@@ -75,6 +75,10 @@ func draftPolicy(name string, limit float64, size time.Duration) string {
 	q := strconv.FormatFloat(math.Floor(limit), 'f', 0, 64)
 	return name + ";q=" + q + ";w=" + strconv.FormatInt(int64(size/time.Second), 10)
 }
+
+// policyName names a policy of the IETF draft's fields: the namespace and
+// the window's name (or "concurrency").
+func policyName(namespace, name string) string { return namespace + "-" + name }
 
 // sfString quotes s as a structured-field String (RFC 8941): printable
 // ASCII only, with quotes and backslashes escaped; other bytes become '_'.

@@ -78,6 +78,7 @@ func TestCountStatus(t *testing.T) {
 			key login-{http.request.header.X-Key}
 			limit 3 1h
 			count_status 401
+			headers kong
 		}
 		rate_limit /error {
 			key error-{http.request.header.X-Key}
@@ -198,6 +199,7 @@ func TestBan(t *testing.T) {
 			key ban-{http.request.header.X-Key}
 			limit 3 1s
 			ban 5s
+			headers draft kong
 		}
 		rate_limit /noban {
 			key noban-{http.request.header.X-Key}
