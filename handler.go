@@ -167,8 +167,10 @@ type Handler struct {
 	CountStatus []int `json:"count_status,omitempty"`
 
 	// Once a limit rejects a key, every request of the key is rejected
-	// for this long, whatever its rate, with Retry-After and
-	// RateLimit-Reset giving the ban's remaining time (outcome banned).
+	// for this long, whatever its rate (outcome banned), with Retry-After
+	// (and the reset of the headers) giving when a request is admitted:
+	// the ban's end, or later when the counts that started it still
+	// reject then, so that a client that obeys it is not banned again.
 	// In a namespace whose store can hold bans (Redis, PostgreSQL), across
 	// the fleet: the other nodes learn of the ban at their next sync and
 	// reject the key without a round trip. A reset of the key (admin API)
@@ -394,7 +396,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
-			return key, value, banned, h.rejectBanned(w, repl, until)
+			return key, value, banned, h.rejectBanned(ctx, w, repl, key, value, until)
 		}
 	}
 
@@ -573,11 +575,19 @@ func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) 
 		secs = max(secs, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
 	for i, s := range samples {
-		if target := h.limits[i].max - value; s.Rate(h.fixed) > target+1e-9 {
-			secs = max(secs, ceilSeconds(h.wait(s, max(target, 0), now)))
-		}
+		secs = max(secs, ceilSeconds(h.admitWait(i, s, value, now).Seconds()))
 	}
 	return h.jitter(secs)
+}
+
+// admitWait returns how long until limit i, sampled in s at now, has room
+// for a request of cost value, if no more hits come: 0 if it has room now.
+func (h *Handler) admitWait(i int, s window.Sample, value float64, now int64) time.Duration {
+	target := h.limits[i].max - value
+	if s.Rate(h.fixed) <= target+1e-9 {
+		return 0
+	}
+	return s.Until(max(target, 0), now, h.fixed)
 }
 
 // jitter adds up to retry_after_jitter to a Retry-After of secs.

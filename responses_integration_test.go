@@ -1,0 +1,134 @@
+package ratelimit
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/dunglas/httpsfv"
+)
+
+// The tests of this file check that what responses say is what the
+// limiter then does (issue 22's findings), parsing the draft's fields with
+// httpsfv, an RFC 9651 parser independent of the code that writes them.
+
+// rateLimitField is a response's RateLimit field: the policy it names, and
+// its r and t.
+type rateLimitField struct {
+	name string
+	r, t int64
+}
+
+// parseRateLimit parses the RateLimit field of resp, which must hold one
+// item with Integer r and t.
+func parseRateLimit(t *testing.T, resp *http.Response) rateLimitField {
+	t.Helper()
+	list, err := httpsfv.UnmarshalList(resp.Header.Values("RateLimit"))
+	if err != nil || len(list) != 1 {
+		t.Fatalf("RateLimit %q: %v, want one item", resp.Header.Values("RateLimit"), err)
+	}
+	item, ok := list[0].(httpsfv.Item)
+	if !ok {
+		t.Fatalf("RateLimit %q: an inner list", resp.Header.Values("RateLimit"))
+	}
+	var f rateLimitField
+	if f.name, ok = item.Value.(string); !ok {
+		t.Fatalf("RateLimit %q: the policy is a %T, want a String", resp.Header.Values("RateLimit"), item.Value)
+	}
+	for _, p := range []struct {
+		key string
+		v   *int64
+	}{{"r", &f.r}, {"t", &f.t}} {
+		v, ok := item.Params.Get(p.key)
+		if *p.v, ok = v.(int64); !ok {
+			t.Fatalf("RateLimit %q: %s is %T, want an Integer", resp.Header.Values("RateLimit"), p.key, v)
+		}
+	}
+	return f
+}
+
+// retryAfter returns the Retry-After of a rejection, in seconds.
+func retryAfter(t *testing.T, resp *http.Response) int {
+	t.Helper()
+	n, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || n < 1 {
+		t.Fatalf("status %d: Retry-After %q, want whole seconds, at least 1", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	return n
+}
+
+// obey plays a client that waits exactly what each rejection's Retry-After
+// says, then retries, until it is admitted. It returns how many of its
+// retries were rejected (each of them a broken promise).
+func obey(t *testing.T, tester *caddytest.Tester, path, key string, resp *http.Response, maxTries int) (brokenPromises int) {
+	t.Helper()
+	for range maxTries {
+		if resp.StatusCode == http.StatusOK {
+			return brokenPromises
+		}
+		wait := time.Duration(retryAfter(t, resp)) * time.Second
+		t.Logf("%s: %d, Retry-After %v; waiting it", path, resp.StatusCode, wait)
+		time.Sleep(wait)
+		resp, _ = get(t, tester, path, key)
+		if resp.StatusCode != http.StatusOK {
+			brokenPromises++
+		}
+	}
+	t.Fatalf("%s: still rejected after %d retries", path, maxTries)
+	return brokenPromises
+}
+
+// TestObeyingRetryAfterEndsABan plays a client that obeys Retry-After
+// against a rate whose wait outlasts the ban that its rejection starts
+// (issue 22, finding 1), limit 2 4s with ban 2s: once at the rejection
+// that starts the ban, once from a request during the ban. Either way, its
+// first retry is admitted: Retry-After during a ban is when the ban has
+// ended and the rate admits the request, so obeying it never starts a new
+// ban. TestObeyingRetryAfterEndsABanExact plays the issue's own config.
+func TestObeyingRetryAfterEndsABan(t *testing.T) {
+	obeyThroughBan(t, "limit 2 4s", "ban 2s", false, true)
+}
+
+// TestObeyingRetryAfterEndsABanExact is the issue's case, limit 2 1m with
+// ban 30s, over real time: the 3 hits of the minute take 40s to 100s to
+// fade to 1, so the test takes as long.
+func TestObeyingRetryAfterEndsABanExact(t *testing.T) {
+	obeyThroughBan(t, "limit 2 1m", "ban 30s", true)
+}
+
+// obeyThroughBan trips a limit with a ban, then obeys Retry-After, first
+// from the request that starts the ban unless only during, and from one
+// during the ban.
+func obeyThroughBan(t *testing.T, limit, ban string, during ...bool) {
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit {
+			key {http.request.header.X-Key}
+			`+limit+`
+			`+ban+`
+		}
+		respond "ok"
+	}`)
+	for _, during := range during {
+		key := uniqueKey(t)
+		countAdmitted(t, tester, "/", key, 2)
+		resp, _ := get(t, tester, "/", key)
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("3rd request: %d, want 429", resp.StatusCode)
+		}
+		if during {
+			resp, _ = get(t, tester, "/", key)
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("during the ban: %d, want 429", resp.StatusCode)
+			}
+			if f := parseRateLimit(t, resp); int64(retryAfter(t, resp)) < f.t {
+				t.Errorf("during the ban: Retry-After %d is earlier than t=%d", retryAfter(t, resp), f.t)
+			}
+		}
+		if broken := obey(t, tester, "/", key, resp, 5); broken != 0 {
+			t.Errorf("%s, %s, obeying from a request during the ban %v: %d retries at Retry-After were rejected, want none", limit, ban, during, broken)
+		}
+	}
+}
