@@ -186,10 +186,8 @@ type Handler struct {
 	// What headers responses carry: the draft's fields, Kong's headers.
 	draft, kong bool
 	policy      string // the RateLimit-Policy header
-	// The concurrency policy's name in the draft's fields, and as the
-	// policy placeholder gives it.
-	concurrencyName  string
-	concurrencyValue any
+	// The concurrency policy's name in the draft's fields.
+	concurrencyName string
 	outcomes         outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
@@ -342,7 +340,7 @@ func (h *Handler) validate() error {
 		}
 	}
 	name := policyName(h.Namespace, "concurrency")
-	h.concurrencyName, h.concurrencyValue = name, name
+	h.concurrencyName = name
 	if h.MaxConcurrent > 0 {
 		items = append(items, sfString(name)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
@@ -365,7 +363,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	key, value, o, err := h.count(w, r)
 	if o.admitted() && h.MaxConcurrent > 0 {
 		var release func()
-		if release, err = h.acquire(w, r, key); err != nil {
+		if release, err = h.acquire(w, r, key, value); err != nil {
 			o = concurrencyRejected
 		} else {
 			defer release()
@@ -493,11 +491,26 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string,
 }
 
 // acquire takes one of max_concurrent places of the key for the request,
-// or returns the error that rejects it.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string) (release func(), err error) {
+// or returns the error that rejects it. A rejection's Retry-After is at
+// least 1s (when a place frees is not known), or longer when the limits
+// have no room for another request of this cost until then (this one was
+// counted); the RateLimit field names the concurrency policy, with that
+// wait as its t.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string, value float64) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		w.Header().Set("Retry-After", "1")
+		var buf [maxInlineLimits]window.Sample
+		samples := buf[:]
+		if len(h.limits) > len(buf) {
+			samples = make([]window.Sample, len(h.limits))
+		}
+		_, wait := h.ns.Peek(r.Context(), key, h.hitLimits, value, h.fixed, samples[:len(h.limits)])
+		secs := max(1, ceilSeconds(wait.Seconds()))
+		if ph := findPlaceholders(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)); ph != nil {
+			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs
+		}
+		h.setConcurrencyField(w.Header(), secs)
+		w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
 			h.MaxConcurrent, h.Namespace))
 	}

@@ -36,6 +36,11 @@ type limit struct {
 	nsValue    any // the handler's namespace
 	nameValue  any
 	limitAsAny any
+	// The policy placeholder: the limit's policy name, and the
+	// concurrency policy's, as a client parsing the draft's fields reads
+	// them.
+	policyValue      any
+	concurrencyValue any
 }
 
 func newLimit(namespace string, l Limit) (limit, error) {
@@ -47,19 +52,22 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
 	}
 	name := windowName(size)
-	sfName := sfString(policyName(namespace, name))
+	pName := policyName(namespace, name)
+	sfName := sfString(pName)
 	return limit{
-		max:         l.Limit,
-		size:        size,
-		limitValue:  formatCount(l.Limit),
-		limitHeader: "X-Ratelimit-Limit-" + name,
-		leftHeader:  "X-Ratelimit-Remaining-" + name,
-		name:        name,
-		policyName:  sfName,
-		policy:      draftPolicy(sfName, l.Limit, size),
-		nsValue:     namespace,
-		nameValue:   name,
-		limitAsAny:  formatCount(l.Limit),
+		max:              l.Limit,
+		size:             size,
+		limitValue:       formatCount(l.Limit),
+		limitHeader:      "X-Ratelimit-Limit-" + name,
+		leftHeader:       "X-Ratelimit-Remaining-" + name,
+		name:             name,
+		policyName:       sfName,
+		policy:           draftPolicy(sfName, l.Limit, size),
+		nsValue:          namespace,
+		nameValue:        name,
+		limitAsAny:       formatCount(l.Limit),
+		policyValue:      pName,
+		concurrencyValue: policyName(namespace, "concurrency"),
 	}, nil
 }
 

@@ -8,6 +8,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/dunglas/httpsfv"
+
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 )
 
 // The tests of this file check that what responses say is what the
@@ -130,5 +132,46 @@ func obeyThroughBan(t *testing.T, limit, ban string, during ...bool) {
 		if broken := obey(t, tester, "/", key, resp, 5); broken != 0 {
 			t.Errorf("%s, %s, obeying from a request during the ban %v: %d retries at Retry-After were rejected, want none", limit, ban, during, broken)
 		}
+	}
+}
+
+// TestConcurrencyRejectionNamesItsPolicy holds one request of a key in
+// flight under max_concurrent 1, then sends another (issue 22, finding 2):
+// its RateLimit field names the concurrency policy that rejected it, and
+// its Retry-After is not earlier than that policy's t.
+func TestConcurrencyRejectionNamesItsPolicy(t *testing.T) {
+	release := make(chan struct{})
+	upstream := slowUpstreamFunc(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.Write([]byte("ok"))
+	})
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit {
+			key {http.request.header.X-Key}
+			limit 1000 1m
+			max_concurrent 1
+		}
+		reverse_proxy `+upstream+`
+	}`)
+	key := uniqueKey(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		get(t, tester, "/", key)
+	}()
+	var resp *http.Response
+	poll.Until(t, 10*time.Second, "the second request to be rejected", func() bool {
+		resp, _ = get(t, tester, "/", key)
+		return resp.StatusCode == http.StatusTooManyRequests
+	})
+	close(release)
+	<-done
+	f := parseRateLimit(t, resp)
+	if f.name != "default-concurrency" || f.r != 0 {
+		t.Errorf("RateLimit %q, want the concurrency policy with r=0", resp.Header.Get("RateLimit"))
+	}
+	if ra := retryAfter(t, resp); int64(ra) < f.t {
+		t.Errorf("Retry-After %d is earlier than t=%d", ra, f.t)
 	}
 }
