@@ -430,7 +430,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	shown := shown(left, rejected)
 	remaining := left[shown]
 	now := samples[shown].At // when the zone counted the request: no second clock reading
-	reset := h.reset(shown, samples[shown], remaining, now)
+	reset := h.reset(shown, samples[shown], value, remaining, now)
 	if rejected >= 0 && h.bans() {
 		reset = max(reset, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
@@ -555,13 +555,17 @@ func (h *Handler) remaining(i int, s window.Sample) int {
 	return max(0, int(math.Floor(h.limits[i].max-s.Rate(h.fixed)+1e-9)))
 }
 
-// reset returns RateLimit-Reset for limit i, which admits left more
-// requests: the whole seconds (rounded
-// up) until the key's rate under it admits one more request when none is
-// left, or else until one more request's worth of quota comes back. Both
-// depend on the key's own counts, never on the window alone, except in a
-// fixed window, whose counts all restart at its end.
-func (h *Handler) reset(i int, s window.Sample, left int, now int64) int {
+// reset returns the reset of limit i (RateLimit's t, RateLimit-Reset),
+// which admits left more hits, for requests of cost value: when the limit
+// has no room for such a request, the whole seconds (rounded up) until the
+// key's rate under it admits one, as Retry-After computes it; otherwise
+// until one more hit's worth of quota comes back. Both depend on the key's
+// own counts, never on the window alone, except in a fixed window, whose
+// counts all restart at its end.
+func (h *Handler) reset(i int, s window.Sample, value float64, left int, now int64) int {
+	if w := h.admitWait(i, s, value, now); w > 0 {
+		return ceilSeconds(w.Seconds())
+	}
 	target := h.limits[i].max - 1
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1

@@ -175,3 +175,30 @@ func TestConcurrencyRejectionNamesItsPolicy(t *testing.T) {
 		t.Errorf("Retry-After %d is earlier than t=%d", ra, f.t)
 	}
 }
+
+// TestCostBelowOne rejects a request of cost 0.5 (issue 22, finding 3):
+// the t of the policy that rejected it is the time until a request of
+// that cost is admitted, as its Retry-After is, and in Kong's headers
+// RateLimit-Reset says the same.
+func TestCostBelowOne(t *testing.T) {
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit {
+			key {http.request.header.X-Key}
+			limit 2 1m
+			cost 0.5
+			headers draft kong
+		}
+		respond "ok"
+	}`)
+	clearOfWindowEnds(time.Minute)
+	key := uniqueKey(t)
+	if n := countAdmitted(t, tester, "/", key, 5); n != 4 {
+		t.Fatalf("admitted %d of 5 requests of cost 0.5, want 4", n)
+	}
+	resp, _ := get(t, tester, "/", key)
+	f := parseRateLimit(t, resp)
+	if ra := retryAfter(t, resp); int64(ra) != f.t || resp.Header.Get("RateLimit-Reset") != strconv.Itoa(ra) {
+		t.Errorf("Retry-After %d, t=%d, RateLimit-Reset %q: want one time, for a request of cost 0.5", ra, f.t, resp.Header.Get("RateLimit-Reset"))
+	}
+}
