@@ -335,9 +335,7 @@ func (h *Handler) validate() error {
 	slices.SortFunc(h.limits, func(a, b limit) int { return int(a.size - b.size) })
 	var items []string
 	for _, l := range h.limits {
-		if l.policy != "" {
-			items = append(items, l.policy)
-		}
+		items = append(items, l.policy)
 	}
 	name := policyName(h.Namespace, "concurrency")
 	h.concurrencyName = name

@@ -203,18 +203,14 @@ func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left [
 	if h.draft {
 		// The IETF draft's structured fields: every policy, and the state
 		// of the one shown.
-		if h.policy != "" {
-			put("Ratelimit-Policy", h.policy)
-		}
-		if l := &h.limits[shown]; l.policy != "" {
-			start := len(text)
-			text = append(text, l.policyName...)
-			text = append(text, ";r="...)
-			text = strconv.AppendInt(text, int64(left[shown]), 10)
-			text = append(text, ";t="...)
-			text = strconv.AppendInt(text, int64(reset), 10)
-			put("Ratelimit", str(start))
-		}
+		put("Ratelimit-Policy", h.policy)
+		start := len(text)
+		text = append(text, h.limits[shown].policyName...)
+		text = append(text, ";r="...)
+		text = strconv.AppendInt(text, int64(left[shown]), 10)
+		text = append(text, ";t="...)
+		text = strconv.AppendInt(text, int64(reset), 10)
+		put("Ratelimit", str(start))
 	}
 }
 

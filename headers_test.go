@@ -83,9 +83,7 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 		}
 		if h.draft {
 			want["Ratelimit-Policy"] = []string{h.policy}
-			if p := h.limits[shown].policyName; h.limits[shown].policy != "" {
-				want["Ratelimit"] = []string{p + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
-			}
+			want["Ratelimit"] = []string{h.limits[shown].policyName + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
 		}
 		if !reflect.DeepEqual(hdr, want) {
 			t.Errorf("Test %d: headers\n%v\nwant\n%v", i, hdr, want)

@@ -30,7 +30,7 @@ type limit struct {
 	leftHeader  string // X-RateLimit-Remaining-<Window>
 	name        string // the window as headers and placeholders name it
 	policyName  string // the limit's name in the IETF draft's fields
-	policy      string // the limit's item in RateLimit-Policy, or "" if it has none
+	policy      string // the limit's item in RateLimit-Policy
 
 	// Placeholder values, boxed once rather than per request.
 	nsValue    any // the handler's namespace
@@ -73,14 +73,14 @@ func newLimit(namespace string, l Limit) (limit, error) {
 
 // draftPolicy returns a limit's item in RateLimit-Policy. The draft
 // (draft-ietf-httpapi-ratelimit-headers-11) makes the quota q and the
-// window w Integers, w in seconds: q is the limit rounded down, and a
-// window that is not a whole number of seconds has no item at all, rather
-// than one that states another window.
+// window w Integers, w in seconds, and w optional: q is the limit rounded
+// down, and a window that is not a whole number of seconds is listed
+// without w, rather than with one that states another window.
 func draftPolicy(name string, limit float64, size time.Duration) string {
-	if size%time.Second != 0 {
-		return ""
-	}
 	q := strconv.FormatFloat(math.Floor(limit), 'f', 0, 64)
+	if size%time.Second != 0 {
+		return name + ";q=" + q
+	}
 	return name + ";q=" + q + ";w=" + strconv.FormatInt(int64(size/time.Second), 10)
 }
 

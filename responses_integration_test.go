@@ -202,3 +202,35 @@ func TestCostBelowOne(t *testing.T) {
 		t.Errorf("Retry-After %d, t=%d, RateLimit-Reset %q: want one time, for a request of cost 0.5", ra, f.t, resp.Header.Get("RateLimit-Reset"))
 	}
 }
+
+// TestWindowsNotWholeSeconds lists windows of 500ms and 1500ms in
+// RateLimit-Policy without w, as the draft allows, and sends RateLimit
+// when such a window is shown, even on the 429 it caused (issue 22,
+// finding 4).
+func TestWindowsNotWholeSeconds(t *testing.T) {
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit {
+			key {http.request.header.X-Key}
+			limit 1 1500ms
+			limit 1000 500ms
+			limit 1000 1h
+		}
+		respond "ok"
+	}`)
+	key := uniqueKey(t)
+	resp, _ := get(t, tester, "/", key)
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"default-0.5";q=1000, "default-1.5";q=1, "default-Hour";q=1000;w=3600`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if f := parseRateLimit(t, resp); f.name != "default-1.5" || f.r != 0 {
+		t.Errorf("RateLimit %q, want the 1.5s policy with none left", resp.Header.Get("RateLimit"))
+	}
+	resp, _ = get(t, tester, "/", key)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("2nd request: %d, want 429", resp.StatusCode)
+	}
+	if f := parseRateLimit(t, resp); f.name != "default-1.5" || f.r != 0 || int64(retryAfter(t, resp)) < f.t {
+		t.Errorf("429: RateLimit %q, Retry-After %q: want the 1.5s policy, none left, Retry-After >= t", resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
+	}
+}
