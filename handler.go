@@ -188,7 +188,7 @@ type Handler struct {
 	policy      string // the RateLimit-Policy header
 	// The concurrency policy's name in the draft's fields.
 	concurrencyName string
-	outcomes         outcomeCounters
+	outcomes        outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
 	newBlock func() (*placeholders, []string, []byte)
