@@ -52,7 +52,7 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
 	}
 	name := windowName(size)
-	pName := policyName(namespace, name)
+	pName := policyName(namespace, name) // printable ASCII only
 	sfName := sfString(pName)
 	return limit{
 		max:              l.Limit,
@@ -85,20 +85,44 @@ func draftPolicy(name string, limit float64, size time.Duration) string {
 }
 
 // policyName names a policy of the IETF draft's fields: the namespace and
-// the window's name (or "concurrency").
-func policyName(namespace, name string) string { return namespace + "-" + name }
+// the window's name (or "concurrency") joined by "-", with every byte that
+// is not printable ASCII, and the three that would need escaping in a
+// Structured Field String or a JSON string or that escape here (%, " and
+// \), percent-encoded as %xx in lowercase hex, as RFC 9651 Display
+// Strings encode bytes. So a namespace "café" gives "caf%c3%a9-Minute":
+// a valid SF String that keeps the name's bytes (they can be decoded back),
+// and that the policy placeholder gives as it is, safe to put between
+// quotes in JSON.
+func policyName(namespace, name string) string {
+	s := namespace + "-" + name
+	const hex = "0123456789abcdef"
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e || c == '%' || c == '"' || c == '\\':
+			if b == nil {
+				b = append(make([]byte, 0, len(s)+8), s[:i]...)
+			}
+			b = append(b, '%', hex[c>>4], hex[c&0xf])
+		case b != nil:
+			b = append(b, c)
+		}
+	}
+	if b == nil {
+		return s
+	}
+	return string(b)
+}
 
-// sfString quotes s as a structured-field String (RFC 8941): printable
-// ASCII only, with quotes and backslashes escaped; other bytes become '_'.
+// sfString quotes s as a Structured Field String (RFC 9651), which holds
+// printable ASCII only, with quotes and backslashes escaped. Names from
+// policyName have neither, nor any other byte to escape.
 func sfString(s string) string {
 	b := []byte{'"'}
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
+		if c := s[i]; c == '"' || c == '\\' {
 			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '_')
-		default:
+		} else {
 			b = append(b, c)
 		}
 	}

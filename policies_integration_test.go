@@ -136,7 +136,7 @@ const problemJSONRecipe = `
 				"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
 				"title": "Request cannot be satisfied as assigned quota has been exceeded",
 				"detail": "More than {http.rate_limit.limit} requests per {http.rate_limit.window}: retry in {http.rate_limit.reset} seconds",
-				"violated-policies": ["{http.rate_limit.namespace}-{http.rate_limit.window}"]
+				"violated-policies": ["{http.rate_limit.policy}"]
 			}
 			JSON 429
 	}`

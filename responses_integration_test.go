@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,5 +233,49 @@ func TestWindowsNotWholeSeconds(t *testing.T) {
 	}
 	if f := parseRateLimit(t, resp); f.name != "default-1.5" || f.r != 0 || int64(retryAfter(t, resp)) < f.t {
 		t.Errorf("429: RateLimit %q, Retry-After %q: want the 1.5s policy, none left, Retry-After >= t", resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
+	}
+}
+
+// TestPolicyNames declares a namespace café (issue 22, finding 5): its
+// policies' names are valid SF Strings that keep the é (percent-encoded),
+// and {http.rate_limit.policy} gives the name the RateLimit field gives,
+// as the README's problem+json recipe uses it.
+func TestPolicyNames(t *testing.T) {
+	tester := loadWithOptions(t, `
+		rate_limit {
+			namespace café {
+				zone default
+			}
+		}`, `
+	http://localhost:9080 {
+		rate_limit {
+			namespace café
+			key {http.request.header.X-Key}
+			limit 1 1m
+		}
+		respond "ok"`+problemJSONRecipe+`
+	}`)
+	key := uniqueKey(t)
+	get(t, tester, "/", key)
+	resp, body := get(t, tester, "/", key)
+	list, err := httpsfv.UnmarshalList(resp.Header.Values("RateLimit-Policy"))
+	if err != nil || len(list) != 1 || list[0].(httpsfv.Item).Value != "caf%c3%a9-Minute" {
+		t.Errorf("RateLimit-Policy %q (%v): want the one policy caf%%c3%%a9-Minute", resp.Header.Get("RateLimit-Policy"), err)
+	}
+	f := parseRateLimit(t, resp)
+	if f.name != "caf%c3%a9-Minute" {
+		t.Errorf("RateLimit %q: want the policy caf%%c3%%a9-Minute", resp.Header.Get("RateLimit"))
+	}
+	if want := `"violated-policies": ["` + f.name + `"]`; !strings.Contains(body, want) {
+		t.Errorf("problem+json body %s: want %s", body, want)
+	}
+	for _, tc := range []struct{ ns, want string }{
+		{"api", `"api-Minute"`},
+		{`a"b\c%d`, `"a%22b%5cc%25d-Minute"`},
+		{"tab\there", `"tab%09here-Minute"`},
+	} {
+		if got := sfString(policyName(tc.ns, "Minute")); got != tc.want {
+			t.Errorf("namespace %q: policy %s, want %s", tc.ns, got, tc.want)
+		}
 	}
 }
