@@ -69,7 +69,7 @@ const (
 // `{http.rate_limit.namespace}` | The namespace counted in
 // `{http.rate_limit.exceeded}` | Whether a limit rejected the request (also in dry_run)
 // `{http.rate_limit.window}` | The window of the limit that rejected it, or of the limit with the least remaining
-// `{http.rate_limit.limit}` | That limit
+// `{http.rate_limit.limit}` | That limit, as configured (fractions included)
 // `{http.rate_limit.remaining}` | Requests left in that limit
 // `{http.rate_limit.reset}` | Seconds until that limit's reset, as in RateLimit-Reset
 // `{http.rate_limit.policy}` | The name of the policy the RateLimit field names (the concurrency policy on a max_concurrent rejection), as a client parsing the field reads it

@@ -191,12 +191,12 @@ func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left [
 			if i == shown {
 				shownLeft = s
 			}
-			put(l.limitHeader, l.limitValue)
+			put(l.limitHeader, l.headerLimit)
 			put(l.leftHeader, s)
 		}
 		start := len(text)
 		text = strconv.AppendInt(text, int64(reset), 10)
-		put("Ratelimit-Limit", h.limits[shown].limitValue)
+		put("Ratelimit-Limit", h.limits[shown].headerLimit)
 		put("Ratelimit-Remaining", shownLeft)
 		put("Ratelimit-Reset", str(start))
 	}

@@ -73,11 +73,11 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 		hdr := set()
 		want := http.Header{}
 		if h.kong {
-			want["Ratelimit-Limit"] = []string{h.limits[shown].limitValue}
+			want["Ratelimit-Limit"] = []string{h.limits[shown].headerLimit}
 			want["Ratelimit-Remaining"] = []string{strconv.Itoa(left[shown])}
 			want["Ratelimit-Reset"] = []string{strconv.Itoa(reset)}
 			for j, l := range h.limits {
-				want[l.limitHeader] = []string{l.limitValue}
+				want[l.limitHeader] = []string{l.headerLimit}
 				want[l.leftHeader] = []string{strconv.Itoa(left[j])}
 			}
 		}

@@ -25,7 +25,8 @@ type Limit struct {
 type limit struct {
 	max         float64
 	size        time.Duration
-	limitValue  string // the limit as a header value
+	limitValue  string // the limit, as configured
+	headerLimit string // the limit as Kong's headers show it: an Integer, rounded down
 	limitHeader string // X-RateLimit-Limit-<Window>
 	leftHeader  string // X-RateLimit-Remaining-<Window>
 	name        string // the window as headers and placeholders name it
@@ -58,6 +59,7 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		max:              l.Limit,
 		size:             size,
 		limitValue:       formatCount(l.Limit),
+		headerLimit:      formatCount(math.Floor(l.Limit)),
 		limitHeader:      "X-Ratelimit-Limit-" + name,
 		leftHeader:       "X-Ratelimit-Remaining-" + name,
 		name:             name,

@@ -279,3 +279,27 @@ func TestPolicyNames(t *testing.T) {
 		}
 	}
 }
+
+// TestFractionalLimitsAreIntegers shows limit 2.5 in Kong's headers
+// (issue 22, finding 6): rounded down, as Integers, with what remains
+// rounded down too, so that Remaining never exceeds Limit.
+func TestFractionalLimitsAreIntegers(t *testing.T) {
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit {
+			key {http.request.header.X-Key}
+			limit 2.5 1h
+			headers kong
+		}
+		respond "ok"
+	}`)
+	key := uniqueKey(t)
+	for i, want := range []string{"1", "0", "0"} {
+		resp, _ := get(t, tester, "/", key)
+		for name, v := range map[string]string{"RateLimit-Limit": "2", "X-RateLimit-Limit-Hour": "2", "RateLimit-Remaining": want, "X-RateLimit-Remaining-Hour": want} {
+			if got := resp.Header.Get(name); got != v {
+				t.Errorf("request %d: %s %q, want %q", i+1, name, got, v)
+			}
+		}
+	}
+}
