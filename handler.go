@@ -163,7 +163,9 @@ type Handler struct {
 	// response (the status it was written with, or else the status of
 	// the error it ended with). A request the limits reject is rejected as
 	// usual, and counts only if error_code is among these statuses (and
-	// disable_penalty is not set).
+	// disable_penalty is not set). The headers of an admitted request,
+	// set before its status is known, show the counts as they are once it
+	// counts, as for any other request.
 	CountStatus []int `json:"count_status,omitempty"`
 
 	// Once a limit rejects a key, every request of the key is rejected
@@ -407,8 +409,16 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	var rejected int
 	if len(h.CountStatus) > 0 {
 		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
-		if rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode) {
+		switch {
+		case rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode):
 			h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, false, samples)
+		case rejected < 0:
+			// The headers of an admitted request show the counts as they
+			// are once it counts, as everywhere else: a request that
+			// ends with a status of count_status (a failed login) does.
+			for i := range samples {
+				samples[i].Current += value
+			}
 		}
 	} else {
 		rejected = h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, h.undo, samples)

@@ -102,8 +102,8 @@ func TestCountStatus(t *testing.T) {
 		if resp.StatusCode != 401 {
 			t.Fatalf("failed login %d: status %d, want 401", i+1, resp.StatusCode)
 		}
-		if got, want := resp.Header.Get("X-Ratelimit-Remaining-Hour"), []string{"3", "2", "1"}[i]; got != want {
-			t.Errorf("failed login %d: remaining %q before it counted, want %s", i+1, got, want)
+		if got, want := resp.Header.Get("X-Ratelimit-Remaining-Hour"), []string{"2", "1", "0"}[i]; got != want {
+			t.Errorf("failed login %d: remaining %q once it counts, want %s", i+1, got, want)
 		}
 	}
 	resp, _ := send(t, tester, http.MethodPost, "/login", key, "X-Status", "200")

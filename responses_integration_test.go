@@ -303,3 +303,41 @@ func TestFractionalLimitsAreIntegers(t *testing.T) {
 		}
 	}
 }
+
+// TestCountStatusHeadersAreConsistent compares the first failed login
+// under count_status with the first request of a route without it (issue
+// 22, finding 7): the login counts, so both show one request counted, in
+// Kong's Remaining and Reset and in the draft's r and t alike.
+func TestCountStatusHeadersAreConsistent(t *testing.T) {
+	tester := load(t, `
+	http://localhost:9080 {
+		rate_limit /login {
+			key login-{http.request.header.X-Key}
+			limit 3 1h
+			count_status 401
+			headers draft kong
+		}
+		rate_limit /plain {
+			key plain-{http.request.header.X-Key}
+			limit 3 1h
+			headers draft kong
+		}
+		respond "answer" 401
+	}`)
+	clearOfWindowEnds(time.Hour)
+	key := uniqueKey(t)
+	login, _ := get(t, tester, "/login", key)
+	plain, _ := get(t, tester, "/plain", key)
+	if login.StatusCode != 401 {
+		t.Fatalf("failed login: %d", login.StatusCode)
+	}
+	for _, name := range []string{"RateLimit-Remaining", "RateLimit-Reset"} {
+		if l, p := login.Header.Get(name), plain.Header.Get(name); l != p {
+			t.Errorf("%s: %q on the failed login, %q on the plain route's first request", name, l, p)
+		}
+	}
+	lf, pf := parseRateLimit(t, login), parseRateLimit(t, plain)
+	if lf.r != 2 || lf.r != pf.r || lf.t != pf.t {
+		t.Errorf("RateLimit %q on the failed login, %q on the plain route: want r=2 and the same t", login.Header.Get("RateLimit"), plain.Header.Get("RateLimit"))
+	}
+}
