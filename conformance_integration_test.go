@@ -2,10 +2,12 @@ package ratelimit
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,14 +119,18 @@ func TestConformance(t *testing.T) {
 	}
 	sites.WriteString("}\n")
 	tester := load(t, sites.String())
+	var inFlight sync.WaitGroup
 
 	checked := 0
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			checked += runConformanceCase(t, tester, c, arrived)
+			checked += runConformanceCase(t, tester, c, arrived, &inFlight)
 		})
 	}
+	// Release the held requests, and wait for their answers: a server
+	// with a request in flight outlives the next test's config load.
 	close(held)
+	inFlight.Wait()
 	t.Logf("checked %d responses of %d configurations", checked, len(cases))
 }
 
@@ -143,7 +149,7 @@ const (
 	concurrencyOutcome = -3
 )
 
-func runConformanceCase(t *testing.T, tester *caddytest.Tester, c conformanceCase, arrived chan struct{}) (checked int) {
+func runConformanceCase(t *testing.T, tester *caddytest.Tester, c conformanceCase, arrived chan struct{}, inFlight *sync.WaitGroup) (checked int) {
 	key := uniqueKey(t)
 	if !c.obey {
 		var sizes []time.Duration
@@ -160,14 +166,15 @@ func runConformanceCase(t *testing.T, tester *caddytest.Tester, c conformanceCas
 		if c.conc && i == 0 {
 			// One request of the key held in flight: the key's next one
 			// is counted, then rejected by max_concurrent.
-			go func() {
+			inFlight.Go(func() {
 				req, _ := http.NewRequest(http.MethodGet, "http://localhost:9080/"+c.name, nil)
 				req.Header.Set("X-Key", key)
 				req.Header.Set("X-Hold", "1")
 				if resp, err := tester.Client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 				}
-			}()
+			})
 			select {
 			case <-arrived:
 			case <-time.After(10 * time.Second):
