@@ -9,8 +9,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/dunglas/httpsfv"
-
-	"github.com/ratesync/caddy-ratelimit/internal/poll"
 )
 
 // The tests of this file check that what responses say is what the
@@ -141,9 +139,12 @@ func obeyThroughBan(t *testing.T, limit, ban string, during ...bool) {
 // its RateLimit field names the concurrency policy that rejected it, and
 // its Retry-After is not earlier than that policy's t.
 func TestConcurrencyRejectionNamesItsPolicy(t *testing.T) {
-	release := make(chan struct{})
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
 	upstream := slowUpstreamFunc(t, func(w http.ResponseWriter, r *http.Request) {
-		<-release
+		if r.Header.Get("X-Hold") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
 		w.Write([]byte("ok"))
 	})
 	tester := load(t, `
@@ -159,15 +160,24 @@ func TestConcurrencyRejectionNamesItsPolicy(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		get(t, tester, "/", key)
+		req, _ := http.NewRequest(http.MethodGet, "http://localhost:9080/", nil)
+		req.Header.Set("X-Key", key)
+		req.Header.Set("X-Hold", "1")
+		if resp, err := tester.Client.Do(req); err == nil {
+			resp.Body.Close()
+		}
 	}()
-	var resp *http.Response
-	poll.Until(t, 10*time.Second, "the second request to be rejected", func() bool {
-		resp, _ = get(t, tester, "/", key)
-		return resp.StatusCode == http.StatusTooManyRequests
-	})
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request never reached the upstream")
+	}
+	resp, _ := get(t, tester, "/", key)
 	close(release)
 	<-done
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second request while one is held: %d, want 429", resp.StatusCode)
+	}
 	f := parseRateLimit(t, resp)
 	if f.name != "default-concurrency" || f.r != 0 {
 		t.Errorf("RateLimit %q, want the concurrency policy with r=0", resp.Header.Get("RateLimit"))
