@@ -32,8 +32,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    limit <n> <window>
 //	    window_type sliding|fixed
 //	    disable_penalty
-//	    hide_client_headers
-//	    draft_headers
+//	    headers draft|kong|none...
 //	    retry_after_jitter <duration>
 //	    error_code <status>
 //	    dry_run
@@ -46,7 +45,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 //
 // limit may be repeated, once per window; every other subdirective may be
-// given once.
+// given once. headers takes draft (the default), kong, both (draft kong),
+// or none; hide_client_headers and draft_headers, older spellings of
+// headers none and of adding draft, still load.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -89,6 +90,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("limit: the window must be a positive duration, got %q", args[1])
 			}
 			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win)})
+		case "headers":
+			h.Headers = d.RemainingArgs()
+			if len(h.Headers) == 0 {
+				return d.Errf("headers: want draft, kong, both (draft kong), or none")
+			}
+			if err := h.parseHeaders(); err != nil {
+				return d.Err(err.Error())
+			}
 		case "retry_after_jitter":
 			if err := cfargs.Duration(d, "retry_after_jitter", &h.RetryAfterJitter); err != nil {
 				return err

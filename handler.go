@@ -45,15 +45,22 @@ const (
 // (error_code, 429 by default) that handle_errors can shape, and a
 // Retry-After header.
 //
-// Unless hide_client_headers is set, responses carry, for each limit,
+// What responses carry besides Retry-After is chosen by headers: by
+// default the IETF draft's structured fields RateLimit-Policy (every limit,
+// and max_concurrent, as a policy) and RateLimit (the state of one policy:
+// the one that rejected the request, or else the limit with the least
+// remaining, ties to the larger window); with "kong", for each limit
 // X-RateLimit-Limit-<Window> and X-RateLimit-Remaining-<Window> (Second,
 // Minute, Hour, Day, Month, Year, or else the window in seconds), and
-// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for the limit
-// with the least remaining (ties: the larger window). RateLimit-Reset is
-// computed from the client's own counts: when the client is limited, the
-// seconds until its rate admits one more request; otherwise the seconds
-// until one more request's worth of its quota comes back. Retry-After is
-// the seconds until every limit admits one more request, at least 1.
+// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for that same
+// limit. The reset (RateLimit's t, RateLimit-Reset) is computed from the
+// client's own counts: when a request of the same cost would be rejected,
+// the seconds until it would be admitted; otherwise the seconds until one
+// more hit's worth of its quota comes back. Retry-After, on a rejection, is
+// the seconds until a request of the same cost is admitted: every limit
+// has room for it, the key's ban (if any) has ended, at least 1, plus up
+// to retry_after_jitter; it is never less than the t of the policy the
+// same response names.
 //
 // These placeholders are set for handle_errors, logs and later handlers:
 //
@@ -62,9 +69,10 @@ const (
 // `{http.rate_limit.namespace}` | The namespace counted in
 // `{http.rate_limit.exceeded}` | Whether a limit rejected the request (also in dry_run)
 // `{http.rate_limit.window}` | The window of the limit that rejected it, or of the limit with the least remaining
-// `{http.rate_limit.limit}` | That limit
+// `{http.rate_limit.limit}` | That limit, as configured (fractions included)
 // `{http.rate_limit.remaining}` | Requests left in that limit
 // `{http.rate_limit.reset}` | Seconds until that limit's reset, as in RateLimit-Reset
+// `{http.rate_limit.policy}` | The name of the policy the RateLimit field names (the concurrency policy on a max_concurrent rejection), as a client parsing the field reads it
 type Handler struct {
 	// The namespace of the rate_limit app to count in. The namespace
 	// "default" always exists, local only; any other must be declared in
@@ -87,12 +95,27 @@ type Handler struct {
 	// If true, rejected requests do not count.
 	DisablePenalty bool `json:"disable_penalty,omitempty"`
 
-	// If true, responses carry no rate limit headers (Retry-After is still
-	// set on rejections).
+	// The rate limit headers responses carry: "draft", the IETF draft's
+	// structured fields RateLimit-Policy and RateLimit
+	// (draft-ietf-httpapi-ratelimit-headers-11); "kong", Kong's
+	// X-RateLimit-Limit-<Window>, X-RateLimit-Remaining-<Window>,
+	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset; both
+	// ["draft", "kong"]; or ["none"]. Retry-After is sent on every
+	// rejection whatever this says. Policy names are the namespace and
+	// the window's name joined by "-" (such as "api-Minute"), with every
+	// byte that is not printable ASCII, and %, " and \, percent-encoded
+	// as %xx in lowercase hex (a namespace "café" gives
+	// "caf%c3%a9-Minute"), so that the name is the same in the field and
+	// in the {http.rate_limit.policy} placeholder. Kong's headers are
+	// Integers: a fractional limit is shown rounded down, as is what
+	// remains. Default: ["draft"].
+	Headers []string `json:"headers,omitempty"`
+
+	// An older spelling of headers ["none"]: if true, responses carry no
+	// rate limit headers (Retry-After is still set on rejections).
 	HideClientHeaders bool `json:"hide_client_headers,omitempty"`
 
-	// If true, responses also carry the IETF draft's structured fields
-	// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers).
+	// An older spelling that adds "draft" to headers.
 	DraftHeaders bool `json:"draft_headers,omitempty"`
 
 	// The most random time added to Retry-After, so that rejected clients
@@ -140,12 +163,16 @@ type Handler struct {
 	// response (the status it was written with, or else the status of
 	// the error it ended with). A request the limits reject is rejected as
 	// usual, and counts only if error_code is among these statuses (and
-	// disable_penalty is not set).
+	// disable_penalty is not set). The headers of an admitted request,
+	// set before its status is known, show the counts as they are once it
+	// counts, as for any other request.
 	CountStatus []int `json:"count_status,omitempty"`
 
 	// Once a limit rejects a key, every request of the key is rejected
-	// for this long, whatever its rate, with Retry-After and
-	// RateLimit-Reset giving the ban's remaining time (outcome banned).
+	// for this long, whatever its rate (outcome banned), with Retry-After
+	// (and the reset of the headers) giving when a request is admitted:
+	// the ban's end, or later when the counts that started it still
+	// reject then, so that a client that obeys it is not banned again.
 	// In a namespace whose store can hold bans (Redis, PostgreSQL), across
 	// the fleet: the other nodes learn of the ban at their next sync and
 	// reject the key without a round trip. A reset of the key (admin API)
@@ -158,8 +185,12 @@ type Handler struct {
 	limits    []limit
 	hitLimits []syncapp.Limit // limits, as the namespace checks them
 	fixed     bool
-	policy    string // the RateLimit-Policy header
-	outcomes  outcomeCounters
+	// What headers responses carry: the draft's fields, Kong's headers.
+	draft, kong bool
+	policy      string // the RateLimit-Policy header
+	// The concurrency policy's name in the draft's fields.
+	concurrencyName string
+	outcomes        outcomeCounters
 	// newBlock allocates what a request that shows headers keeps: see
 	// blockFor.
 	newBlock func() (*placeholders, []string, []byte)
@@ -281,6 +312,9 @@ func (h *Handler) validate() error {
 	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
 		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
+	if err := h.parseHeaders(); err != nil {
+		return err
+	}
 	if h.RetryAfterJitter < 0 {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
 	}
@@ -303,12 +337,12 @@ func (h *Handler) validate() error {
 	slices.SortFunc(h.limits, func(a, b limit) int { return int(a.size - b.size) })
 	var items []string
 	for _, l := range h.limits {
-		if l.policy != "" {
-			items = append(items, l.policy)
-		}
+		items = append(items, l.policy)
 	}
+	name := policyName(h.Namespace, "concurrency")
+	h.concurrencyName = name
 	if h.MaxConcurrent > 0 {
-		items = append(items, sfString(h.Namespace+"-concurrency")+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
+		items = append(items, sfString(name)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
 	h.policy = strings.Join(items, ", ")
 	h.newBlock = blockFor(h.headerRoom())
@@ -329,7 +363,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	key, value, o, err := h.count(w, r)
 	if o.admitted() && h.MaxConcurrent > 0 {
 		var release func()
-		if release, err = h.acquire(w, r, key); err != nil {
+		if release, err = h.acquire(w, r, key, value); err != nil {
 			o = concurrencyRejected
 		} else {
 			defer release()
@@ -360,7 +394,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
-			return key, value, banned, h.rejectBanned(w, repl, until)
+			return key, value, banned, h.rejectBanned(ctx, w, repl, key, value, until)
 		}
 	}
 
@@ -375,8 +409,16 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	var rejected int
 	if len(h.CountStatus) > 0 {
 		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
-		if rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode) {
+		switch {
+		case rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode):
 			h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, false, samples)
+		case rejected < 0:
+			// The headers of an admitted request show the counts as they
+			// are once it counts, as everywhere else: a request that
+			// ends with a status of count_status (a failed login) does.
+			for i := range samples {
+				samples[i].Current += value
+			}
 		}
 	} else {
 		rejected = h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, h.undo, samples)
@@ -396,7 +438,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	shown := shown(left, rejected)
 	remaining := left[shown]
 	now := samples[shown].At // when the zone counted the request: no second clock reading
-	reset := h.reset(shown, samples[shown], remaining, now)
+	reset := h.reset(shown, samples[shown], value, remaining, now)
 	if rejected >= 0 && h.bans() {
 		reset = max(reset, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
@@ -421,7 +463,7 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 	var own *placeholders
 	var vals []string
 	var text []byte
-	if h.HideClientHeaders {
+	if !h.showsHeaders() {
 		if ph == nil {
 			own = new(placeholders)
 		}
@@ -433,7 +475,7 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 		repl.Map(ph.get)
 	}
 	*ph = placeholders{lim: &h.limits[shown], remaining: left[shown], reset: reset, exceeded: exceeded}
-	if !h.HideClientHeaders {
+	if h.showsHeaders() {
 		h.setHeaders(w.Header(), vals, text, left, shown, reset)
 	}
 }
@@ -457,11 +499,26 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string,
 }
 
 // acquire takes one of max_concurrent places of the key for the request,
-// or returns the error that rejects it.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string) (release func(), err error) {
+// or returns the error that rejects it. A rejection's Retry-After is at
+// least 1s (when a place frees is not known), or longer when the limits
+// have no room for another request of this cost until then (this one was
+// counted); the RateLimit field names the concurrency policy, with that
+// wait as its t.
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string, value float64) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		w.Header().Set("Retry-After", "1")
+		var buf [maxInlineLimits]window.Sample
+		samples := buf[:]
+		if len(h.limits) > len(buf) {
+			samples = make([]window.Sample, len(h.limits))
+		}
+		_, wait := h.ns.Peek(r.Context(), key, h.hitLimits, value, h.fixed, samples[:len(h.limits)])
+		secs := max(1, ceilSeconds(wait.Seconds()))
+		if ph := findPlaceholders(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)); ph != nil {
+			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs
+		}
+		h.setConcurrencyField(w.Header(), secs)
+		w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
 			h.MaxConcurrent, h.Namespace))
 	}
@@ -506,13 +563,17 @@ func (h *Handler) remaining(i int, s window.Sample) int {
 	return max(0, int(math.Floor(h.limits[i].max-s.Rate(h.fixed)+1e-9)))
 }
 
-// reset returns RateLimit-Reset for limit i, which admits left more
-// requests: the whole seconds (rounded
-// up) until the key's rate under it admits one more request when none is
-// left, or else until one more request's worth of quota comes back. Both
-// depend on the key's own counts, never on the window alone, except in a
-// fixed window, whose counts all restart at its end.
-func (h *Handler) reset(i int, s window.Sample, left int, now int64) int {
+// reset returns the reset of limit i (RateLimit's t, RateLimit-Reset),
+// which admits left more hits, for requests of cost value: when the limit
+// has no room for such a request, the whole seconds (rounded up) until the
+// key's rate under it admits one, as Retry-After computes it; otherwise
+// until one more hit's worth of quota comes back. Both depend on the key's
+// own counts, never on the window alone, except in a fixed window, whose
+// counts all restart at its end.
+func (h *Handler) reset(i int, s window.Sample, value float64, left int, now int64) int {
+	if w := h.admitWait(i, s, value, now); w > 0 {
+		return ceilSeconds(w.Seconds())
+	}
 	target := h.limits[i].max - 1
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
@@ -539,11 +600,19 @@ func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) 
 		secs = max(secs, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
 	for i, s := range samples {
-		if target := h.limits[i].max - value; s.Rate(h.fixed) > target+1e-9 {
-			secs = max(secs, ceilSeconds(h.wait(s, max(target, 0), now)))
-		}
+		secs = max(secs, ceilSeconds(h.admitWait(i, s, value, now).Seconds()))
 	}
 	return h.jitter(secs)
+}
+
+// admitWait returns how long until limit i, sampled in s at now, has room
+// for a request of cost value, if no more hits come: 0 if it has room now.
+func (h *Handler) admitWait(i int, s window.Sample, value float64, now int64) time.Duration {
+	target := h.limits[i].max - value
+	if s.Rate(h.fixed) <= target+1e-9 {
+		return 0
+	}
+	return s.Until(max(target, 0), now, h.fixed)
 }
 
 // jitter adds up to retry_after_jitter to a Retry-After of secs.

@@ -31,10 +31,10 @@ func (d *discard) WriteHeader(int)             {}
 // block that another process preempted spoils one pair, not the figure),
 // and as their mean difference, which also spreads the garbage
 // collector's work over every request; the allocations it adds; and the
-// ratio of the two arms' total times. Cases: the default headers,
-// hide_client_headers, a key template that is more than one placeholder,
-// and the default headers before a handler that sets Content-Type, as
-// respond does (both arms).
+// ratio of the two arms' total times. Cases: the default headers (the
+// draft's two fields), Kong's, none, a key template that is more than one
+// placeholder, and the draft's and Kong's headers before a handler that
+// sets Content-Type, as respond does (both arms).
 func BenchmarkServeHTTP(b *testing.B) {
 	// A running app, so the handler provisions as it does under Caddy.
 	if err := caddy.Load([]byte(`{"admin": {"disabled": true}, "apps": {"rate_limit": {}}}`), true); err != nil {
@@ -77,10 +77,12 @@ func BenchmarkServeHTTP(b *testing.B) {
 		h    *Handler
 		next caddyhttp.Handler
 	}{
-		{"headers", &Handler{Key: "{http.request.header.X-Key}"}, next},
-		{"hidden", &Handler{Key: "{http.request.header.X-Key}", HideClientHeaders: true}, next},
+		{"draft", &Handler{Key: "{http.request.header.X-Key}"}, next},
+		{"kong", &Handler{Key: "{http.request.header.X-Key}", Headers: []string{"kong"}}, next},
+		{"none", &Handler{Key: "{http.request.header.X-Key}", Headers: []string{"none"}}, next},
 		{"template", &Handler{Key: "api-{http.request.header.X-Key}"}, next},
-		{"headers-respond", &Handler{Key: "{http.request.header.X-Key}"}, respond},
+		{"draft-respond", &Handler{Key: "{http.request.header.X-Key}"}, respond},
+		{"kong-respond", &Handler{Key: "{http.request.header.X-Key}", Headers: []string{"kong"}}, respond},
 	} {
 		tc.h.Limits = []Limit{
 			{Limit: 1e12, Window: caddy.Duration(60e9)},

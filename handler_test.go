@@ -49,7 +49,10 @@ func TestWindowNames(t *testing.T) {
 }
 
 func TestSFString(t *testing.T) {
-	if got := sfString("api-\"x\\y\n-é"); got != `"api-\"x\\y_-__"` {
+	if got := sfString(policyName("api-\"x\\y\n", "é")); got != `"api-%22x%5cy%0a-%c3%a9"` {
+		t.Fatalf("sfString = %s", got)
+	}
+	if got := sfString(`a"b\c`); got != `"a\"b\\c"` {
 		t.Fatalf("sfString = %s", got)
 	}
 }
@@ -63,8 +66,8 @@ func TestDraftPolicyIntegers(t *testing.T) {
 		{100, time.Minute, `"n";q=100;w=60`},
 		{2.5, time.Second, `"n";q=2;w=1`},                            // q rounded down
 		{0.5, time.Hour, `"n";q=0;w=3600`},                           // below one request
-		{10, 500 * time.Millisecond, ``},                             // a sub-second window has no item
-		{10, 1500 * time.Millisecond, ``},                            // nor has a fractional one
+		{10, 500 * time.Millisecond, `"n";q=10`},                     // a sub-second window has no w
+		{10, 1500 * time.Millisecond, `"n";q=10`},                    // nor has a fractional one
 		{1e12, 30 * 24 * time.Hour, `"n";q=1000000000000;w=2592000`}, // no exponent
 	} {
 		if got := draftPolicy(`"n"`, tc.limit, tc.size); got != tc.want {

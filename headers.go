@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
+	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -24,23 +26,73 @@ import (
 // class of Go's allocator, and the numbers' strings view the block's bytes
 // (unsafe.String).
 
-// headerRoom returns how many header values a request sets, and how many
-// bytes the numbers among them take as long as no count is negative.
-func (h *Handler) headerRoom() (vals, text int) {
-	vals = 2*len(h.limits) + 3
-	resetDigits := 0
-	for _, l := range h.limits {
-		text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
-		// RateLimit-Reset is at most two windows.
-		resetDigits = max(resetDigits, len(strconv.FormatInt(int64(2*l.size/time.Second)+1, 10)))
-	}
-	text += resetDigits
-	if h.DraftHeaders {
-		vals += 2
-		longest := 0
-		for _, l := range h.limits {
-			longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
+// parseHeaders reads headers, hide_client_headers and draft_headers into
+// what responses carry.
+func (h *Handler) parseHeaders() error {
+	h.draft, h.kong = false, false
+	none := false
+	for i, v := range h.Headers {
+		if slices.Contains(h.Headers[:i], v) {
+			return fmt.Errorf("headers: %q given twice", v)
 		}
+		switch v {
+		case "draft":
+			h.draft = true
+		case "kong":
+			h.kong = true
+		case "none":
+			none = true
+		default:
+			return fmt.Errorf("headers: unknown choice %q: want draft, kong, both, or none", v)
+		}
+	}
+	if none && len(h.Headers) > 1 {
+		return fmt.Errorf("headers: none cannot be combined with other choices, got %q", h.Headers)
+	}
+	switch {
+	case h.HideClientHeaders:
+		// The older spelling of none, which also wins over draft_headers,
+		// as it did when it was the only spelling.
+		if len(h.Headers) > 0 && !none {
+			return fmt.Errorf("hide_client_headers: contradicts headers %q", h.Headers)
+		}
+		h.draft, h.kong = false, false
+	case none:
+		if h.DraftHeaders {
+			return fmt.Errorf("draft_headers: contradicts headers %q", h.Headers)
+		}
+	case len(h.Headers) == 0:
+		h.draft = true
+	}
+	if h.DraftHeaders && !h.HideClientHeaders {
+		h.draft = true
+	}
+	return nil
+}
+
+// showsHeaders says whether responses carry rate limit headers.
+func (h *Handler) showsHeaders() bool { return h.draft || h.kong }
+
+// headerRoom returns how many header values a request sets, and how many
+// bytes the numbers among them (and the RateLimit field) take as long as
+// no count is negative.
+func (h *Handler) headerRoom() (vals, text int) {
+	resetDigits := 0
+	longest := 0 // the longest RateLimit field
+	for _, l := range h.limits {
+		// RateLimit-Reset is at most two windows, or a ban and two windows.
+		resetDigits = max(resetDigits, len(strconv.FormatInt(int64((2*l.size+time.Duration(h.Ban))/time.Second)+1, 10)))
+		longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
+	}
+	if h.kong {
+		vals += 2*len(h.limits) + 3
+		for _, l := range h.limits {
+			text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
+		}
+		text += resetDigits
+	}
+	if h.draft {
+		vals += 2
 		text += longest + len(";r=;t=") + resetDigits
 	}
 	return vals, text
@@ -50,6 +102,11 @@ func (h *Handler) headerRoom() (vals, text int) {
 // placeholders, the backing arrays of the header values, and the bytes
 // of the numbers among them. Each fills a size class of Go's allocator.
 type (
+	block2 struct { // 112 bytes: the draft's two fields
+		ph   placeholders
+		vals [2]string
+		text [48]byte
+	}
 	block5 struct { // 160 bytes: one limit
 		ph   placeholders
 		vals [5]string
@@ -72,6 +129,7 @@ type (
 	}
 )
 
+func (b *block2) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
 func (b *block5) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
 func (b *block7) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
 func (b *block9) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
@@ -93,6 +151,7 @@ func blockFor(vals, text int) func() (*placeholders, []string, []byte) {
 		vals, text int
 		alloc      func() (*placeholders, []string, []byte)
 	}{
+		{2, 48, newBlock[block2]},
 		{5, 48, newBlock[block5]},
 		{7, 48, newBlock[block7]},
 		{9, 80, newBlock[block9]},
@@ -123,38 +182,43 @@ func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left [
 	// never written again: text only grows by append, and growing it
 	// past its capacity leaves the strings made so far in the old array.
 	str := func(start int) string { return unsafe.String(&text[start], len(text)-start) }
-	var shownLeft string
-	for i, l := range h.limits {
-		start := len(text)
-		text = strconv.AppendInt(text, int64(left[i]), 10)
-		s := str(start)
-		if i == shown {
-			shownLeft = s
-		}
-		put(l.limitHeader, l.limitValue)
-		put(l.leftHeader, s)
-	}
-	start := len(text)
-	text = strconv.AppendInt(text, int64(reset), 10)
-	resetText := str(start)
-	put("Ratelimit-Limit", h.limits[shown].limitValue)
-	put("Ratelimit-Remaining", shownLeft)
-	put("Ratelimit-Reset", resetText)
-	if h.DraftHeaders {
-		// The IETF draft's structured fields: every policy, and the state
-		// of the one with the least remaining, unless that one has no
-		// policy item (a window of a fraction of a second).
-		if h.policy != "" {
-			put("Ratelimit-Policy", h.policy)
-		}
-		if l := &h.limits[shown]; l.policy != "" {
+	if h.kong {
+		var shownLeft string
+		for i, l := range h.limits {
 			start := len(text)
-			text = append(text, l.policyName...)
-			text = append(text, ";r="...)
-			text = append(text, shownLeft...)
-			text = append(text, ";t="...)
-			text = append(text, resetText...)
-			put("Ratelimit", str(start))
+			text = strconv.AppendInt(text, int64(left[i]), 10)
+			s := str(start)
+			if i == shown {
+				shownLeft = s
+			}
+			put(l.limitHeader, l.headerLimit)
+			put(l.leftHeader, s)
 		}
+		start := len(text)
+		text = strconv.AppendInt(text, int64(reset), 10)
+		put("Ratelimit-Limit", h.limits[shown].headerLimit)
+		put("Ratelimit-Remaining", shownLeft)
+		put("Ratelimit-Reset", str(start))
+	}
+	if h.draft {
+		// The IETF draft's structured fields: every policy, and the state
+		// of the one shown.
+		put("Ratelimit-Policy", h.policy)
+		start := len(text)
+		text = append(text, h.limits[shown].policyName...)
+		text = append(text, ";r="...)
+		text = strconv.AppendInt(text, int64(left[shown]), 10)
+		text = append(text, ";t="...)
+		text = strconv.AppendInt(text, int64(reset), 10)
+		put("Ratelimit", str(start))
+	}
+}
+
+// setConcurrencyField makes the RateLimit field of a max_concurrent
+// rejection name the concurrency policy, with nothing remaining and t the
+// seconds the rejection's Retry-After gives (before jitter).
+func (h *Handler) setConcurrencyField(hdr http.Header, secs int) {
+	if h.draft {
+		hdr["Ratelimit"] = []string{sfString(h.concurrencyName) + ";r=0;t=" + strconv.Itoa(secs)}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -18,6 +19,7 @@ func TestBlockSizes(t *testing.T) {
 		got, want uintptr
 	}{
 		{unsafe.Sizeof(placeholders{}), 32},
+		{unsafe.Sizeof(block2{}), 112},
 		{unsafe.Sizeof(block5{}), 160},
 		{unsafe.Sizeof(block7{}), 192},
 		{unsafe.Sizeof(block9{}), 256},
@@ -37,19 +39,22 @@ func TestBlockSizes(t *testing.T) {
 func TestHeadersFitTheirBlock(t *testing.T) {
 	lim := func(n float64, d time.Duration) Limit { return Limit{Limit: n, Window: caddy.Duration(d)} }
 	for i, tc := range []struct {
-		ns     string
-		draft  bool
-		limits []Limit
+		ns      string
+		headers []string
+		limits  []Limit
+		ban     time.Duration
 	}{
-		{"default", false, []Limit{lim(100, time.Minute)}},
-		{"default", false, []Limit{lim(1e9, time.Second), lim(1e9, time.Minute)}},
-		{"default", true, []Limit{lim(1e12, time.Minute), lim(1e12, time.Hour)}},
-		{"default", true, []Limit{lim(2.5, time.Second), lim(10, 500*time.Millisecond)}},
-		{"a-rather-long-namespace-name", true, []Limit{lim(5, time.Minute), lim(1000, 90*time.Second), lim(100, time.Hour)}},
-		{"api", true, []Limit{lim(1e12, time.Second), lim(1e12, time.Minute), lim(1e12, time.Hour), lim(1e12, 365*24*time.Hour)}},
-		{"api", true, []Limit{lim(1, time.Second), lim(2, time.Minute), lim(3, time.Hour), lim(4, 24*time.Hour), lim(5, 30*24*time.Hour)}},
+		{"default", []string{"kong"}, []Limit{lim(100, time.Minute)}, 0},
+		{"default", []string{"kong"}, []Limit{lim(1e9, time.Second), lim(1e9, time.Minute)}, 0},
+		{"default", nil, []Limit{lim(1e9, time.Second), lim(1e9, time.Minute)}, 0},
+		{"default", []string{"draft"}, []Limit{lim(1e12, time.Minute), lim(1e12, time.Hour)}, 366 * 24 * time.Hour},
+		{"default", []string{"draft", "kong"}, []Limit{lim(1e12, time.Minute), lim(1e12, time.Hour)}, 0},
+		{"default", []string{"kong", "draft"}, []Limit{lim(2.5, time.Second), lim(10, 500*time.Millisecond)}, 0},
+		{"a-rather-long-namespace-name", []string{"draft", "kong"}, []Limit{lim(5, time.Minute), lim(1000, 90*time.Second), lim(100, time.Hour)}, 0},
+		{"api", []string{"draft", "kong"}, []Limit{lim(1e12, time.Second), lim(1e12, time.Minute), lim(1e12, time.Hour), lim(1e12, 365*24*time.Hour)}, 0},
+		{"api", []string{"draft", "kong"}, []Limit{lim(1, time.Second), lim(2, time.Minute), lim(3, time.Hour), lim(4, 24*time.Hour), lim(5, 30*24*time.Hour)}, 0},
 	} {
-		h := &Handler{Namespace: tc.ns, Limits: tc.limits, DraftHeaders: tc.draft, ErrorCode: DefaultErrorCode}
+		h := &Handler{Namespace: tc.ns, Limits: tc.limits, Headers: tc.headers, Ban: caddy.Duration(tc.ban), ErrorCode: DefaultErrorCode}
 		if err := h.validate(); err != nil {
 			t.Fatalf("Test %d: %v", i, err)
 		}
@@ -58,7 +63,7 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 			left[j] = int(l.max)
 		}
 		shown := len(h.limits) - 1
-		reset := int(2*h.limits[shown].size/time.Second) + 1
+		reset := int((2*h.limits[shown].size+tc.ban)/time.Second) + 1
 		set := func() http.Header {
 			hdr := http.Header{}
 			_, vals, text := h.newBlock()
@@ -66,20 +71,19 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 			return hdr
 		}
 		hdr := set()
-		want := http.Header{
-			"Ratelimit-Limit":     {h.limits[shown].limitValue},
-			"Ratelimit-Remaining": {strconv.Itoa(left[shown])},
-			"Ratelimit-Reset":     {strconv.Itoa(reset)},
-		}
-		for j, l := range h.limits {
-			want[l.limitHeader] = []string{l.limitValue}
-			want[l.leftHeader] = []string{strconv.Itoa(left[j])}
-		}
-		if tc.draft {
-			want["Ratelimit-Policy"] = []string{h.policy}
-			if p := h.limits[shown].policyName; h.limits[shown].policy != "" {
-				want["Ratelimit"] = []string{p + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
+		want := http.Header{}
+		if h.kong {
+			want["Ratelimit-Limit"] = []string{h.limits[shown].headerLimit}
+			want["Ratelimit-Remaining"] = []string{strconv.Itoa(left[shown])}
+			want["Ratelimit-Reset"] = []string{strconv.Itoa(reset)}
+			for j, l := range h.limits {
+				want[l.limitHeader] = []string{l.headerLimit}
+				want[l.leftHeader] = []string{strconv.Itoa(left[j])}
 			}
+		}
+		if h.draft {
+			want["Ratelimit-Policy"] = []string{h.policy}
+			want["Ratelimit"] = []string{h.limits[shown].policyName + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
 		}
 		if !reflect.DeepEqual(hdr, want) {
 			t.Errorf("Test %d: headers\n%v\nwant\n%v", i, hdr, want)
@@ -103,6 +107,46 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 			h.setHeaders(hdr, vals, text, left, shown, reset)
 		}); allocs != 1 {
 			t.Errorf("Test %d: %v allocations, want the block's one", i, allocs)
+		}
+	}
+}
+
+// TestParseHeaders checks the headers choice, its older spellings, and
+// that bad input names the field and the value.
+func TestParseHeaders(t *testing.T) {
+	for i, tc := range []struct {
+		headers     []string
+		hide, draft bool
+		wantDraft   bool
+		wantKong    bool
+		err         string
+	}{
+		{wantDraft: true},
+		{headers: []string{"draft"}, wantDraft: true},
+		{headers: []string{"kong"}, wantKong: true},
+		{headers: []string{"kong", "draft"}, wantDraft: true, wantKong: true},
+		{headers: []string{"none"}},
+		{hide: true},
+		{hide: true, draft: true},
+		{hide: true, headers: []string{"none"}},
+		{draft: true, wantDraft: true},
+		{draft: true, headers: []string{"kong"}, wantDraft: true, wantKong: true},
+		{headers: []string{"ietf"}, err: `headers: unknown choice "ietf"`},
+		{headers: []string{"draft", "draft"}, err: `headers: "draft" given twice`},
+		{headers: []string{"none", "kong"}, err: `headers: none cannot be combined with other choices, got ["none" "kong"]`},
+		{hide: true, headers: []string{"kong"}, err: `hide_client_headers: contradicts headers ["kong"]`},
+		{draft: true, headers: []string{"none"}, err: `draft_headers: contradicts headers ["none"]`},
+	} {
+		h := &Handler{Headers: tc.headers, HideClientHeaders: tc.hide, DraftHeaders: tc.draft}
+		err := h.parseHeaders()
+		if tc.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+				t.Errorf("Test %d: error %v, want %q", i, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || h.draft != tc.wantDraft || h.kong != tc.wantKong {
+			t.Errorf("Test %d: draft %v kong %v (error %v), want draft %v kong %v", i, h.draft, h.kong, err, tc.wantDraft, tc.wantKong)
 		}
 	}
 }

@@ -166,19 +166,33 @@ func TestHeaders(t *testing.T) {
 			limit 5 1m
 			limit 100 1h
 			limit 1000 90s
-			draft_headers
+			headers draft kong
 		}
 		rate_limit /hidden {
 			key {http.request.header.X-Key}
 			limit 5 1m
 			hide_client_headers
 		}
+		rate_limit /default {
+			key {http.request.header.X-Key}
+			limit 5 1m
+		}
 		respond "ok"
 	}`)
 	key := uniqueKey(t)
 	clearOfWindowEnds(time.Minute, 90*time.Second, time.Hour)
+	// The default is the draft's two fields, and nothing else.
+	resp, _ := get(t, tester, "/default", uniqueKey(t))
+	for name := range resp.Header {
+		if n := strings.ToLower(name); strings.Contains(n, "ratelimit") && n != "ratelimit-policy" && n != "ratelimit" {
+			t.Errorf("default headers: response has %s", name)
+		}
+	}
+	if resp.Header.Get("RateLimit-Policy") != `"default-Minute";q=5;w=60` || !strings.HasPrefix(resp.Header.Get("RateLimit"), `"default-Minute";r=4;t=`) {
+		t.Errorf("default headers: RateLimit-Policy %q, RateLimit %q", resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"))
+	}
 	get(t, tester, "/limited", key)
-	resp, _ := get(t, tester, "/limited", key)
+	resp, _ = get(t, tester, "/limited", key)
 	for name, want := range map[string]string{
 		"X-RateLimit-Limit-Minute":     "5",
 		"X-RateLimit-Remaining-Minute": "3",
@@ -367,6 +381,7 @@ func TestDryRun(t *testing.T) {
 			key {http.request.header.X-Key}
 			limit 1 1h
 			dry_run
+			headers kong
 		}
 		respond "ok"
 	}`)
@@ -721,6 +736,7 @@ func TestResetIsPerKey(t *testing.T) {
 		rate_limit {
 			key {http.request.header.X-Key}
 			limit 100 1h
+			headers kong
 		}
 		respond "ok"
 	}`)
@@ -763,8 +779,8 @@ func TestRetryAfterJitterVaries(t *testing.T) {
 
 // TestDraftHeadersAreIntegers checks RateLimit-Policy against
 // draft-ietf-httpapi-ratelimit-headers-11, whose q and w are Integers: a
-// fractional limit is rounded down, and a sub-second window is left out
-// of the policy list, and out of RateLimit when it is the one shown.
+// fractional limit is rounded down, and a sub-second window is listed
+// without w (which the draft makes optional).
 func TestDraftHeadersAreIntegers(t *testing.T) {
 	tester := load(t, `
 	http://localhost:9080 {
@@ -772,28 +788,14 @@ func TestDraftHeadersAreIntegers(t *testing.T) {
 			key {http.request.header.X-Key}
 			limit 2.5 1s
 			limit 1000 500ms
-			draft_headers
-		}
-		rate_limit /subsecond {
-			key {http.request.header.X-Key}
-			limit 1 500ms
-			limit 1000 1h
-			draft_headers
 		}
 		respond "ok"
 	}`)
 	resp, _ := get(t, tester, "/draft", uniqueKey(t))
-	if got, want := resp.Header.Get("RateLimit-Policy"), `"default-Second";q=2;w=1`; got != want {
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"default-0.5";q=1000, "default-Second";q=2;w=1`; got != want {
 		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
 	}
 	if got := resp.Header.Get("RateLimit"); !strings.HasPrefix(got, `"default-Second";r=1;t=`) {
 		t.Errorf("RateLimit = %q, want the 1s policy with 1 left", got)
-	}
-	resp, _ = get(t, tester, "/subsecond", uniqueKey(t))
-	if got, want := resp.Header.Get("RateLimit-Policy"), `"default-Hour";q=1000;w=3600`; got != want {
-		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
-	}
-	if got := resp.Header.Get("RateLimit"); got != "" {
-		t.Errorf("RateLimit = %q, want none: the limit shown (500ms, none left) has no policy item", got)
 	}
 }

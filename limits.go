@@ -25,17 +25,23 @@ type Limit struct {
 type limit struct {
 	max         float64
 	size        time.Duration
-	limitValue  string // the limit as a header value
+	limitValue  string // the limit, as configured
+	headerLimit string // the limit as Kong's headers show it: an Integer, rounded down
 	limitHeader string // X-RateLimit-Limit-<Window>
 	leftHeader  string // X-RateLimit-Remaining-<Window>
 	name        string // the window as headers and placeholders name it
 	policyName  string // the limit's name in the IETF draft's fields
-	policy      string // the limit's item in RateLimit-Policy, or "" if it has none
+	policy      string // the limit's item in RateLimit-Policy
 
 	// Placeholder values, boxed once rather than per request.
 	nsValue    any // the handler's namespace
 	nameValue  any
 	limitAsAny any
+	// The policy placeholder: the limit's policy name, and the
+	// concurrency policy's, as a client parsing the draft's fields reads
+	// them.
+	policyValue      any
+	concurrencyValue any
 }
 
 func newLimit(namespace string, l Limit) (limit, error) {
@@ -47,46 +53,78 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
 	}
 	name := windowName(size)
-	policyName := sfString(namespace + "-" + name)
+	pName := policyName(namespace, name) // printable ASCII only
+	sfName := sfString(pName)
 	return limit{
-		max:         l.Limit,
-		size:        size,
-		limitValue:  formatCount(l.Limit),
-		limitHeader: "X-Ratelimit-Limit-" + name,
-		leftHeader:  "X-Ratelimit-Remaining-" + name,
-		name:        name,
-		policyName:  policyName,
-		policy:      draftPolicy(policyName, l.Limit, size),
-		nsValue:     namespace,
-		nameValue:   name,
-		limitAsAny:  formatCount(l.Limit),
+		max:              l.Limit,
+		size:             size,
+		limitValue:       formatCount(l.Limit),
+		headerLimit:      formatCount(math.Floor(l.Limit)),
+		limitHeader:      "X-Ratelimit-Limit-" + name,
+		leftHeader:       "X-Ratelimit-Remaining-" + name,
+		name:             name,
+		policyName:       sfName,
+		policy:           draftPolicy(sfName, l.Limit, size),
+		nsValue:          namespace,
+		nameValue:        name,
+		limitAsAny:       formatCount(l.Limit),
+		policyValue:      pName,
+		concurrencyValue: policyName(namespace, "concurrency"),
 	}, nil
 }
 
 // draftPolicy returns a limit's item in RateLimit-Policy. The draft
 // (draft-ietf-httpapi-ratelimit-headers-11) makes the quota q and the
-// window w Integers, w in seconds: q is the limit rounded down, and a
-// window that is not a whole number of seconds has no item at all, rather
-// than one that states another window.
+// window w Integers, w in seconds, and w optional: q is the limit rounded
+// down, and a window that is not a whole number of seconds is listed
+// without w, rather than with one that states another window.
 func draftPolicy(name string, limit float64, size time.Duration) string {
-	if size%time.Second != 0 {
-		return ""
-	}
 	q := strconv.FormatFloat(math.Floor(limit), 'f', 0, 64)
+	if size%time.Second != 0 {
+		return name + ";q=" + q
+	}
 	return name + ";q=" + q + ";w=" + strconv.FormatInt(int64(size/time.Second), 10)
 }
 
-// sfString quotes s as a structured-field String (RFC 8941): printable
-// ASCII only, with quotes and backslashes escaped; other bytes become '_'.
+// policyName names a policy of the IETF draft's fields: the namespace and
+// the window's name (or "concurrency") joined by "-", with every byte that
+// is not printable ASCII, and the three that would need escaping in a
+// Structured Field String or a JSON string or that escape here (%, " and
+// \), percent-encoded as %xx in lowercase hex, as RFC 9651 Display
+// Strings encode bytes. So a namespace "café" gives "caf%c3%a9-Minute":
+// a valid SF String that keeps the name's bytes (they can be decoded back),
+// and that the policy placeholder gives as it is, safe to put between
+// quotes in JSON.
+func policyName(namespace, name string) string {
+	s := namespace + "-" + name
+	const hex = "0123456789abcdef"
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e || c == '%' || c == '"' || c == '\\':
+			if b == nil {
+				b = append(make([]byte, 0, len(s)+8), s[:i]...)
+			}
+			b = append(b, '%', hex[c>>4], hex[c&0xf])
+		case b != nil:
+			b = append(b, c)
+		}
+	}
+	if b == nil {
+		return s
+	}
+	return string(b)
+}
+
+// sfString quotes s as a Structured Field String (RFC 9651), which holds
+// printable ASCII only, with quotes and backslashes escaped. Names from
+// policyName have neither, nor any other byte to escape.
 func sfString(s string) string {
 	b := []byte{'"'}
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
+		if c := s[i]; c == '"' || c == '\\' {
 			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '_')
-		default:
+		} else {
 			b = append(b, c)
 		}
 	}

@@ -36,6 +36,9 @@ type placeholders struct {
 	remaining int
 	reset     int
 	exceeded  bool
+	// concurrency: max_concurrent rejected the request, so the policy
+	// is the concurrency policy.
+	concurrency bool
 }
 
 // findPlaceholders returns the placeholders an earlier rate_limit handler
@@ -69,6 +72,11 @@ func (p *placeholders) get(key string) (any, bool) {
 		return strconv.Itoa(p.remaining), true
 	case "reset":
 		return strconv.Itoa(p.reset), true
+	case "policy":
+		if p.concurrency {
+			return p.lim.concurrencyValue, true
+		}
+		return p.lim.policyValue, true
 	}
 	return nil, false
 }

@@ -90,16 +90,30 @@ func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next ca
 func (h *Handler) bans() bool { return h.Ban > 0 && !h.DryRun }
 
 // rejectBanned rejects a request of a key banned until the given time,
-// counting nothing: its headers and placeholders say that no limit has
-// room until the ban ends.
-func (h *Handler) rejectBanned(w http.ResponseWriter, repl *caddy.Replacer, until time.Time) error {
-	secs := max(1, ceilSeconds(time.Until(until).Seconds()))
+// counting nothing. Its Retry-After is when a request of the same cost is
+// admitted: once the ban has ended and every limit has room for it (the
+// counts that started the ban may outlast it), so that a client that
+// obeys it never starts a new ban. Its headers and placeholders say that
+// no limit has room until then, and show the limit that keeps the key out
+// longest (or the largest window, when only the ban does).
+func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, key string, value float64, until time.Time) error {
+	var buf [maxInlineLimits]window.Sample
 	var leftBuf [maxInlineLimits]int
-	left := leftBuf[:]
-	if len(h.limits) > len(leftBuf) {
-		left = make([]int, len(h.limits))
+	samples, left := buf[:], leftBuf[:]
+	if len(h.limits) > len(buf) {
+		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
 	}
-	h.show(w, repl, left[:len(h.limits)], len(h.limits)-1, secs, true)
+	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
+	h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
+	wait := time.Until(until)
+	shown := len(h.limits) - 1
+	for i, s := range samples {
+		if w := h.admitWait(i, s, value, s.At); w > wait {
+			wait, shown = w, i
+		}
+	}
+	secs := max(1, ceilSeconds(wait.Seconds()))
+	h.show(w, repl, left, shown, secs, true)
 	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
 }

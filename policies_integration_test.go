@@ -78,6 +78,7 @@ func TestCountStatus(t *testing.T) {
 			key login-{http.request.header.X-Key}
 			limit 3 1h
 			count_status 401
+			headers kong
 		}
 		rate_limit /error {
 			key error-{http.request.header.X-Key}
@@ -101,8 +102,8 @@ func TestCountStatus(t *testing.T) {
 		if resp.StatusCode != 401 {
 			t.Fatalf("failed login %d: status %d, want 401", i+1, resp.StatusCode)
 		}
-		if got, want := resp.Header.Get("X-Ratelimit-Remaining-Hour"), []string{"3", "2", "1"}[i]; got != want {
-			t.Errorf("failed login %d: remaining %q before it counted, want %s", i+1, got, want)
+		if got, want := resp.Header.Get("X-Ratelimit-Remaining-Hour"), []string{"2", "1", "0"}[i]; got != want {
+			t.Errorf("failed login %d: remaining %q once it counts, want %s", i+1, got, want)
 		}
 	}
 	resp, _ := send(t, tester, http.MethodPost, "/login", key, "X-Status", "200")
@@ -135,7 +136,7 @@ const problemJSONRecipe = `
 				"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
 				"title": "Request cannot be satisfied as assigned quota has been exceeded",
 				"detail": "More than {http.rate_limit.limit} requests per {http.rate_limit.window}: retry in {http.rate_limit.reset} seconds",
-				"violated-policies": ["{http.rate_limit.namespace}-{http.rate_limit.window}"]
+				"violated-policies": ["{http.rate_limit.policy}"]
 			}
 			JSON 429
 	}`
@@ -198,6 +199,7 @@ func TestBan(t *testing.T) {
 			key ban-{http.request.header.X-Key}
 			limit 3 1s
 			ban 5s
+			headers draft kong
 		}
 		rate_limit /noban {
 			key noban-{http.request.header.X-Key}
