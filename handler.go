@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -387,7 +386,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, o outcome, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	key = boundKey(h.key(r, repl))
+	key = syncapp.BoundKey(h.key(r, repl))
 	value = h.cost
 	if h.costFromRequest {
 		value = h.requestCost(repl)
@@ -523,23 +522,6 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string, va
 			h.MaxConcurrent, h.Namespace))
 	}
 	return release, nil
-}
-
-// maxKeyLen is the longest client key held as it is. Zones are bounded in
-// keys, so the bytes of each key must be bounded too.
-const maxKeyLen = 256
-
-// boundKey returns keys of up to maxKeyLen bytes unchanged, and longer ones
-// as their first bytes followed by the SHA-256 of the whole key. A bounded
-// key is longer than maxKeyLen, so it never equals a short key, and two
-// long keys share one only if SHA-256 collides.
-func boundKey(key string) string {
-	if len(key) <= maxKeyLen {
-		return key
-	}
-	const keep = maxKeyLen - sha256.Size + 16
-	sum := sha256.Sum256([]byte(key))
-	return key[:keep] + string(sum[:])
 }
 
 // shown picks the limit the RateLimit-* headers and placeholders describe:

@@ -4,32 +4,12 @@ import (
 	"crypto/tls"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
-
-func TestBoundKey(t *testing.T) {
-	short := strings.Repeat("a", maxKeyLen)
-	if got := boundKey(short); got != short {
-		t.Fatal("a key of maxKeyLen bytes was changed")
-	}
-	long1 := strings.Repeat("a", 10000) + "1"
-	long2 := strings.Repeat("a", 10000) + "2"
-	b1, b2 := boundKey(long1), boundKey(long2)
-	if b1 == b2 {
-		t.Fatal("two long keys with a common prefix share a bounded key")
-	}
-	if len(b1) <= maxKeyLen || len(b1) > maxKeyLen+32 {
-		t.Fatalf("bounded key of %d bytes, want just over %d", len(b1), maxKeyLen)
-	}
-	if boundKey(long1) != b1 {
-		t.Fatal("bounding is not stable")
-	}
-}
 
 func TestWindowNames(t *testing.T) {
 	for size, want := range map[time.Duration]string{
