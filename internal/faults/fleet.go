@@ -340,7 +340,8 @@ func (n *Node) LogSize() int64 {
 // above in [from, to], and lines that are not Caddy's JSON (a
 // dependency writing to stderr), wherever they are.
 type LogLines struct {
-	Failures  int      // level warn, error or above, in the span
+	Failures  int      // the plugin's lines (loggers rate_limit.*) at warn or above, in the span
+	Other     int      // Caddy's other lines at warn or above, in the span
 	Foreign   int      // not JSON: a dependency's own output
 	Recovered int      // "store reachable again", in the span
 	Examples  []string // the first few failure and foreign lines
@@ -359,19 +360,22 @@ func (n *Node) ReadLog(offset int64, from, to time.Time) LogLines {
 	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	foreign, failures := 0, 0
 	for sc.Scan() {
 		line := sc.Bytes()
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var e struct {
-			Level string  `json:"level"`
-			TS    float64 `json:"ts"`
-			Msg   string  `json:"msg"`
+			Level  string  `json:"level"`
+			TS     float64 `json:"ts"`
+			Logger string  `json:"logger"`
+			Msg    string  `json:"msg"`
 		}
 		if json.Unmarshal(line, &e) != nil || e.Level == "" {
 			l.Foreign++
-			if len(l.Examples) < 4 {
+			if foreign < 2 {
+				foreign++
 				l.Examples = append(l.Examples, string(line))
 			}
 			continue
@@ -386,8 +390,13 @@ func (n *Node) ReadLog(offset int64, from, to time.Time) LogLines {
 				l.Recovered++
 			}
 		default:
+			if !strings.HasPrefix(e.Logger, "rate_limit") {
+				l.Other++
+				continue
+			}
 			l.Failures++
-			if len(l.Examples) < 4 {
+			if failures < 2 {
+				failures++
 				l.Examples = append(l.Examples, string(line))
 			}
 		}

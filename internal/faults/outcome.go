@@ -65,6 +65,11 @@ type Outcome struct {
 	// requests of its key that ran at once from Served + Hold on.
 	ConcFirst time.Duration
 	ConcMax   int
+	// ConcMaxBefore is the most that ran at once before the fault: the
+	// control.
+	ConcMaxBefore int
+	// LoadStart is when the load started.
+	LoadStart time.Time
 
 	// BanLag is how long after BanFrom (Served, or when it was set off)
 	// the ban set off during the fault was held by every live node (-1:
@@ -190,7 +195,9 @@ func (o *Outcome) account(ctx context.Context, results []*Result, reader *Node, 
 		o.Max = lat[len(lat)-1]
 		o.Slow = float64(slow) / float64(len(lat))
 	}
-	o.ConcMax = up.MaxInFlight(o.Row.Fault.keyPrefix(o), from.Add(Hold))
+	key := o.Row.Fault.keyPrefix(o)
+	o.ConcMax = up.MaxInFlight(key, from.Add(Hold), o.LoadEnd)
+	o.ConcMaxBefore = up.MaxInFlight(key, o.LoadStart, o.Start)
 
 	// The store's counts, key by key.
 	for key, k := range keys {
@@ -336,7 +343,7 @@ func (o *Outcome) Checks() []Check {
 		}
 		cs = append(cs,
 			Check{"max_concurrent: first request admitted ≤ 3 s after the store serves", fig, o.ConcFirst >= 0 && o.ConcFirst <= 3*time.Second},
-			Check{fmt.Sprintf("max_concurrent: fleet cap %d holds from then on", MaxConcurrent), fmt.Sprintf("%d in flight at most", o.ConcMax), o.ConcMax <= MaxConcurrent},
+			Check{fmt.Sprintf("max_concurrent: fleet cap %d holds from then on", MaxConcurrent), fmt.Sprintf("%d in flight at most; %d before the fault", o.ConcMax, o.ConcMaxBefore), o.ConcMax <= MaxConcurrent},
 		)
 	}
 	if o.Row.Fault.Name == "redis-flap" {

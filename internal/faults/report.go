@@ -79,7 +79,7 @@ func WriteTable(w io.Writer, outcomes []*Outcome) {
 			if o.ConcFirst >= 0 {
 				first = secs1(o.ConcFirst)
 			}
-			conc = fmt.Sprintf("%s / %d", first, o.ConcMax)
+			conc = fmt.Sprintf("%s / %d (before: %d)", first, o.ConcMax, o.ConcMaxBefore)
 		}
 		ban := "not in 20 s"
 		if o.BanLag >= 0 {
@@ -164,8 +164,16 @@ func (r *Report) Notes() []string {
 		if !o.Row.Fault.NodeFault {
 			lines = append(lines, fmt.Sprintf("%s, %s: syncing again per node: %s.", o.Title, o.Row.Mode(), strings.Join(rec, ", ")))
 		}
+		// Examples of what was logged: one line of each kind (Caddy's
+		// JSON, or a dependency's), from the first node that wrote one.
+		shown := map[bool]bool{}
 		for i, l := range o.Logs {
-			for _, ex := range l.Examples[:min(len(l.Examples), 2)] {
+			for _, ex := range l.Examples {
+				foreign := !strings.HasPrefix(ex, "{")
+				if shown[foreign] {
+					continue
+				}
+				shown[foreign] = true
 				if len(ex) > 300 {
 					ex = ex[:300] + "…"
 				}

@@ -224,6 +224,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	poll := newPoller(nodes)
 	poll.start(ctx)
 	load.Start(ctx)
+	o.LoadStart = load.Started()
 	if err := Sleep(ctx, env.Scaled(3*time.Second, r.minPhase())); err != nil {
 		return nil, err
 	}

@@ -62,8 +62,8 @@ func (u *Upstream) Reset() {
 }
 
 // MaxInFlight returns the most requests of key that ran at once among
-// those that started at or after from.
-func (u *Upstream) MaxInFlight(key string, from time.Time) int {
+// those that started in [from, to).
+func (u *Upstream) MaxInFlight(key string, from, to time.Time) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	type ev struct {
@@ -72,7 +72,7 @@ func (u *Upstream) MaxInFlight(key string, from time.Time) int {
 	}
 	var evs []ev
 	for _, s := range u.ran {
-		if s.key == key && !s.start.Before(from) {
+		if s.key == key && !s.start.Before(from) && s.start.Before(to) {
 			evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
 		}
 	}
