@@ -34,6 +34,10 @@ type Outcome struct {
 	// keys judged (all, or those sent after the fault began when the
 	// store lost data); lost and counted twice, summed over keys.
 	Admitted, InStore, Lost, Doubled float64
+	// Unread are the admitted hits of keys whose store count no node
+	// could read within ReadBudget (UnreadErr says why): not judged.
+	Unread    float64
+	UnreadErr string
 	// Excluded are the admitted hits of keys not judged: sent before a
 	// store that lost its data failed.
 	Excluded float64
@@ -91,6 +95,10 @@ type Outcome struct {
 	// Samples are each node's sync metrics, every 100 ms.
 	Samples [][]SyncSample
 
+	// Settled is how long after the load stopped every live node had
+	// pushed its pending diffs.
+	Settled time.Duration
+
 	Notes   []string
 	Elapsed time.Duration
 
@@ -116,7 +124,7 @@ func (o *Outcome) recoveryFrom() time.Time {
 
 // account sums up the results, and reads the store's counts of the
 // CountPath keys through node reader.
-func (o *Outcome) account(ctx context.Context, results []*Result, reader *Node, up *Upstream) error {
+func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Node, up *Upstream) error {
 	o.Statuses = map[int]int{}
 	type keyStat struct {
 		admitted float64
@@ -199,15 +207,22 @@ func (o *Outcome) account(ctx context.Context, results []*Result, reader *Node, 
 	o.ConcMax = up.MaxInFlight(key, from.Add(Hold), o.LoadEnd)
 	o.ConcMaxBefore = up.MaxInFlight(key, o.LoadStart, o.Start)
 
-	// The store's counts, key by key.
+	// The store's counts, key by key, through any live node: a node whose
+	// client cannot reach the store yet (a Cluster's stale slot map) is
+	// asked again, for up to ReadBudget in all.
+	deadline := time.Now().Add(ReadBudget)
 	for key, k := range keys {
 		if o.Row.Fault.StoreLoses && k.first.Before(o.Start) {
 			o.Excluded += k.admitted
 			continue
 		}
-		held, err := reader.StoreCount(ctx, key, CountWindow)
+		held, err := readCount(ctx, readers, key, deadline)
 		if err != nil {
-			return fmt.Errorf("reading the store's count of %s: %w", key, err)
+			o.Unread += k.admitted
+			if o.UnreadErr == "" {
+				o.UnreadErr = err.Error()
+			}
+			continue
 		}
 		o.Admitted += k.admitted
 		o.InStore += held
@@ -222,6 +237,28 @@ func (o *Outcome) account(ctx context.Context, results []*Result, reader *Node, 
 	}
 	o.recovery()
 	return nil
+}
+
+// ReadBudget bounds how long the harness tries to read the store's
+// counts of a row: longer than go-redis's 60 s reload of a Cluster's
+// slots.
+const ReadBudget = 75 * time.Second
+
+// readCount reads a key's count through the readers in turn until one
+// answers or the deadline passes.
+func readCount(ctx context.Context, readers []*Node, key string, deadline time.Time) (float64, error) {
+	for i := 0; ; i++ {
+		held, err := readers[i%len(readers)].StoreCount(ctx, key, CountWindow)
+		if err == nil {
+			return held, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return 0, err
+		}
+		if i%len(readers) == len(readers)-1 {
+			_ = Sleep(ctx, 250*time.Millisecond)
+		}
+	}
 }
 
 // keyPrefix returns the ConcPath key of the row.
@@ -310,6 +347,7 @@ func (o *Outcome) Checks() []Check {
 	cs = append(cs,
 		Check{lostPromise, fmt.Sprintf("%g lost", o.Lost), lostOK},
 		Check{"0 counted twice", fmt.Sprintf("%g counted twice", o.Doubled), o.Doubled == 0},
+		Check{"the store's counts can be read through a node", fmt.Sprintf("%g hits of unreadable keys", o.Unread), o.Unread == 0},
 		Check{"0 responses 5xx", fmt.Sprintf("%d 5xx", o.Status5xx), o.Status5xx == 0},
 	)
 	if !o.Row.Fault.NodeFault {

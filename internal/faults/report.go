@@ -86,6 +86,9 @@ func WriteTable(w io.Writer, outcomes []*Outcome) {
 			ban = secs1(o.BanLag)
 		}
 		admitted := fmt.Sprintf("%g / %g", o.Admitted, o.InStore)
+		if o.Unread > 0 {
+			admitted += fmt.Sprintf(" (+%g of keys no node could read from the store)", o.Unread)
+		}
 		if o.Excluded > 0 {
 			admitted += fmt.Sprintf(" (+%g sent before the store lost its data, not judged)", o.Excluded)
 		}
@@ -157,6 +160,9 @@ func (r *Report) Notes() []string {
 			default:
 				rec = append(rec, fmt.Sprintf("node%d %s", i+1, secs1(d)))
 			}
+		}
+		if o.UnreadErr != "" {
+			lines = append(lines, fmt.Sprintf("%s, %s: reading the store's counts through the nodes failed for %s: `%s`.", o.Title, o.Row.Mode(), secs1(ReadBudget), o.UnreadErr))
 		}
 		if o.Row.Fault.StoreLoses {
 			lines = append(lines, fmt.Sprintf("%s, %s: the ban set off before the fault (the store lost it) still held on the live nodes: %v.", o.Title, o.Row.Mode(), o.BanKept))

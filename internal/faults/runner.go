@@ -284,9 +284,10 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 		o.BanLag = <-banLag
 	}
 
-	// Settle: every diff pushed.
+	// Settle: every diff pushed, for up to ReadBudget (longer than
+	// go-redis's 60 s reload of a Cluster's slot map).
 	live := liveNodes(nodes, o.KilledNode)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(ReadBudget)
 	for _, n := range live {
 		for {
 			p, err := n.PendingDiffs(ctx)
@@ -294,13 +295,18 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 				break
 			}
 			if time.Now().After(deadline) {
-				o.Notes = append(o.Notes, fmt.Sprintf("%s still had %d diffs pending 20 s after the load (%v)", n.Name, p, err))
+				o.Notes = append(o.Notes, fmt.Sprintf("%s still had %d diffs pending %s after the load (%v)", n.Name, p, secs1(ReadBudget), err))
 				break
 			}
 			if err := Sleep(ctx, 50*time.Millisecond); err != nil {
 				return nil, err
 			}
 		}
+	}
+	o.Settled = time.Since(o.LoadEnd)
+	if o.Settled > 2*time.Second {
+		o.Notes = append(o.Notes, fmt.Sprintf("the nodes' pending diffs were pushed %s after the load stopped (%s after the store served again)",
+			secs1(o.Settled), secs1(time.Since(o.recoveryFrom()))))
 	}
 	// One more sync interval, for the bans of the last run.
 	_ = Sleep(ctx, time.Second)
@@ -325,7 +331,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 		}
 		o.Logs = append(o.Logs, n.ReadLog(o.logOffsets[i], o.Start, o.LoadEnd))
 	}
-	if err := o.account(ctx, results, live[len(live)-1], r.upstream); err != nil {
+	if err := o.account(ctx, results, live, r.upstream); err != nil {
 		return nil, err
 	}
 	o.Notes = append(o.Notes, env.notes...)
