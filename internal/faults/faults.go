@@ -165,11 +165,15 @@ var Faults = []*Fault{
 			n := e.Reloads()
 			e.Began()
 			errs := make([]error, len(e.Nodes))
+			drops := make([]int, len(e.Nodes))
 			done := make(chan int)
+			began := time.Now()
 			for i, node := range e.Nodes {
 				go func() {
 					for j := range n {
-						if err := node.Reload(ctx); err != nil {
+						d, err := node.Reload(ctx)
+						drops[i] += d
+						if err != nil {
 							errs[i] = fmt.Errorf("%s, reload %d: %w", node.Name, j+1, err)
 							break
 						}
@@ -180,6 +184,8 @@ var Faults = []*Fault{
 			for range e.Nodes {
 				<-done
 			}
+			e.Note("%d reloads per node took %s; the admin endpoint dropped the connection of a POST /load %v times per node (posted again)",
+				n, secs1(time.Since(began)), drops)
 			return time.Time{}, errors.Join(errs...)
 		},
 	},

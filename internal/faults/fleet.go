@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -304,24 +305,48 @@ func (n *Node) Banned(ctx context.Context, key string) (bool, error) {
 	return false, nil
 }
 
+// reloadClient posts configs on a new connection each time: a reload
+// may restart the admin endpoint, which drops its idle connections.
+var reloadClient = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 // Reload posts the node's config again to its admin endpoint, forced
-// (Cache-Control: must-revalidate), so that Caddy really reloads it.
-func (n *Node) Reload(ctx context.Context) error {
+// (Cache-Control: must-revalidate), so that Caddy really reloads it. It
+// returns how many times the admin endpoint dropped the connection
+// before it answered (each time it tries again, up to 5 times).
+func (n *Node) Reload(ctx context.Context) (dropped int, err error) {
+	for {
+		err = n.reloadOnce(ctx)
+		var status *statusError
+		if err == nil || errors.As(err, &status) || dropped == 5 || ctx.Err() != nil {
+			return dropped, err
+		}
+		dropped++
+		if err := Sleep(ctx, 100*time.Millisecond); err != nil {
+			return dropped, err
+		}
+	}
+}
+
+// statusError is an answer of the admin endpoint other than 200.
+type statusError struct{ msg string }
+
+func (e *statusError) Error() string { return e.msg }
+
+func (n *Node) reloadOnce(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.AdminURL("/load"), bytes.NewReader(n.Config))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Cache-Control", "must-revalidate")
-	client := &http.Client{Timeout: 30 * time.Second}
-	resp, err := client.Do(req)
+	resp, err := reloadClient.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST /load: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+		return &statusError{fmt.Sprintf("POST /load: %d %s", resp.StatusCode, bytes.TrimSpace(body))}
 	}
 	return nil
 }
@@ -349,8 +374,13 @@ type LogLines struct {
 
 // ReadLog sums up the node's log after offset.
 func (n *Node) ReadLog(offset int64, from, to time.Time) LogLines {
+	return readLogFile(n.LogPath, offset, from, to)
+}
+
+// readLogFile sums up a log file after offset.
+func readLogFile(path string, offset int64, from, to time.Time) LogLines {
 	var l LogLines
-	f, err := os.Open(filepath.Clean(n.LogPath))
+	f, err := os.Open(filepath.Clean(path))
 	if err != nil {
 		return l
 	}

@@ -69,6 +69,9 @@ type Outcome struct {
 	// requests of its key that ran at once from Served + Hold on.
 	ConcFirst time.Duration
 	ConcMax   int
+	// ConcOverUntil is when, after Served, the last request started with
+	// more than MaxConcurrent of its key running (0: never).
+	ConcOverUntil time.Duration
 	// ConcMaxBefore is the most that ran at once before the fault: the
 	// control.
 	ConcMaxBefore int
@@ -204,7 +207,11 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 		o.Slow = float64(slow) / float64(len(lat))
 	}
 	key := o.Row.Fault.keyPrefix(o)
-	o.ConcMax = up.MaxInFlight(key, from.Add(Hold), o.LoadEnd)
+	var lastOver time.Time
+	o.ConcMax, lastOver = up.InFlight(key, from.Add(Hold), o.LoadEnd, MaxConcurrent)
+	if !lastOver.IsZero() {
+		o.ConcOverUntil = lastOver.Sub(from)
+	}
 	o.ConcMaxBefore = up.MaxInFlight(key, o.LoadStart, o.Start)
 
 	// The store's counts, key by key, through any live node: a node whose
@@ -381,7 +388,7 @@ func (o *Outcome) Checks() []Check {
 		}
 		cs = append(cs,
 			Check{"max_concurrent: first request admitted ≤ 3 s after the store serves", fig, o.ConcFirst >= 0 && o.ConcFirst <= 3*time.Second},
-			Check{fmt.Sprintf("max_concurrent: fleet cap %d holds from then on", MaxConcurrent), fmt.Sprintf("%d in flight at most; %d before the fault", o.ConcMax, o.ConcMaxBefore), o.ConcMax <= MaxConcurrent},
+			Check{fmt.Sprintf("max_concurrent: fleet cap %d holds from then on", MaxConcurrent), concFigure(o), o.ConcMax <= MaxConcurrent},
 		)
 	}
 	if o.Row.Fault.Name == "redis-flap" {
@@ -447,6 +454,16 @@ func recoveryString(o *Outcome) string {
 		return "never"
 	}
 	return secs1(o.RecoveryMax)
+}
+
+// concFigure describes the requests in flight of ConcPath's key after
+// the store served again.
+func concFigure(o *Outcome) string {
+	f := fmt.Sprintf("%d in flight at most; %d before the fault", o.ConcMax, o.ConcMaxBefore)
+	if o.ConcOverUntil > 0 {
+		f += fmt.Sprintf("; over the cap until %s after the store served", secs1(o.ConcOverUntil))
+	}
+	return f
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

@@ -80,6 +80,9 @@ func WriteTable(w io.Writer, outcomes []*Outcome) {
 				first = secs1(o.ConcFirst)
 			}
 			conc = fmt.Sprintf("%s / %d (before: %d)", first, o.ConcMax, o.ConcMaxBefore)
+			if o.ConcOverUntil > 0 {
+				conc += fmt.Sprintf(", over the cap until +%s", secs1(o.ConcOverUntil))
+			}
 		}
 		ban := "not in 20 s"
 		if o.BanLag >= 0 {

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"cmp"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -64,6 +65,14 @@ func (u *Upstream) Reset() {
 // MaxInFlight returns the most requests of key that ran at once among
 // those that started in [from, to).
 func (u *Upstream) MaxInFlight(key string, from, to time.Time) int {
+	most, _ := u.InFlight(key, from, to, math.MaxInt)
+	return most
+}
+
+// InFlight returns the most requests of key that ran at once among those
+// that started in [from, to), and the last time a request started with
+// more than limit of them running (zero: never).
+func (u *Upstream) InFlight(key string, from, to time.Time, limit int) (most int, lastOver time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	type ev struct {
@@ -80,12 +89,15 @@ func (u *Upstream) MaxInFlight(key string, from, to time.Time) int {
 	slices.SortFunc(evs, func(a, b ev) int {
 		return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.delta, b.delta))
 	})
-	n, most := 0, 0
+	n := 0
 	for _, e := range evs {
 		n += e.delta
 		most = max(most, n)
+		if n > limit && e.delta > 0 {
+			lastOver = e.at
+		}
 	}
-	return most
+	return most, lastOver
 }
 
 // Close stops the upstream.
