@@ -65,13 +65,17 @@ func TestFaultsQuick(t *testing.T) {
 			// Latency and time bounds are reported, not asserted: a
 			// loaded machine may miss them.
 			timed := strings.Contains(c.Promise, "≤ 5 s") || strings.Contains(c.Promise, "≤ 3 s") ||
-				strings.Contains(c.Promise, "p99") || strings.Contains(c.Promise, "900 ms")
+				strings.Contains(c.Promise, "p99") || strings.Contains(c.Promise, "900 ms") ||
+				strings.Contains(c.Promise, "killed node's last sync_rate")
 			if !c.Held && !timed {
 				t.Errorf("%s: %s: %s", row.ID(), c.Promise, c.Figure)
 			}
 		}
 		if !row.Fault.NodeFault && o.RecoveryMax < 0 {
 			t.Errorf("%s: a node never synced again after the store came back: %v", row.ID(), o.Recovery)
+		}
+		if row.Fault.Name == "node-kill" && o.Lost > o.LastSecond {
+			t.Errorf("%s: %g hits lost, more than the killed node admitted in its last second (%g)", row.ID(), o.Lost, o.LastSecond)
 		}
 		if o.BanLag < 0 {
 			t.Errorf("%s: the ban set off during the fault did not reach every node within 20 s", row.ID())

@@ -44,6 +44,10 @@ type Outcome struct {
 	// LostAllowed is what a node killed outright may lose: the hits it
 	// admitted within one sync_rate (and 100 ms) before the kill.
 	LostAllowed float64
+	// LastSecond is what the killed node admitted in the second before
+	// the kill: the quick mode's bound, which a loaded machine's late
+	// sync runs do not break.
+	LastSecond float64
 
 	// Latency of CountPath and LimitPath requests sent during the fault
 	// (from Start to Served, or End).
@@ -161,8 +165,13 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 			}
 			if r.Status == http.StatusOK {
 				k.admitted++
-				if o.KilledNode >= 0 && r.Node == o.KilledNode && !r.Sent.Before(o.KilledAt.Add(-o.Row.SyncRate()-100*time.Millisecond)) {
-					o.LostAllowed++
+				if o.KilledNode >= 0 && r.Node == o.KilledNode {
+					if !r.Sent.Before(o.KilledAt.Add(-o.Row.SyncRate() - 100*time.Millisecond)) {
+						o.LostAllowed++
+					}
+					if !r.Sent.Before(o.KilledAt.Add(-time.Second)) {
+						o.LastSecond++
+					}
 				}
 			}
 			if r.Status == 0 {
