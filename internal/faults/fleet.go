@@ -184,6 +184,7 @@ type SyncSample struct {
 	Runs    float64 // caddy_rate_limit_sync_duration_seconds_count: runs, failed or not
 	Errors  float64 // caddy_rate_limit_sync_errors_total: failed runs and hits
 	Pending float64 // caddy_rate_limit_pending_diffs
+	Dropped float64 // caddy_rate_limit_dropped_diffs_total of the zone default
 	OK      bool    // the metrics could be read
 }
 
@@ -215,6 +216,8 @@ func (n *Node) Sync(ctx context.Context) SyncSample {
 			s.Errors = v
 		case "caddy_rate_limit_pending_diffs" + label:
 			s.Pending = v
+		case `caddy_rate_limit_dropped_diffs_total{zone="default"}`:
+			s.Dropped = v
 		}
 	}
 	return s
@@ -369,6 +372,7 @@ type LogLines struct {
 	Other     int      // Caddy's other lines at warn or above, in the span
 	Foreign   int      // not JSON: a dependency's own output
 	Recovered int      // "store reachable again", in the span
+	Loads     int      // "load complete": reloads Caddy finished, in the span
 	Examples  []string // the first few failure and foreign lines
 }
 
@@ -418,6 +422,9 @@ func readLogFile(path string, offset int64, from, to time.Time) LogLines {
 		case "debug", "info":
 			if strings.Contains(e.Msg, "reachable again") {
 				l.Recovered++
+			}
+			if e.Msg == "load complete" {
+				l.Loads++
 			}
 		default:
 			if !strings.HasPrefix(e.Logger, "rate_limit") {

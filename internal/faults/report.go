@@ -164,6 +164,22 @@ func (r *Report) Notes() []string {
 				rec = append(rec, fmt.Sprintf("node%d %s", i+1, secs1(d)))
 			}
 		}
+		var dropped []string
+		for i, ss := range o.Samples {
+			if len(ss) > 0 && ss[len(ss)-1].Dropped > 0 {
+				dropped = append(dropped, fmt.Sprintf("node%d %g", i+1, ss[len(ss)-1].Dropped))
+			}
+		}
+		if len(dropped) > 0 {
+			lines = append(lines, fmt.Sprintf("%s, %s: caddy_rate_limit_dropped_diffs_total at the end: %s.", o.Title, o.Row.Mode(), strings.Join(dropped, ", ")))
+		}
+		if o.Row.Fault.Name == "reloads" {
+			var loads []string
+			for _, l := range o.Logs {
+				loads = append(loads, fmt.Sprint(l.Loads))
+			}
+			lines = append(lines, fmt.Sprintf("%s, %s: reloads each node's log says it completed (\"load complete\"): %s.", o.Title, o.Row.Mode(), strings.Join(loads, ", ")))
+		}
 		if o.UnreadErr != "" {
 			lines = append(lines, fmt.Sprintf("%s, %s: reading the store's counts through the nodes failed for %s: `%s`.", o.Title, o.Row.Mode(), secs1(ReadBudget), o.UnreadErr))
 		}
