@@ -173,3 +173,13 @@ func TestFaultsTable(t *testing.T) {
 		t.Errorf("scaled title = %q", got)
 	}
 }
+
+func TestSlots(t *testing.T) {
+	rs := parseSlots([]string{"0-5460", "7000", "[93->-abc]"})
+	if len(rs) != 2 || !inSlots(rs, 0) || !inSlots(rs, 5460) || !inSlots(rs, 7000) || inSlots(rs, 5461) {
+		t.Errorf("parseSlots = %v", rs)
+	}
+	if b := redisBucket("api", "k"); b < 0 || b >= redisBuckets || b != redisBucket("api", "k") {
+		t.Errorf("redisBucket = %d", b)
+	}
+}

@@ -59,6 +59,10 @@ type Env struct {
 	// KilledAt, when.
 	KilledNode int
 	KilledAt   time.Time
+	// FailedSlots are the slots of a Cluster master the fault killed, and
+	// SlotsFrom a server to ask CLUSTER KEYSLOT.
+	FailedSlots []slotRange
+	SlotsFrom   string
 
 	began func(time.Time)
 	notes []string
@@ -242,6 +246,7 @@ var Faults = []*Fault{
 				for _, r := range nodes {
 					if r.masterID == m.id {
 						victim, replica = m.addr, r.addr
+						e.FailedSlots, e.SlotsFrom = m.slots, r.addr
 					}
 				}
 				if victim != "" {

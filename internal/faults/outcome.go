@@ -109,7 +109,20 @@ type Outcome struct {
 	Notes   []string
 	Elapsed time.Duration
 
-	logOffsets []int64
+	// OnFailed and OnOthers split the judged hits of a Cluster row by
+	// where their keys live: on the killed master's slots, or on the
+	// other masters'.
+	OnFailed, OnOthers SlotShare
+
+	logOffsets  []int64
+	failedSlots []slotRange
+	slotsFrom   string
+}
+
+// SlotShare is the judged hits of keys on some of a Cluster's slots.
+type SlotShare struct {
+	Keys                    int
+	Admitted, Lost, Doubled float64
 }
 
 // faultEnd is the end of the fault's window for latency: when the store
@@ -227,6 +240,10 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	// client cannot reach the store yet (a Cluster's stale slot map) is
 	// asked again, for up to ReadBudget in all.
 	deadline := time.Now().Add(ReadBudget)
+	var where func(string) (bool, bool)
+	if len(o.failedSlots) > 0 {
+		where = onFailedSlots(ctx, o.slotsFrom, o.failedSlots)
+	}
 	for key, k := range keys {
 		if o.Row.Fault.StoreLoses && k.first.Before(o.Start) {
 			o.Excluded += k.admitted
@@ -240,15 +257,30 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 			}
 			continue
 		}
-		o.Admitted += k.admitted
-		o.InStore += held
+		var lost, doubled float64
 		switch {
 		case held < k.admitted:
-			o.Lost += k.admitted - held
+			lost = k.admitted - held
 		case held > k.admitted && !k.unknown:
 			// A request without an answer may have been admitted: more
 			// in the store is not double counting then.
-			o.Doubled += held - k.admitted
+			doubled = held - k.admitted
+		}
+		o.Admitted += k.admitted
+		o.InStore += held
+		o.Lost += lost
+		o.Doubled += doubled
+		if where != nil {
+			if on, ok := where(key); ok {
+				share := &o.OnOthers
+				if on {
+					share = &o.OnFailed
+				}
+				share.Keys++
+				share.Admitted += k.admitted
+				share.Lost += lost
+				share.Doubled += doubled
+			}
 		}
 	}
 	o.recovery()

@@ -253,6 +253,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	o.End = time.Now()
 	o.Served = served
 	o.KilledNode, o.KilledAt = env.KilledNode, env.KilledAt
+	o.failedSlots, o.slotsFrom = env.FailedSlots, env.SlotsFrom
 	<-banDone
 	if o.Served.IsZero() {
 		o.BanFrom = o.BanSetAt

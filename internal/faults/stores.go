@@ -185,6 +185,7 @@ func (b *ClusterBackend) Connections(ctx context.Context) (int, error) {
 type clusterNode struct {
 	id, addr, masterID string
 	master, failed     bool
+	slots              []slotRange
 }
 
 // clusterNodes reads CLUSTER NODES from addr.
@@ -206,6 +207,7 @@ func clusterNodes(ctx context.Context, addr string) ([]clusterNode, error) {
 			id: f[0], addr: addr, masterID: f[3],
 			master: strings.Contains(f[2], "master"),
 			failed: strings.Contains(f[2], "fail"),
+			slots:  parseSlots(f[8:]),
 		})
 	}
 	return nodes, nil
