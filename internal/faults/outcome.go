@@ -27,6 +27,8 @@ type Outcome struct {
 
 	// Requests by outcome, all classes: sent, answered 5xx, not answered.
 	Sent, Status5xx, NoAnswer int
+	// NoAnswerErr describes the first request that got no answer.
+	NoAnswerErr string
 	// Statuses counts the answers by status.
 	Statuses map[int]int
 
@@ -164,6 +166,10 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 		switch {
 		case r.Status == 0:
 			o.NoAnswer++
+			if o.NoAnswerErr == "" && r.Err != nil {
+				o.NoAnswerErr = fmt.Sprintf("%s to node%d, %s after the fault began: %v",
+					[...]string{Count: CountPath, Limit: LimitPath, Conc: ConcPath}[r.Class], r.Node+1, secs1(r.Sent.Sub(o.Start)), r.Err)
+			}
 		case r.Status >= 500:
 			o.Status5xx++
 		}

@@ -180,6 +180,9 @@ func (r *Report) Notes() []string {
 			}
 			lines = append(lines, fmt.Sprintf("%s, %s: reloads each node's log says it completed (\"load complete\"): %s.", o.Title, o.Row.Mode(), strings.Join(loads, ", ")))
 		}
+		if o.NoAnswer > 0 {
+			lines = append(lines, fmt.Sprintf("%s, %s: %d requests got no answer; the first: %s.", o.Title, o.Row.Mode(), o.NoAnswer, o.NoAnswerErr))
+		}
 		if o.OnFailed.Keys+o.OnOthers.Keys > 0 {
 			lines = append(lines, fmt.Sprintf("%s, %s: keys on the killed master's slots: %d keys, %g hits admitted, %g lost, %g counted twice; on the other masters' slots: %d keys, %g admitted, %g lost, %g counted twice.",
 				o.Title, o.Row.Mode(), o.OnFailed.Keys, o.OnFailed.Admitted, o.OnFailed.Lost, o.OnFailed.Doubled,
