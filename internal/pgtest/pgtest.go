@@ -421,3 +421,21 @@ func (s *Server) Start() {
 
 // Running reports whether the server process is running.
 func (s *Server) Running() bool { return s.cmd != nil }
+
+// StopImmediate stops the server as `pg_ctl stop -m immediate` does
+// (SIGQUIT: every process exits at once, without a checkpoint, and the
+// next start runs crash recovery), and waits until it has exited. The data
+// stays: Start brings it back.
+func (s *Server) StopImmediate() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-s.exited:
+		s.cmd = nil
+	case <-time.After(30 * time.Second):
+		s.t.Errorf("pgtest: postgres on %s did not stop within 30s of SIGQUIT: killing it", s.Addr)
+		s.Kill()
+	}
+}

@@ -515,3 +515,51 @@ func StartSentinel(t testing.TB, master *Server, name string, downAfter time.Dur
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// StartClusterWithReplicas starts a Redis Cluster of the given number of
+// masters (at least 3), each with one replica, assigns the slots, and
+// waits until every node reports the cluster healthy. Servers holds the
+// masters and the replicas in the order redis-cli was given them; which
+// is which, CLUSTER NODES tells.
+func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	if masters < 3 {
+		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
+	}
+	bin := Require(t)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
+	}
+	c := &Cluster{}
+	for range 2 * masters {
+		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
+		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"}
+		s.startOnFreePort()
+		c.Servers = append(c.Servers, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range c.Servers {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			info, err := rc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("cluster node %s not ready: %v %s", s.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return c
+}

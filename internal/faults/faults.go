@@ -1,0 +1,369 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+)
+
+// Store kinds a fault runs on.
+const (
+	StoreRedis      = "redis"       // a redis-server of the harness's
+	StoreRedisProxy = "redis-proxy" // the same, behind the harness's proxy
+	StorePostgres   = "postgres"
+	StoreSentinel   = "sentinel" // a primary, a replica and a Sentinel, per row
+	StoreCluster    = "cluster"  // three masters with a replica each, per row
+)
+
+// Fault is one fault the harness injects, under load.
+type Fault struct {
+	// Name identifies it in flags, file names and keys.
+	Name string
+	// Title describes it in the table; %s is replaced by the scaled
+	// duration, where it has one.
+	Title string
+	// Store is the kind of store its rows run on.
+	Store string
+	// StoreLoses is set when the store itself loses data: hits sent
+	// before the fault began are not judged.
+	StoreLoses bool
+	// NodeFault is set when the store never fails: no recovery to time.
+	NodeFault bool
+	// Inject injects the fault, calls e.Began when it starts and returns
+	// once the store serves again (or the fault is over).
+	Inject func(ctx context.Context, e *Env) (served time.Time, err error)
+}
+
+// Env is what a fault acts on.
+type Env struct {
+	// Scale multiplies the faults' durations.
+	Scale float64
+	// Nodes and Load are the row's.
+	Nodes []*Node
+	Load  *Load
+	// Stores: those of the row's kind are set.
+	Redis    *redistest.Server
+	Proxy    *Proxy
+	Postgres *pgtest.Server
+	Sentinel *SentinelBackend
+	Cluster  *ClusterBackend
+	// KilledNode is the index of a node the fault killed or stopped, or -1;
+	// KilledAt, when.
+	KilledNode int
+	KilledAt   time.Time
+	// FailedSlots are the slots of a Cluster master the fault killed, and
+	// SlotsFrom a server to ask CLUSTER KEYSLOT.
+	FailedSlots []slotRange
+	SlotsFrom   string
+
+	began func(time.Time)
+	notes []string
+}
+
+// Began records that the fault starts now.
+func (e *Env) Began() { e.began(time.Now()) }
+
+// Note adds a remark to the row, such as how long a failover took.
+func (e *Env) Note(format string, args ...any) {
+	e.notes = append(e.notes, fmt.Sprintf(format, args...))
+}
+
+// Scaled returns d times the scale, at least min.
+func (e *Env) Scaled(d, min time.Duration) time.Duration {
+	return max(time.Duration(float64(d)*e.Scale), min)
+}
+
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Faults are every fault, in the order of priority.
+var Faults = []*Fault{
+	{
+		Name: "redis-pause", Title: "Redis paused %s (SIGSTOP, SIGCONT)", Store: StoreRedis,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			e.Began()
+			e.Redis.Pause()
+			err := Sleep(ctx, e.Scaled(10*time.Second, time.Second))
+			e.Redis.Resume()
+			return time.Now(), err
+		},
+	},
+	{
+		Name: "redis-kill", Title: "Redis killed, restarted empty %s later", Store: StoreRedis, StoreLoses: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			e.Began()
+			e.Redis.Kill()
+			err := Sleep(ctx, e.Scaled(5*time.Second, time.Second))
+			e.Redis.Restart()
+			return time.Now(), err
+		},
+	},
+	{
+		Name: "postgres-stop", Title: "PostgreSQL stopped (-m immediate), started %s later", Store: StorePostgres,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			e.Began()
+			e.Postgres.StopImmediate()
+			err := Sleep(ctx, e.Scaled(8*time.Second, time.Second))
+			e.Postgres.Start()
+			return time.Now(), err
+		},
+	},
+	{
+		Name: "redis-flap", Title: "Redis flapping for %s: down 2 s (connections refused), up 1 s", Store: StoreRedisProxy,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			if e.Proxy == nil {
+				return time.Time{}, errNoProxy
+			}
+			e.Began()
+			end := time.Now().Add(e.Scaled(45*time.Second, 6*time.Second))
+			var served time.Time
+			for time.Now().Before(end) {
+				e.Proxy.Down()
+				err := Sleep(ctx, 2*time.Second)
+				if uerr := e.Proxy.Up(); uerr != nil {
+					return time.Time{}, uerr
+				}
+				served = time.Now()
+				if err != nil {
+					return served, err
+				}
+				if err := Sleep(ctx, time.Second); err != nil {
+					return served, err
+				}
+			}
+			return served, nil
+		},
+	},
+	{
+		Name: "node-kill", Title: "a node killed (kill -9) under load", Store: StoreRedis, NodeFault: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			return time.Time{}, e.takeDown(ctx, true)
+		},
+	},
+	{
+		Name: "node-stop", Title: "a node stopped gracefully (SIGINT) under load", Store: StoreRedis, NodeFault: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			return time.Time{}, e.takeDown(ctx, false)
+		},
+	},
+	{
+		Name: "reloads", Title: "%s reloads per node under load (POST /load, forced)", Store: StoreRedis, NodeFault: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			n := e.Reloads()
+			e.Began()
+			errs := make([]error, len(e.Nodes))
+			drops := make([]int, len(e.Nodes))
+			done := make(chan int)
+			began := time.Now()
+			for i, node := range e.Nodes {
+				go func() {
+					for j := range n {
+						d, err := node.Reload(ctx)
+						drops[i] += d
+						if err != nil {
+							errs[i] = fmt.Errorf("%s, reload %d: %w", node.Name, j+1, err)
+							break
+						}
+					}
+					done <- i
+				}()
+			}
+			for range e.Nodes {
+				<-done
+			}
+			e.Note("%d reloads per node took %s; the admin endpoint dropped the connection of a POST /load %v times per node (posted again)",
+				n, secs1(time.Since(began)), drops)
+			return time.Time{}, errors.Join(errs...)
+		},
+	},
+	{
+		Name: "redis-slow", Title: "Redis replies delayed 1.2 s (read_timeout 1 s) for %s, by a proxy", Store: StoreRedisProxy,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			if e.Proxy == nil {
+				return time.Time{}, errNoProxy
+			}
+			e.Began()
+			e.Proxy.SetDelay(1200 * time.Millisecond)
+			err := Sleep(ctx, e.Scaled(10*time.Second, time.Second))
+			e.Proxy.SetDelay(0)
+			return time.Now(), err
+		},
+	},
+	{
+		Name: "sentinel-failover", Title: "Sentinel: primary killed, replica promoted (down-after 1 s)", Store: StoreSentinel, StoreLoses: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			s := e.Sentinel
+			e.Began()
+			killed := time.Now()
+			s.Primary.Kill()
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				addr, err := s.master(ctx)
+				if err == nil && addr == s.Replica.Addr && isMaster(ctx, s.Replica.Addr) {
+					served := time.Now()
+					e.Note("the Sentinel promoted the replica %.1f s after the kill", served.Sub(killed).Seconds())
+					return served, nil
+				}
+				if time.Now().After(deadline) {
+					return time.Time{}, fmt.Errorf("no failover within 60 s of the kill: %v %v", addr, err)
+				}
+				if err := Sleep(ctx, 20*time.Millisecond); err != nil {
+					return time.Time{}, err
+				}
+			}
+		},
+	},
+	{
+		Name: "cluster-failover", Title: "Redis Cluster: a master killed, its replica promoted (CLUSTER FAILOVER TAKEOVER)", Store: StoreCluster, StoreLoses: true,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			c := e.Cluster.Cluster
+			nodes, err := clusterNodes(ctx, c.Addrs[0])
+			if err != nil {
+				return time.Time{}, err
+			}
+			var victim, replica string
+			for _, m := range nodes {
+				if !m.master {
+					continue
+				}
+				for _, r := range nodes {
+					if r.masterID == m.id {
+						victim, replica = m.addr, r.addr
+						e.FailedSlots, e.SlotsFrom = m.slots, r.addr
+					}
+				}
+				if victim != "" {
+					break
+				}
+			}
+			if victim == "" {
+				return time.Time{}, errors.New("no master with a replica in CLUSTER NODES")
+			}
+			waitReplicaCtx(ctx, replica)
+			e.Began()
+			killed := time.Now()
+			for _, s := range c.Servers {
+				if s.Addr == victim {
+					s.Kill()
+				}
+			}
+			rc := redis.NewClient(&redis.Options{Addr: replica})
+			defer rc.Close()
+			if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+				return time.Time{}, fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica, err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				info, err := rc.ClusterInfo(ctx).Result()
+				if err == nil && isMaster(ctx, replica) && strings.Contains(info, "cluster_state:ok") {
+					served := time.Now()
+					e.Note("master %s killed; replica %s promoted %.2f s later", victim, replica, served.Sub(killed).Seconds())
+					return served, nil
+				}
+				if time.Now().After(deadline) {
+					return time.Time{}, fmt.Errorf("replica %s not serving 30 s after the takeover: %v", replica, err)
+				}
+				if err := Sleep(ctx, 10*time.Millisecond); err != nil {
+					return time.Time{}, err
+				}
+			}
+		},
+	},
+}
+
+// Reloads is how many reloads per node the reloads fault does: 100,
+// scaled.
+func (e *Env) Reloads() int { return max(int(100*e.Scale), 5) }
+
+// takeDown kills (kill -9) or stops (SIGINT) the last node, after the
+// load stops sending to it, and lets the rest run on.
+func (e *Env) takeDown(ctx context.Context, kill bool) error {
+	i := len(e.Nodes) - 1
+	e.Began()
+	e.Load.SetDown(i, true)
+	e.KilledNode, e.KilledAt = i, time.Now()
+	if kill {
+		e.Nodes[i].Kill()
+	} else {
+		e.Nodes[i].Stop()
+		e.Note("the stopped node exited %.2f s after SIGINT", time.Since(e.KilledAt).Seconds())
+	}
+	return Sleep(ctx, e.Scaled(5*time.Second, 2*time.Second))
+}
+
+// isMaster reports whether the Redis at addr says it is a master.
+func isMaster(ctx context.Context, addr string) bool {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	info, err := c.Info(ctx, "replication").Result()
+	return err == nil && strings.Contains(info, "role:master")
+}
+
+// waitReplicaCtx waits up to 20 s until the replica at addr is linked.
+func waitReplicaCtx(ctx context.Context, addr string) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for range 400 {
+		info, err := c.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if Sleep(ctx, 50*time.Millisecond) != nil {
+			return
+		}
+	}
+}
+
+// FaultByName returns the fault of that name.
+func FaultByName(name string) (*Fault, bool) {
+	for _, f := range Faults {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return nil, false
+}
+
+// TitleFor returns the fault's title with its scaled duration.
+func (f *Fault) TitleFor(scale float64) string {
+	if !strings.Contains(f.Title, "%s") {
+		return f.Title
+	}
+	e := &Env{Scale: scale}
+	var d string
+	switch f.Name {
+	case "redis-pause", "redis-slow":
+		d = secs(e.Scaled(10*time.Second, time.Second))
+	case "redis-kill":
+		d = secs(e.Scaled(5*time.Second, time.Second))
+	case "postgres-stop":
+		d = secs(e.Scaled(8*time.Second, time.Second))
+	case "redis-flap":
+		d = secs(e.Scaled(45*time.Second, 6*time.Second))
+	case "reloads":
+		d = strconv.Itoa(e.Reloads())
+	}
+	return fmt.Sprintf(f.Title, d)
+}
+
+// secs formats a duration in seconds: "10 s", "2.5 s".
+func secs(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + " s"
+}

@@ -1,0 +1,464 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+)
+
+// Row is one measurement: a fault in one sync mode.
+type Row struct {
+	Fault *Fault
+	// Sync is sync_rate 0; otherwise the namespace syncs every SyncRate.
+	Sync bool
+}
+
+// SyncRate is the row's sync_rate.
+func (r Row) SyncRate() time.Duration {
+	if r.Sync {
+		return 0
+	}
+	return PeriodicRate
+}
+
+// Mode names the row's sync mode.
+func (r Row) Mode() string {
+	if r.Sync {
+		return "sync_rate 0"
+	}
+	return "sync_rate " + PeriodicRate.String()
+}
+
+// ID names the row in file names and keys.
+func (r Row) ID() string {
+	if r.Sync {
+		return r.Fault.Name + "-sync"
+	}
+	return r.Fault.Name + "-periodic"
+}
+
+// PeriodicRate is the sync_rate of the periodic rows.
+const PeriodicRate = 100 * time.Millisecond
+
+// Settings of every row's nodes and load.
+const (
+	// LimitPerSecond is LimitPath's limit; the load sends three times it.
+	LimitPerSecond = 50
+	// BanLimit is BanPath's limit per minute, past which a key is banned.
+	BanLimit = 5
+	// BanFor is how long a ban lasts.
+	BanFor = 10 * time.Minute
+	// MaxConcurrent is ConcPath's max_concurrent.
+	MaxConcurrent = 5
+	// Hold is how long the upstream holds a request of ConcPath.
+	Hold = 100 * time.Millisecond
+	// ReadTimeout is the Redis strategy's read_timeout (its default).
+	ReadTimeout = time.Second
+)
+
+// DefaultRates are the load of a full run: 600 requests per second, as
+// the synchronous promise is stated at.
+var DefaultRates = Rates{Count: 390, Limit: 3 * LimitPerSecond, Conc: 60}
+
+// Runner runs rows on the stores it starts.
+type Runner struct {
+	// T owns the stores and the temporary directories.
+	T testing.TB
+	// Caddy is the Caddy binary built with the plugin.
+	Caddy string
+	// Dir holds each row's configs and node logs.
+	Dir string
+	// Nodes is the fleet's size.
+	Nodes int
+	// Scale multiplies the faults' durations and the phases around them.
+	Scale float64
+	// Rates is the load.
+	Rates Rates
+	// Progress, when set, receives a line per row.
+	Progress io.Writer
+	// Quick ends a row's aftermath once every node syncs again and the
+	// ban reached every node, instead of after a fixed six to eight
+	// seconds, and shortens the load before the fault to a second.
+	Quick bool
+
+	redis    *redistest.Server
+	postgres *PostgresBackend
+	upstream *Upstream
+}
+
+// Close releases what the runner started itself.
+func (r *Runner) Close() {
+	if r.upstream != nil {
+		r.upstream.Close()
+	}
+}
+
+// backend returns the store of a row's kind, starting it if need be, and
+// fills in the env's handles.
+func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
+	switch kind {
+	case StoreRedis, StoreRedisProxy:
+		if r.redis == nil {
+			r.redis = redistest.Start(r.T)
+		}
+		e.Redis = r.redis
+		b := &RedisBackend{Server: r.redis}
+		if kind == StoreRedis {
+			return b, func() {}, nil
+		}
+		p, err := StartProxy(r.redis.Addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		b.Proxy, e.Proxy = p, p
+		return b, func() { p.Close() }, nil
+	case StorePostgres:
+		if r.postgres == nil {
+			srv := pgtest.Start(r.T)
+			srv.CreateDB(r.T, "faults")
+			r.postgres = &PostgresBackend{T: r.T, Server: srv, DB: "faults"}
+		}
+		e.Postgres = r.postgres.Server
+		return r.postgres, func() {}, nil
+	case StoreSentinel:
+		s := StartSentinel(r.T, time.Second)
+		e.Sentinel = s
+		return s, func() { s.Sentinel.Kill(); s.Replica.Kill(); s.Primary.Kill() }, nil
+	case StoreCluster:
+		c := &ClusterBackend{Cluster: redistest.StartClusterWithReplicas(r.T, 3)}
+		e.Cluster = c
+		return c, func() {
+			for _, s := range c.Cluster.Servers {
+				s.Kill()
+			}
+		}, nil
+	}
+	return nil, nil, fmt.Errorf("unknown store kind %q", kind)
+}
+
+// RunRow runs one row: it starts the store if need be and the nodes,
+// sends the load, injects the fault, waits for the aftermath, and sums up
+// what happened.
+func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
+	began := time.Now()
+	env := &Env{Scale: r.Scale, KilledNode: -1}
+	backend, release, err := r.backend(row.Fault.Store, env)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if r.upstream == nil {
+		if r.upstream, err = StartUpstream(Hold); err != nil {
+			return nil, err
+		}
+	}
+	r.upstream.Reset()
+
+	dir := filepath.Join(r.Dir, row.ID())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	nodes := make([]*Node, r.Nodes)
+	errs := make([]error, r.Nodes)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() {
+			nodes[i], errs[i] = StartNode(ctx, r.Caddy, dir, fmt.Sprintf("node%d", i+1), func(port, admin int) ([]byte, error) {
+				return NodeConfig{
+					Port: port, Admin: admin, SyncRate: row.SyncRate(), Strategy: backend.Strategy(),
+					Limit: LimitPerSecond, BanLimit: BanLimit, Ban: BanFor,
+					MaxConcurrent: MaxConcurrent, Upstream: r.upstream.Addr,
+				}.JSON()
+			})
+		})
+	}
+	wg.Wait()
+	defer func() {
+		for _, n := range nodes {
+			if n != nil && n.Running() {
+				n.Stop()
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	prefix := row.ID() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	load := NewLoad(prefix, r.Rates, nodes)
+	env.Nodes, env.Load = nodes, load
+	o := &Outcome{Row: row, Title: row.Fault.TitleFor(r.Scale), Nodes: r.Nodes, Rates: r.Rates, KilledNode: -1}
+
+	// Warm-up: every node answers every route, and a first ban, set off
+	// on node 1 before the fault, must still hold on every node after it.
+	o.BanBeforeKey = prefix + "ban-before"
+	for i, n := range nodes {
+		for _, path := range []string{CountPath, LimitPath, ConcPath, BanPath} {
+			if st := load.Burst(ctx, i, path, prefix+"warm", 1); st[0] != 200 {
+				return nil, fmt.Errorf("warm-up %s on %s: status %d; its log:\n%s", path, n.Name, st[0], n.Log(20))
+			}
+		}
+	}
+	load.Burst(ctx, 0, BanPath, o.BanBeforeKey, BanLimit+3)
+	for i, n := range nodes {
+		o.GoroutinesBefore = append(o.GoroutinesBefore, must(n.Goroutines(ctx)))
+		o.logOffsets = append(o.logOffsets, n.LogSize())
+		_ = i
+	}
+	// The connections settle once every node has synced with the store.
+	if err := Sleep(ctx, 500*time.Millisecond); err != nil {
+		return nil, err
+	}
+	o.ConnsBefore, _ = backend.Connections(ctx)
+
+	poll := newPoller(nodes)
+	poll.start(ctx)
+	load.Start(ctx)
+	o.LoadStart = load.Started()
+	if err := Sleep(ctx, env.Scaled(3*time.Second, r.minPhase())); err != nil {
+		return nil, err
+	}
+
+	// The fault. A second ban is set off on node 1 a second into it: it
+	// must reach every node once the store is back.
+	o.BanDuringKey = prefix + "ban-during"
+	banDone := make(chan struct{})
+	env.began = func(t time.Time) {
+		o.Start = t
+		go func() {
+			defer close(banDone)
+			if Sleep(ctx, time.Second) == nil {
+				o.BanSetAt = time.Now()
+				load.Burst(ctx, 0, BanPath, o.BanDuringKey, BanLimit+3)
+			}
+		}()
+	}
+	served, err := row.Fault.Inject(ctx, env)
+	if err != nil {
+		return nil, fmt.Errorf("injecting the fault: %w", err)
+	}
+	if o.Start.IsZero() {
+		return nil, errors.New("the fault never called Began")
+	}
+	o.End = time.Now()
+	o.Served = served
+	o.KilledNode, o.KilledAt = env.KilledNode, env.KilledAt
+	o.failedSlots, o.slotsFrom = env.FailedSlots, env.SlotsFrom
+	<-banDone
+	if o.Served.IsZero() {
+		o.BanFrom = o.BanSetAt
+	} else {
+		o.BanFrom = o.Served
+	}
+	banLag := make(chan time.Duration, 1)
+	go func() { banLag <- r.banReach(ctx, nodes, o.KilledNode, o.BanDuringKey, o.BanFrom) }()
+
+	if r.Quick {
+		// Events, not wall-clock: the ban reaches every node, and every
+		// node syncs again (20 s at most), then half a second more.
+		o.BanLag = <-banLag
+		deadline := time.Now().Add(20 * time.Second)
+		for !o.Served.IsZero() && !poll.recovered(o.Served, o.KilledNode) && time.Now().Before(deadline) {
+			if err := Sleep(ctx, 100*time.Millisecond); err != nil {
+				return nil, err
+			}
+		}
+		if err := Sleep(ctx, 500*time.Millisecond); err != nil {
+			return nil, err
+		}
+	} else if err := Sleep(ctx, env.Scaled(8*time.Second, 6*time.Second)); err != nil {
+		return nil, err
+	}
+	results := load.Stop()
+	o.LoadEnd = time.Now()
+	if !r.Quick {
+		o.BanLag = <-banLag
+	}
+
+	// Settle: every diff pushed, for up to ReadBudget (longer than
+	// go-redis's 60 s reload of a Cluster's slot map).
+	live := liveNodes(nodes, o.KilledNode)
+	deadline := time.Now().Add(ReadBudget)
+	for _, n := range live {
+		for {
+			p, err := n.PendingDiffs(ctx)
+			if err == nil && p == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				o.Notes = append(o.Notes, fmt.Sprintf("%s still had %d diffs pending %s after the load (%v)", n.Name, p, secs1(ReadBudget), err))
+				break
+			}
+			if err := Sleep(ctx, 50*time.Millisecond); err != nil {
+				return nil, err
+			}
+		}
+	}
+	o.Settled = time.Since(o.LoadEnd)
+	if o.Settled > 2*time.Second {
+		o.Notes = append(o.Notes, fmt.Sprintf("the nodes' pending diffs were pushed %s after the load stopped (%s after the store served again)",
+			secs1(o.Settled), secs1(time.Since(o.recoveryFrom()))))
+	}
+	// One more sync interval, for the bans of the last run.
+	_ = Sleep(ctx, time.Second)
+	o.Samples = poll.stop()
+
+	for _, n := range live {
+		banned, err := n.Banned(ctx, o.BanBeforeKey)
+		o.BanKept = append(o.BanKept, err == nil && banned)
+	}
+	for i, n := range nodes {
+		if i == o.KilledNode {
+			o.GoroutinesAfter = append(o.GoroutinesAfter, -1)
+			continue
+		}
+		o.GoroutinesAfter = append(o.GoroutinesAfter, must(n.Goroutines(ctx)))
+	}
+	o.ConnsAfter, _ = backend.Connections(ctx)
+	for i, n := range nodes {
+		if i == o.KilledNode && !n.Running() && row.Fault.Name == "node-kill" {
+			o.Logs = append(o.Logs, n.ReadLog(o.logOffsets[i], o.Start, o.KilledAt))
+			continue
+		}
+		o.Logs = append(o.Logs, n.ReadLog(o.logOffsets[i], o.Start, o.LoadEnd))
+	}
+	if err := o.account(ctx, results, live, r.upstream); err != nil {
+		return nil, err
+	}
+	o.Notes = append(o.Notes, env.notes...)
+	o.Elapsed = time.Since(began)
+	if r.Progress != nil {
+		fmt.Fprintf(r.Progress, "%-28s %s\n", row.ID(), o.Summary())
+	}
+	return o, nil
+}
+
+// minPhase is the least load before a fault.
+func (r *Runner) minPhase() time.Duration {
+	if r.Quick {
+		return time.Second
+	}
+	return 2 * time.Second
+}
+
+// liveNodes returns the nodes but the killed one.
+func liveNodes(nodes []*Node, killed int) []*Node {
+	var live []*Node
+	for i, n := range nodes {
+		if i != killed {
+			live = append(live, n)
+		}
+	}
+	return live
+}
+
+// banReach waits until every live node holds key as banned, and returns
+// how long after from that was (-1: not within 20 s).
+func (r *Runner) banReach(ctx context.Context, nodes []*Node, killed int, key string, from time.Time) time.Duration {
+	deadline := from.Add(20 * time.Second)
+	for {
+		all := true
+		for _, n := range liveNodes(nodes, killed) {
+			if b, err := n.Banned(ctx, key); err != nil || !b {
+				all = false
+				break
+			}
+		}
+		if all {
+			return max(time.Since(from), 0)
+		}
+		if time.Now().After(deadline) || Sleep(ctx, 50*time.Millisecond) != nil {
+			return -1
+		}
+	}
+}
+
+// must returns v, or -1 on an error.
+func must(v int, err error) int {
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// poller reads every node's sync metrics every 100 ms.
+type poller struct {
+	mu      sync.Mutex
+	nodes   []*Node
+	stopCh  chan struct{}
+	done    chan struct{}
+	samples [][]SyncSample
+}
+
+func newPoller(nodes []*Node) *poller {
+	return &poller{nodes: nodes, stopCh: make(chan struct{}), done: make(chan struct{}), samples: make([][]SyncSample, len(nodes))}
+}
+
+func (p *poller) start(ctx context.Context) {
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var wg sync.WaitGroup
+			for i, n := range p.nodes {
+				wg.Go(func() {
+					if s := n.Sync(ctx); s.OK {
+						p.mu.Lock()
+						p.samples[i] = append(p.samples[i], s)
+						p.mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.stopCh:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// recovered reports whether every node but killed has, after served, a
+// clean sync run with no failure since.
+func (p *poller) recovered(served time.Time, killed int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, ss := range p.samples {
+		if i == killed {
+			continue
+		}
+		clean := false
+		for j := 1; j < len(ss); j++ {
+			switch {
+			case ss[j].Errors > ss[j-1].Errors:
+				clean = false
+			case ss[j].Runs > ss[j-1].Runs && ss[j].At.After(served):
+				clean = true
+			}
+		}
+		if !clean {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *poller) stop() [][]SyncSample {
+	close(p.stopCh)
+	<-p.done
+	return p.samples
+}
