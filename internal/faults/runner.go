@@ -135,7 +135,7 @@ func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 		e.Sentinel = s
 		return s, func() { s.Sentinel.Kill(); s.Replica.Kill(); s.Primary.Kill() }, nil
 	case StoreCluster:
-		c := &ClusterBackend{Cluster: redistest.StartClusterWithReplicas(r.T, 3)}
+		c := &ClusterBackend{Cluster: redistest.StartClusterWithReplicas(r.T, 3, 1)}
 		e.Cluster = c
 		return c, func() {
 			for _, s := range c.Cluster.Servers {
