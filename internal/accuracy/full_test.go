@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/machine"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
@@ -40,7 +41,7 @@ func TestAccuracyFull(t *testing.T) {
 
 	bin := buildCaddy(t)
 	stores := map[string]Store{}
-	versions := []string{"Caddy: " + Version(bin, "version")}
+	versions := []string{"Caddy: " + machine.Version(bin, "version")}
 	for _, name := range storeNames {
 		switch name {
 		case "redis":
@@ -48,7 +49,7 @@ func TestAccuracyFull(t *testing.T) {
 			st := NewRedisStore(srv.Addr)
 			t.Cleanup(func() { st.Close() })
 			stores[name] = st
-			versions = append(versions, "Redis: "+Version("redis-server", "--version"))
+			versions = append(versions, "Redis: "+machine.Version("redis-server", "--version"))
 		case "postgres":
 			srv := pgtest.Start(t)
 			dsn := srv.CreateDB(t, "accuracy")
@@ -59,7 +60,7 @@ func TestAccuracyFull(t *testing.T) {
 			t.Cleanup(func() { st.Close() })
 			stores[name] = st
 			if b, err := pgtest.Find(); err == nil {
-				versions = append(versions, "PostgreSQL: "+Version(b.Postgres, "--version"))
+				versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
 			}
 		default:
 			t.Fatalf("ACCURACY_STORES: unknown store %q: want redis and/or postgres", name)
@@ -97,7 +98,7 @@ func TestAccuracyFull(t *testing.T) {
 
 	rep := Report{
 		Date:     time.Now().UTC(),
-		Machine:  Machine(),
+		Machine:  machine.Describe(),
 		Command:  envString("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
 		Source:   envString("ACCURACY_SOURCE", "the working tree"),
 		Go:       runtime.Version(),

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/machine"
 )
 
 // outcomes are made-up results of the must-show rows.
@@ -46,7 +48,7 @@ func TestWriteDoc(t *testing.T) {
 	dir := t.TempDir()
 	out := outcomes()
 	out[1].Series = []Point{{T: 10 * time.Millisecond, Admitted: 1}, {T: 500 * time.Millisecond, Admitted: 228}}
-	r := Report{Date: time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC), Machine: Machine(), Command: "./scripts/bench-accuracy.sh",
+	r := Report{Date: time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC), Machine: machine.Describe(), Command: "./scripts/bench-accuracy.sh",
 		Go: "go1.26", Nodes: 3, Limit: 200, Duration: 3 * time.Second, Elapsed: time.Minute, Outcomes: out}
 	path := filepath.Join(dir, "accuracy.md")
 	if err := r.WriteDoc(path); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
+	"github.com/ratesync/caddy-ratelimit/internal/machine"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
@@ -141,16 +142,16 @@ func TestFaultsFull(t *testing.T) {
 		}
 	}
 	bin := buildCaddy(t)
-	versions := []string{"Redis: " + Version("redis-server", "--version")}
+	versions := []string{"Redis: " + machine.Version("redis-server", "--version")}
 	if b, err := pgtest.Find(); err == nil {
-		versions = append(versions, "PostgreSQL: "+Version(b.Postgres, "--version"))
+		versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
 	}
 	fmt.Fprintf(os.Stderr, "faults: %d rows, 3 nodes, %.0f requests/s, scale %g\n", len(rows), rates.Total(), scale)
 	r := &Runner{T: t, Caddy: bin, Dir: t.TempDir(), Nodes: 3, Scale: scale, Rates: rates, Progress: os.Stderr}
 	t.Cleanup(r.Close)
 	rep := Report{
 		Date:      time.Now().UTC(),
-		MachineAt: Machine(),
+		MachineAt: machine.Describe(),
 		Command:   envString("FAULTS_COMMAND", "FAULTS_FULL=1 go test -run TestFaultsFull ./internal/faults"),
 		Source:    envString("FAULTS_SOURCE", "the working tree"),
 		Go:        runtime.Version(),
@@ -170,7 +171,7 @@ func TestFaultsFull(t *testing.T) {
 		rep.Outcomes = append(rep.Outcomes, o)
 	}
 	rep.Elapsed = time.Since(began)
-	rep.MachineEnd = Machine()
+	rep.MachineEnd = machine.Describe()
 	WriteTable(os.Stdout, rep.Outcomes)
 	if out := os.Getenv("OUT"); out != "" {
 		if err := rep.WriteDoc(out); err != nil {
