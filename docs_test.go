@@ -3,24 +3,18 @@ package ratelimit
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/ratesync/caddy-ratelimit/internal/testpki"
 )
 
 // docExample is one fenced ```caddyfile or ```json block of a Markdown
@@ -171,10 +165,10 @@ func TestDocExamples(t *testing.T) {
 	t.Setenv("REDIS_PASSWORD", "s3cret{not-a-placeholder}")
 	t.Setenv("PGPASSWORD", "s3cret")
 	t.Setenv("DATABASE_URL", "postgres://rl:s3cret@127.0.0.1:5432/ratelimit?sslmode=disable")
-	ca, cert, key := writeTestCerts(t, dir)
-	t.Setenv("REDIS_CA", ca)
-	t.Setenv("REDIS_CERT", cert)
-	t.Setenv("REDIS_KEY", key)
+	pki := testpki.Write(t, dir)
+	t.Setenv("REDIS_CA", pki.CA)
+	t.Setenv("REDIS_CERT", pki.ClientCert)
+	t.Setenv("REDIS_KEY", pki.ClientKey)
 
 	docs, err := filepath.Glob("docs/*.md")
 	if err != nil {
@@ -232,56 +226,4 @@ func indentLines(s, prefix string) string {
 		}
 	}
 	return strings.Join(lines, "")
-}
-
-// writeTestCerts writes a self-signed CA certificate, and a client
-// certificate and key it signs, as PEM files in dir.
-func writeTestCerts(t *testing.T, dir string) (ca, cert, key string) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "client"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	clientDER, err := x509.CreateCertificate(rand.Reader, clientTmpl, caTmpl, &clientKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(clientKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	return write("ca.pem", "CERTIFICATE", caDER),
-		write("client.pem", "CERTIFICATE", clientDER),
-		write("client-key.pem", "EC PRIVATE KEY", keyDER)
 }

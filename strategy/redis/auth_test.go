@@ -1,16 +1,7 @@
 package redis
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/internal/testpki"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -110,82 +102,14 @@ func TestPasswordPlaceholder(t *testing.T) {
 	}
 }
 
-// pki writes a CA, a server certificate for 127.0.0.1 and a client
-// certificate, as PEM files in dir.
-type pki struct {
-	ca, serverCert, serverKey, clientCert, clientKey string
-}
-
-func newPKI(t *testing.T, dir string) pki {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	p := pki{ca: filepath.Join(dir, "ca.pem")}
-	writePEM(t, p.ca, "CERTIFICATE", caDER)
-	leaf := func(name string, serial int64, usage x509.ExtKeyUsage) (certFile, keyFile string) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: name},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(time.Hour),
-			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-			DNSNames:     []string{"redis.internal"},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-		writePEM(t, certFile, "CERTIFICATE", der)
-		writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-		return certFile, keyFile
-	}
-	p.serverCert, p.serverKey = leaf("server", 2, x509.ExtKeyUsageServerAuth)
-	p.clientCert, p.clientKey = leaf("client", 3, x509.ExtKeyUsageClientAuth)
-	return p
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
-	p := newPKI(t, dir)
-	other := newPKI(t, t.TempDir()) // a CA that did not sign the server
+	p := testpki.Write(t, dir)
+	other := testpki.Write(t, t.TempDir()) // a CA that did not sign the server
 	tlsPort := redistest.FreePort(t)
 	redistest.Start(t, "--tls-port", strconv.Itoa(tlsPort),
-		"--tls-cert-file", p.serverCert, "--tls-key-file", p.serverKey,
-		"--tls-ca-cert-file", p.ca, "--tls-auth-clients", "yes")
+		"--tls-cert-file", p.ServerCert, "--tls-key-file", p.ServerKey,
+		"--tls-ca-cert-file", p.CA, "--tls-auth-clients", "yes")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tlsPort))
 
 	for _, tc := range []struct {
@@ -193,12 +117,12 @@ func TestTLS(t *testing.T) {
 		tls     *TLSConfig
 		wantErr bool
 	}{
-		{"CA and client certificate", &TLSConfig{CA: p.ca, Cert: p.clientCert, Key: p.clientKey}, false},
-		{"server name", &TLSConfig{CA: p.ca, Cert: p.clientCert, Key: p.clientKey, ServerName: "redis.internal"}, false},
-		{"wrong server name", &TLSConfig{CA: p.ca, Cert: p.clientCert, Key: p.clientKey, ServerName: "other.internal"}, true},
-		{"no client certificate", &TLSConfig{CA: p.ca}, true},
-		{"untrusted server", &TLSConfig{CA: other.ca, Cert: p.clientCert, Key: p.clientKey}, true},
-		{"insecure_skip_verify", &TLSConfig{CA: other.ca, Cert: p.clientCert, Key: p.clientKey, InsecureSkipVerify: true}, false},
+		{"CA and client certificate", &TLSConfig{CA: p.CA, Cert: p.ClientCert, Key: p.ClientKey}, false},
+		{"server name", &TLSConfig{CA: p.CA, Cert: p.ClientCert, Key: p.ClientKey, ServerName: "redis.internal"}, false},
+		{"wrong server name", &TLSConfig{CA: p.CA, Cert: p.ClientCert, Key: p.ClientKey, ServerName: "other.internal"}, true},
+		{"no client certificate", &TLSConfig{CA: p.CA}, true},
+		{"untrusted server", &TLSConfig{CA: other.CA, Cert: p.ClientCert, Key: p.ClientKey}, true},
+		{"insecure_skip_verify", &TLSConfig{CA: other.CA, Cert: p.ClientCert, Key: p.ClientKey, InsecureSkipVerify: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := open(t, &Redis{Addresses: []string{addr}, TLS: tc.tls, DialTimeout: caddy.Duration(5 * time.Second)})

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/internal/testpki"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -33,9 +34,9 @@ func provisioned(t *testing.T, r *Redis) *Redis {
 // Two settings share a store exactly when they would connect the same way.
 func TestStoreKey(t *testing.T) {
 	dir := t.TempDir()
-	p := newPKI(t, dir)
+	p := testpki.Write(t, dir)
 	base := func() *Redis {
-		return &Redis{Addresses: []string{"127.0.0.1:6379"}, Password: "pw", TLS: &TLSConfig{CA: p.ca}}
+		return &Redis{Addresses: []string{"127.0.0.1:6379"}, Password: "pw", TLS: &TLSConfig{CA: p.CA}}
 	}
 	key := provisioned(t, base()).StoreKey()
 	if got := provisioned(t, base()).StoreKey(); got != key {
@@ -65,7 +66,7 @@ func TestStoreKey(t *testing.T) {
 		"db":                   func(r *Redis) { r.DB = 3 },
 		"no tls":               func(r *Redis) { r.TLS = nil },
 		"tls.ca":               func(r *Redis) { r.TLS.CA = "" },
-		"tls.cert, tls.key":    func(r *Redis) { r.TLS.Cert, r.TLS.Key = p.clientCert, p.clientKey },
+		"tls.cert, tls.key":    func(r *Redis) { r.TLS.Cert, r.TLS.Key = p.ClientCert, p.ClientKey },
 		"tls.server_name":      func(r *Redis) { r.TLS.ServerName = "redis.internal" },
 		"insecure_skip_verify": func(r *Redis) { r.TLS.InsecureSkipVerify = true },
 		"dial_timeout":         func(r *Redis) { r.DialTimeout = caddy.Duration(3 * time.Second) },
@@ -82,16 +83,16 @@ func TestStoreKey(t *testing.T) {
 	}
 
 	// So does a new CA in the same file, as a reload after a rotation.
-	rotated := newPKI(t, t.TempDir())
-	pem, err := os.ReadFile(rotated.ca)
+	rotated := testpki.Write(t, t.TempDir())
+	pem, err := os.ReadFile(rotated.CA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(p.ca, pem, 0o600); err != nil {
+	if err := os.WriteFile(p.CA, pem, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if got := provisioned(t, base()).StoreKey(); got == key {
-		t.Errorf("a new CA in %s left the key as it was", filepath.Base(p.ca))
+		t.Errorf("a new CA in %s left the key as it was", filepath.Base(p.CA))
 	}
 }
 
