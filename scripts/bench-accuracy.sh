@@ -32,18 +32,8 @@ invoked_from=$PWD
 cd "$(dirname "$0")/.."
 root=$PWD
 
-missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-if ! command -v initdb >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
-	missing+=(postgresql)
-fi
-if [ ${#missing[@]} -gt 0 ]; then
-	echo "${missing[*]} not found: installing Debian's ${missing[*]}" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+. scripts/lib/debian.sh
+install_missing redis-server postgresql
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench-accuracy.XXXXXX")
 trap 'rm -rf "$work"' EXIT

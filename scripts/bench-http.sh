@@ -27,16 +27,8 @@ done
 invoked_from=$PWD
 cd "$(dirname "$0")/.."
 
-missing=()
-command -v wrk >/dev/null || missing+=(wrk)
-command -v redis-server >/dev/null || missing+=(redis-server)
-if [ ${#missing[@]} -gt 0 ]; then
-	echo "${missing[*]} not found: installing Debian's ${missing[*]}" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+. scripts/lib/debian.sh
+install_missing wrk redis-server
 
 if [ -n "${QUICK:-}" ] && [ "${QUICK}" != 0 ]; then
 	: "${PAIRS:=2}" "${DURATION:=1s}" "${WARMUP:=1s}" "${PROFILE_SECONDS:=3}"

@@ -9,13 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-8}
 
-if ! command -v redis-server >/dev/null; then
-	echo "redis-server not found: installing Debian's redis-server" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-fi
+. scripts/lib/debian.sh
+install_missing redis-server
 
 work=$(mktemp -d)
 pids=()

@@ -6,23 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-	echo "redis-server not found: installing Debian's redis-server" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-fi
-
-# Tests that need PostgreSQL run their own servers (internal/pgtest), from
-# initdb and postgres on PATH or in Debian's /usr/lib/postgresql/*/bin.
-if ! command -v initdb >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
-	echo "initdb not found: installing Debian's postgresql" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
-fi
+# Tests that need Redis or PostgreSQL run their own servers
+# (internal/redistest, internal/pgtest), from redis-server and redis-cli,
+# and from initdb and postgres on PATH or in Debian's
+# /usr/lib/postgresql/*/bin.
+. scripts/lib/debian.sh
+install_missing redis-server postgresql
 
 echo "== go vet"
 go vet ./...
