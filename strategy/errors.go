@@ -111,3 +111,8 @@ func (e Errors) SetBans(errp *error, namespace string, n int) {
 func (e Errors) GetBans(errp *error, namespace string) {
 	e.wrap(errp, "getting the bans of namespace %q", namespace)
 }
+
+// Ping wraps the error of Pinger.Ping.
+func (e Errors) Ping(errp *error) {
+	e.wrap(errp, "pinging")
+}

@@ -12,24 +12,30 @@ import (
 
 const (
 	// retryInterval is how often a synchronous namespace retries pushing
-	// the hits its store could not take, and how long hits skip a store
-	// that just failed.
+	// the hits its store could not take.
 	retryInterval = time.Second
-	// maxBackoff caps how far apart failing periodic runs get: a run every
-	// two seconds costs a store that is down nothing, and a node syncs
-	// again within about that long of the store coming back.
-	maxBackoff = 2 * time.Second
+	// probeInterval is how soon a failing store is asked again, and
+	// maxBackoff how far apart its probes get while it keeps failing: a
+	// probe a second costs a store that is down nothing, and a node learns
+	// within about that long that the store is back. While the store
+	// fails, requests never ask it: the runs probe it.
+	probeInterval = 250 * time.Millisecond
+	maxBackoff    = time.Second
 	// minLogInterval is the least time between two logs of store failures
 	// of one namespace.
 	minLogInterval = 10 * time.Second
 )
 
 // health is what a namespace knows of its store's health: whether
-// requests should skip the store for a moment, how far apart failing runs
-// get, and when to log. Failures are logged once per log interval, not
-// once per request nor once per outage of a flapping store, and the first
-// success after failures is signalled on recovered, so that the loop
-// pushes what waited at once.
+// requests should skip the store, how far apart failing runs get, and
+// when to log. A failure (or a stall, see hitQueue) makes requests skip
+// the store until a sync run, which probes it, or a call already in
+// flight, succeeds: no request waits out a timeout to find the store
+// still down. The loop is signalled on probe when the store starts
+// failing, so that it probes at once. Failures are logged once per log
+// interval, not once per request nor once per outage of a flapping store,
+// and the first success after failures is signalled on recovered, so that
+// the loop pushes what waited at once.
 type health struct {
 	name   string
 	logger *zap.Logger
@@ -38,6 +44,7 @@ type health struct {
 	// minLogInterval, or longer in tests that count the logs.
 	logEvery  time.Duration
 	recovered chan struct{}
+	probe     chan struct{}
 
 	mu          sync.Mutex
 	runFailures int // consecutive failed runs: they space runs out
@@ -46,18 +53,20 @@ type health struct {
 	unlogged    int  // failures since the last log
 	logged      bool // a failure was logged since the last recovery log
 
-	// While the store is known to be down, requests count locally without
-	// trying it, so that they do not each wait for a timeout. Once
-	// downUntil (Unix nanoseconds) has passed, one request at a time
-	// probes the store, until probeUntil; the others keep skipping it
-	// until a probe succeeds or fails.
-	failing    atomic.Bool
-	downUntil  atomic.Int64
-	probeUntil atomic.Int64
+	// failing is set from a failure until the next success: requests
+	// then count locally without trying the store.
+	failing atomic.Bool
 }
 
 func newHealth(name string, logger *zap.Logger) *health {
-	return &health{name: name, logger: logger, now: time.Now, logEvery: minLogInterval, recovered: make(chan struct{}, 1)}
+	return &health{
+		name:      name,
+		logger:    logger,
+		now:       time.Now,
+		logEvery:  minLogInterval,
+		recovered: make(chan struct{}, 1),
+		probe:     make(chan struct{}, 1),
+	}
 }
 
 // failedRun counts a failed sync run, which spaces the next runs out, and
@@ -69,8 +78,8 @@ func (h *health) failedRun(err error, logInterval time.Duration) {
 	h.failed(err, logInterval)
 }
 
-// failed counts a failure of a run or a request, marks the store down for
-// a moment, and logs, at most once per logInterval (or logEvery if
+// failed counts a failure of a run or a request, marks the store down
+// until a success, and logs, at most once per logInterval (or logEvery if
 // longer), however often the store comes back in between. A cancelled
 // call says nothing of the store.
 func (h *health) failed(err error, logInterval time.Duration) {
@@ -79,9 +88,7 @@ func (h *health) failed(err error, logInterval time.Duration) {
 		return
 	}
 	now := h.now()
-	h.downUntil.Store(now.Add(retryInterval).UnixNano())
-	h.probeUntil.Store(0)
-	h.failing.Store(true)
+	h.markDown()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.failures++
@@ -98,22 +105,23 @@ func (h *health) failed(err error, logInterval time.Duration) {
 	h.logged = true
 }
 
-// down reports whether a request should skip the store for now: for
-// retryInterval after a failure, and then while another request probes
-// it. A request told false must report to succeeded or failed; one that
-// does not (it had nothing to ask) holds the probe for at most
-// hitTimeout.
-func (h *health) down() bool {
-	if !h.failing.Load() {
-		return false
+// stalled marks the store down because it has not answered for a while
+// although calls wait for it (see hitQueue): requests skip it from now,
+// without waiting for the calls in flight to time out. It logs nothing:
+// the calls in flight report their failure when they time out.
+func (h *health) stalled() { h.markDown() }
+
+// markDown makes requests skip the store until a success and, when the
+// store was working, has the loop probe it at once.
+func (h *health) markDown() {
+	if !h.failing.Swap(true) {
+		signal(h.probe)
 	}
-	now := h.now().UnixNano()
-	if h.downUntil.Load() > now {
-		return true
-	}
-	p := h.probeUntil.Load()
-	return p > now || !h.probeUntil.CompareAndSwap(p, now+int64(hitTimeout))
 }
+
+// down reports whether requests should skip the store: from a failure
+// until the next success.
+func (h *health) down() bool { return h.failing.Load() }
 
 // succeeded records that the store worked. The first success after
 // failures is signalled, and logged if their failure was.
@@ -131,32 +139,31 @@ func (h *health) succeeded() {
 		signal(h.recovered)
 	}
 	h.runFailures, h.failures = 0, 0
-	h.downUntil.Store(0)
-	h.probeUntil.Store(0)
 }
 
 // ok reports whether the store worked the last time it was asked.
 func (h *health) ok() bool { return !h.failing.Load() }
+
+// probes signals that the store started failing, so that the loop probes
+// it at once.
+func (h *health) probes() <-chan struct{} { return h.probe }
 
 // recoveries signals the first success after failures, so that the loop
 // pushes what waited at once.
 func (h *health) recoveries() <-chan struct{} { return h.recovered }
 
 // delay returns how long to wait from now for the next run of a loop that
-// runs every interval: until the next multiple of interval, pushed back
-// exponentially while runs keep failing.
+// runs every interval: until the next multiple of interval, or while runs
+// keep failing, after probeInterval doubled per failed run up to
+// maxBackoff, so that a run probes the store soon after it is back
+// whatever the interval.
 func (h *health) delay(interval time.Duration, now time.Time) time.Duration {
 	h.mu.Lock()
 	failures := h.runFailures
 	h.mu.Unlock()
-	earliest := now.UnixNano()
 	if failures > 0 {
-		backoff := max(maxBackoff, interval)
-		if shift := min(failures, 16); interval <= backoff>>shift {
-			backoff = interval << shift
-		}
-		earliest += int64(backoff)
+		return min(probeInterval<<min(failures-1, 16), maxBackoff)
 	}
-	next := (earliest/int64(interval) + 1) * int64(interval)
+	next := (now.UnixNano()/int64(interval) + 1) * int64(interval)
 	return time.Duration(next - now.UnixNano())
 }

@@ -2,8 +2,6 @@ package syncapp
 
 import (
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,57 +19,43 @@ func steppedHealth(logger *zap.Logger) (*health, *time.Time) {
 	return h, &now
 }
 
-// Once the skip window after a failure ends, one request probes the
-// store and the others keep skipping it, instead of every request in
-// flight waiting out its own timeout.
-func TestOneRequestProbesAFailedStore(t *testing.T) {
+// While the store fails, no request tries it, however long the outage:
+// the loop's runs probe it, and are told at once that it started failing.
+// A success, of a run or of a call that was in flight, lets requests use
+// it again.
+func TestRequestsSkipAFailedStoreUntilASuccess(t *testing.T) {
 	h, now := steppedHealth(zap.NewNop())
-	errDown := errors.New("store paused")
-	h.failed(errDown, 0)
-	if !h.down() {
-		t.Fatal("the store is not skipped right after a failure")
+	if h.down() {
+		t.Fatal("a new store is skipped")
 	}
-
-	probes := func() int32 {
-		var n atomic.Int32
-		var wg sync.WaitGroup
-		for range 100 {
-			wg.Go(func() {
-				if !h.down() {
-					n.Add(1)
-				}
-			})
+	h.failed(errors.New("store paused"), 0)
+	select {
+	case <-h.probes():
+	default:
+		t.Fatal("the loop was not told to probe the store that started failing")
+	}
+	for range 3 {
+		*now = now.Add(hitTimeout)
+		if !h.down() {
+			t.Fatalf("a request tried the store %v after it failed", now.Sub(time.Unix(1_700_000_000, 0)))
 		}
-		wg.Wait()
-		return n.Load()
 	}
-	*now = now.Add(retryInterval)
-	if got := probes(); got != 1 {
-		t.Fatalf("%d of 100 requests tried the store after the skip window, want 1", got)
+	h.failed(errors.New("store paused"), 0)
+	select {
+	case <-h.probes():
+		t.Fatal("the loop was told again to probe a store that was failing already")
+	default:
 	}
-	// The probe fails: the store is skipped for another window.
-	h.failed(errDown, 0)
-	if got := probes(); got != 0 {
-		t.Fatalf("%d requests tried the store right after the probe failed, want 0", got)
-	}
-	// A probe that never reports (it had nothing to ask) gives way to
-	// another once a hit's timeout passed.
-	*now = now.Add(retryInterval)
-	if got := probes(); got != 1 {
-		t.Fatalf("%d requests probed, want 1", got)
-	}
-	if got := probes(); got != 0 {
-		t.Fatalf("%d requests tried the store while a probe was out, want 0", got)
-	}
-	*now = now.Add(hitTimeout)
-	if got := probes(); got != 1 {
-		t.Fatalf("%d requests probed after the silent probe's time ran out, want 1", got)
-	}
-	// The probe succeeds: nobody skips the store.
 	h.succeeded()
-	if got := probes(); got != 100 {
-		t.Fatalf("%d of 100 requests tried the store once it worked, want 100", got)
+	if h.down() {
+		t.Fatal("the store is skipped after a success")
 	}
+	// A stall skips the store the same way, and logs nothing.
+	h.stalled()
+	if !h.down() {
+		t.Fatal("the store is not skipped after a stall")
+	}
+	h.succeeded()
 }
 
 // A store that flaps (down 2 s, up 1 s, for 45 s) gets at most one
@@ -104,20 +88,21 @@ func TestFlappingStoreLogsOncePerInterval(t *testing.T) {
 	}
 }
 
-// Failing runs back off, but never so far that a node waits more than
-// maxBackoff (and an interval) to sync again once the store is back.
+// Failing runs probe the store probeInterval after the first failure,
+// and back off, but never so far that a node waits more than maxBackoff
+// to sync again once the store is back, whatever its sync interval.
 func TestBackoffIsShort(t *testing.T) {
 	h, now := steppedHealth(zap.NewNop())
-	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, time.Second} {
+	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, time.Second, time.Minute} {
 		h.succeeded()
 		last := time.Duration(0)
 		for failures := 1; failures <= 20; failures++ {
 			h.failedRun(errors.New("connection refused"), interval)
 			d := h.delay(interval, *now)
-			if d > 2*time.Second+interval {
-				t.Fatalf("sync_rate %v, %d failed runs: the next run in %v, want at most 2s and an interval", interval, failures, d)
+			if d > maxBackoff || (failures == 1 && d != probeInterval) {
+				t.Fatalf("sync_rate %v, %d failed runs: the next run in %v, want %v after one, at most %v", interval, failures, d, probeInterval, maxBackoff)
 			}
-			if d+interval < last {
+			if d < last {
 				t.Fatalf("sync_rate %v, %d failed runs: the next run in %v, sooner than after %d (%v)", interval, failures, d, failures-1, last)
 			}
 			last = d

@@ -163,6 +163,10 @@ func (l *loop) loop() {
 			woken = true
 		case <-l.health.recoveries():
 			run = syncs
+		case <-l.health.probes():
+			// The store just failed a request: probe it now, so that
+			// requests use it again at once if it was a blip.
+			early = syncs
 		case <-wait:
 			run = true
 		case <-backlog:

@@ -16,6 +16,7 @@ var metrics = struct {
 	once         sync.Once
 	syncDuration *prometheus.HistogramVec
 	syncErrors   *prometheus.CounterVec
+	hitBatch     *prometheus.HistogramVec
 	pool         prometheus.Collector
 }{}
 
@@ -34,6 +35,13 @@ func initMetrics() {
 			Name:      "sync_errors_total",
 			Help:      "Failed syncs and synchronous hits of a namespace, by namespace.",
 		}, []string{"namespace"})
+		metrics.hitBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit",
+			Name:      "sync_hit_batch_size",
+			Help:      "Synchronous hits of a namespace sent to its store in one round trip.",
+			Buckets:   prometheus.ExponentialBuckets(1, 2, 9),
+		}, []string{"namespace"})
 		metrics.pool = poolCollector{}
 	})
 }
@@ -42,7 +50,7 @@ func initMetrics() {
 // already hold them.
 func registerMetrics(reg prometheus.Registerer) error {
 	initMetrics()
-	return promreg.Register(reg, metrics.syncDuration, metrics.syncErrors, metrics.pool)
+	return promreg.Register(reg, metrics.syncDuration, metrics.syncErrors, metrics.hitBatch, metrics.pool)
 }
 
 var (

@@ -50,6 +50,7 @@ type Namespace struct {
 	// hits (checked at load for a namespace that needs them).
 	store       strategy.Store
 	hitter      strategy.Hitter
+	hits        *hitQueue        // sends the synchronous hits to hitter
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	banner      strategy.Banner  // the store, when it can hold bans
 	storeKey    poolKey
@@ -84,13 +85,16 @@ func (n *Namespace) Mode() Mode { return n.mode }
 // as limits. Hit returns the index of the limit that rejected, or -1.
 //
 // In synchronous mode the whole hit is one round trip to the store, which
-// decides on its own counts. If the request surely never reached the store,
-// the hit counts locally and is pushed later. If it failed after it may
-// have been applied, it counts locally and is pushed later under its own
-// ID, which the store recorded if it applied the hit, so it is counted
-// once either way. After a failure, hits count locally without trying the
-// store for a second, so that an unreachable store does not slow every
-// request. ctx bounds the round trip.
+// decides on its own counts; hits that arrive while several round trips
+// are out go together in the next (hitQueue). If the request surely never
+// reached the store, the hit counts locally and is pushed later. If it
+// failed after it may have been applied, it counts locally and is pushed
+// later under its round trip's ID, which the store recorded if it applied
+// the round trip, so it is counted once either way. After a failure, or
+// when the store answers nothing for stallAfter while hits wait, hits
+// count locally without trying the store until a sync run finds it back,
+// so that an unreachable store does not slow every request. ctx bounds
+// the wait.
 //
 // In a periodic namespace with sync_above, a hit near a limit (see
 // window.Namespace.HitUnlessNear) is synchronous in the same way, and

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -37,6 +38,11 @@ func (n *Namespace) runLocked(ctx context.Context, fetch bool, fetchAt time.Time
 		var asked bool
 		asked, err = n.syncBans(ctx)
 		contacted = contacted || asked
+	}
+	if err == nil && !contacted && n.health.down() {
+		// Requests skip the store until a run finds it back; this one
+		// had nothing else to ask it.
+		contacted, err = n.ping(ctx)
 	}
 	metrics.syncDuration.WithLabelValues(n.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
@@ -94,6 +100,16 @@ func (n *Namespace) pushPending(ctx context.Context) (contacted bool, err error)
 		n.counters.Restore(restore)
 	}
 	return contacted, err
+}
+
+// ping asks the store whether it serves, when it can tell, and reports
+// whether it asked.
+func (n *Namespace) ping(ctx context.Context) (asked bool, err error) {
+	p, ok := n.store.(strategy.Pinger)
+	if !ok {
+		return false, nil
+	}
+	return true, p.Ping(ctx)
 }
 
 // syncBans syncs the bans with the store when it holds bans and a handler

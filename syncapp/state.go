@@ -65,6 +65,9 @@ func (n *Namespace) use(s *fleetState) {
 	n.bans = s.bans
 	n.slots = s.slots
 	n.inFlight = s.inFlight
+	if n.hitter != nil {
+		n.hits = newHitQueue(n.hitter, n.name, s.health)
+	}
 }
 
 // track has the zone keep track of the namespace's changes while it syncs:

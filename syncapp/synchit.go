@@ -8,12 +8,13 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// syncHit is a synchronous Hit in one round trip to the store. It reports
+// syncHit is a synchronous Hit in one round trip to the store, which
+// carries the hits of the namespace that wait with it (hitQueue). It reports
 // false when the hit must be counted locally as a pending diff instead:
 // the store refused the windows, or the request surely never reached it.
 // When the request failed after it may have been applied, the hit counts
 // locally as the store's and is queued in the outbox for a retry under
-// its own ID, which the store skips if it applied the hit.
+// its round trip's ID, which the store skips if it applied the round trip.
 //
 // unsynced, for a near hit of a periodic namespace, holds what
 // window.Namespace.HitUnlessNear found of this node's diffs, and out the
@@ -48,11 +49,14 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	v.close()
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
-	id := newBatchID()
-	counts, rejected, err := n.hitter.Hit(ctx, n.name, key, id, windows, undo)
+	res, retry := n.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
+	counts, rejected, err := res.Counts, res.Rejected, res.Err
 	switch {
 	case err == nil:
 	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
+		n.giveBack(key, windows, unsynced, 0, true)
+		return 0, false
+	case errors.Is(err, errStalled): // health knows
 		n.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	case errors.Is(err, strategy.ErrNotSent):
@@ -62,7 +66,9 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	default:
 		n.health.failed(err, 0)
 		rejected := n.counters.Hit(key, limits, value, fixed, undo, true, out)
-		n.outbox.retry(hitBatch(n.name, id, key, windows, rejected, undo))
+		if b, last := retry.add(hitDiffs(key, windows, rejected, undo)); last {
+			n.outbox.retry(b)
+		}
 		n.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
@@ -81,20 +87,20 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	return rejected, true
 }
 
-// hitBatch returns the batch that carries a failed synchronous hit: the
+// hitDiffs returns the diffs that carry a failed synchronous hit: the
 // increments the local decision made (none, if undo took them back).
-func hitBatch(namespace, id, key string, windows []strategy.WindowHit, rejected int, undo bool) strategy.Batch {
-	b := strategy.Batch{ID: id, Namespace: namespace}
+func hitDiffs(key string, windows []strategy.WindowHit, rejected int, undo bool) []window.Diff {
 	if rejected >= 0 && undo {
-		return b
+		return nil
 	}
+	var diffs []window.Diff
 	for i, w := range windows {
 		if rejected >= 0 && i > rejected {
 			break
 		}
-		b.Diffs = append(b.Diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
+		diffs = append(diffs, window.Diff{Key: key, Size: w.Size, Start: w.Start, Value: w.Value})
 	}
-	return b
+	return diffs
 }
 
 // giveBack returns to the zone's pending diffs the diffs a near hit took

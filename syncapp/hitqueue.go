@@ -1,0 +1,250 @@
+package syncapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+const (
+	// maxRoundTrips bounds the round trips of synchronous hits a
+	// namespace has in flight at once: hits that arrive while that many
+	// are out wait, and go together in the next one.
+	maxRoundTrips = 4
+	// maxBatchHits bounds the hits of one round trip.
+	maxBatchHits = 256
+	// stallAfter is how long hits may wait for a round trip while the
+	// store answers none: past it the store is held stalled, the hits
+	// waiting count locally, and requests skip the store until it
+	// answers again. Only the hits of the round trips in flight wait out
+	// their timeout.
+	stallAfter = 250 * time.Millisecond
+)
+
+// errStalled is the error of a hit that left the queue unsent because the
+// store stalled.
+var errStalled = fmt.Errorf("%w: the store answers nothing while hits wait", strategy.ErrNotSent)
+
+// hitQueue sends a namespace's synchronous hits to its store, coalescing
+// them: a hit goes at once when fewer than maxRoundTrips round trips are
+// in flight, and otherwise waits for one to end, to go with the hits that
+// waited with it in one HitBatch. No timer delays a hit: an idle node
+// sends each hit alone, and a busy one sends bigger batches, which cost
+// the store less per hit.
+//
+// The goroutine whose round trip ends takes the next batch off the queue
+// and hands it to the batch's first hit, whose goroutine sends it and
+// hands the results out, so that a round trip is always run by a request
+// that waits for it.
+type hitQueue struct {
+	store     strategy.BatchHitter
+	namespace string
+	health    *health
+	maxBatch  int // maxBatchHits, or 1 for a store without HitBatch
+
+	// answered is when a round trip last came back (Unix nanoseconds).
+	answered atomic.Int64
+
+	mu     sync.Mutex
+	queued []*queuedHit
+	trips  int // round trips in flight; > 0 whenever hits are queued
+	// stall is closed, and replaced, when the store stalls: the hits
+	// waiting then leave the queue.
+	stall    chan struct{}
+	watching bool // a stall check is armed
+}
+
+// queuedHit is one hit on its way: its request, and once its round trip
+// ended, its result and the retry that carries it if the round trip
+// failed after it may have been applied.
+type queuedHit struct {
+	req   strategy.HitRequest
+	res   strategy.HitResult
+	retry *batchRetry
+	state atomic.Int32 // hitWaiting, hitTaken or hitLeft
+	// done is closed when the hit's result is in, or when lead is set.
+	done chan struct{}
+	// lead, when set, is the batch this hit's goroutine must send.
+	lead []*queuedHit
+}
+
+// States of a queued hit: a batch takes a waiting hit, or the hit leaves
+// the queue (the store stalled, or its request ended); whichever comes
+// first.
+const (
+	hitWaiting int32 = iota
+	hitTaken
+	hitLeft
+)
+
+func newHitQueue(store strategy.Hitter, namespace string, h *health) *hitQueue {
+	q := &hitQueue{namespace: namespace, health: h, stall: make(chan struct{}), maxBatch: maxBatchHits}
+	if b, ok := store.(strategy.BatchHitter); ok {
+		q.store = b
+	} else {
+		q.store, q.maxBatch = oneHitAtATime{store}, 1
+	}
+	return q
+}
+
+// do sends one hit and returns its result, and for a hit whose round trip
+// failed after it may have been applied, the retry that must carry the
+// increments it is counted with locally (see batchRetry). ctx bounds the
+// wait in the queue; a round trip, once it carries the hit, runs for up to
+// hitTimeout whatever ctx does, so that every hit of it learns its result.
+func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.HitResult, *batchRetry) {
+	q.mu.Lock()
+	if q.trips < maxRoundTrips && len(q.queued) == 0 {
+		q.trips++
+		q.mu.Unlock()
+		h := queuedHit{req: req}
+		batch := [1]*queuedHit{&h}
+		q.send(ctx, batch[:])
+		return h.res, h.retry
+	}
+	h := &queuedHit{req: req, done: make(chan struct{})}
+	q.queued = append(q.queued, h)
+	stall := q.stall
+	if !q.watching {
+		q.watching = true
+		q.watchFrom(time.Now())
+	}
+	q.mu.Unlock()
+	select {
+	case <-h.done:
+	case <-stall:
+		if h.state.CompareAndSwap(hitWaiting, hitLeft) {
+			return strategy.HitResult{Err: errStalled}, nil
+		}
+		<-h.done
+	case <-ctx.Done():
+		if h.state.CompareAndSwap(hitWaiting, hitLeft) {
+			return strategy.HitResult{Err: fmt.Errorf("%w: %w", strategy.ErrNotSent, ctx.Err())}, nil
+		}
+		<-h.done
+	}
+	if h.lead != nil {
+		q.send(ctx, h.lead)
+	}
+	return h.res, h.retry
+}
+
+// send runs one round trip for batch, whose first hit is the caller's,
+// hands the results out, and passes the round trip on to the next batch.
+func (q *hitQueue) send(ctx context.Context, batch []*queuedHit) {
+	reqs, results := make([]strategy.HitRequest, len(batch)), make([]strategy.HitResult, len(batch))
+	for i, h := range batch {
+		reqs[i] = h.req
+	}
+	id := newBatchID()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hitTimeout)
+	q.store.HitBatch(ctx, q.namespace, id, reqs, results)
+	cancel()
+	q.answered.Store(time.Now().UnixNano())
+	metrics.hitBatch.WithLabelValues(q.namespace).Observe(float64(len(batch)))
+
+	var retry *batchRetry
+	for i, h := range batch {
+		h.res = results[i]
+		if err := h.res.Err; err != nil && !errors.Is(err, strategy.ErrNotSent) && !errors.Is(err, strategy.ErrRejected) {
+			if retry == nil {
+				retry = &batchRetry{batch: strategy.Batch{ID: id, Namespace: q.namespace}}
+			}
+			retry.pending++
+			h.retry = retry
+		}
+	}
+	for _, h := range batch[1:] {
+		close(h.done)
+	}
+	q.next()
+}
+
+// next hands the hits waiting, up to a batch, to the first of them to
+// send; with none waiting, the round trip ends.
+func (q *hitQueue) next() {
+	q.mu.Lock()
+	var batch []*queuedHit
+	n := 0
+	for ; n < len(q.queued) && len(batch) < q.maxBatch; n++ {
+		if h := q.queued[n]; h.state.CompareAndSwap(hitWaiting, hitTaken) {
+			batch = append(batch, h)
+		}
+	}
+	rest := copy(q.queued, q.queued[n:])
+	clear(q.queued[rest:])
+	q.queued = q.queued[:rest]
+	if len(batch) == 0 {
+		q.trips--
+		q.mu.Unlock()
+		return
+	}
+	q.mu.Unlock()
+	batch[0].lead = batch
+	close(batch[0].done)
+}
+
+// watchFrom arms a check, stallAfter from since, of whether the store
+// answered since then. The caller holds q.mu.
+func (q *hitQueue) watchFrom(since time.Time) {
+	time.AfterFunc(stallAfter-time.Since(since), func() { q.checkStall(since.UnixNano()) })
+}
+
+// checkStall runs stallAfter after hits started waiting, or after the
+// last check: if round trips came back since, it looks again later;
+// otherwise the store is stalled, and the hits waiting leave the queue.
+func (q *hitQueue) checkStall(since int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.queued) == 0 {
+		q.watching = false
+		return
+	}
+	if answered := q.answered.Load(); answered > since {
+		q.watchFrom(time.Unix(0, answered))
+		return
+	}
+	q.watching = false
+	close(q.stall)
+	q.stall = make(chan struct{})
+	q.health.stalled()
+}
+
+// batchRetry gathers the increments of the hits of one round trip that
+// failed after it may have been applied: each hit, counted locally, adds
+// the increments it made, and the last one queues them in the outbox as
+// one batch under the round trip's ID, which the store skips if it
+// applied the round trip. One batch, because the store records the ID
+// once per part of its data, not once per hit.
+type batchRetry struct {
+	mu      sync.Mutex
+	batch   strategy.Batch
+	pending int // hits still to add theirs
+}
+
+// add adds a hit's increments, and returns the batch to retry once every
+// hit of the round trip added its own, or false.
+func (r *batchRetry) add(diffs []window.Diff) (strategy.Batch, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batch.Diffs = append(r.batch.Diffs, diffs...)
+	r.pending--
+	return r.batch, r.pending == 0
+}
+
+// oneHitAtATime is a store without HitBatch, sent batches of one hit:
+// each is one Hit under the batch's ID.
+type oneHitAtATime struct{ strategy.Hitter }
+
+func (s oneHitAtATime) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	for i, h := range hits {
+		r := &results[i]
+		r.Counts, r.Rejected, r.Err = s.Hit(ctx, namespace, h.Key, id, h.Windows, h.Undo)
+	}
+}

@@ -1,0 +1,249 @@
+package syncapp
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/memory"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// gatedBatchStore is a memory store whose HitBatch reports each round
+// trip on trips and waits for the test to answer it.
+type gatedBatchStore struct {
+	*memory.Store
+	trips chan gatedTrip
+}
+
+// gatedTrip is one round trip of a gatedBatchStore: its hits, and where
+// the test answers it: nil applies the hits; an error fails each of them.
+type gatedTrip struct {
+	hits   []strategy.HitRequest
+	answer chan error
+}
+
+func newGatedBatches(t *testing.T) *gatedBatchStore {
+	s, err := (&memory.Memory{Name: t.Name()}).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &gatedBatchStore{Store: s, trips: make(chan gatedTrip, 100)}
+}
+
+func (g *gatedBatchStore) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	trip := gatedTrip{hits: slices.Clone(hits), answer: make(chan error, 1)}
+	g.trips <- trip
+	var err error
+	select {
+	case err = <-trip.answer:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	for i, h := range hits {
+		r := &results[i]
+		if err != nil {
+			r.Err = err
+			continue
+		}
+		r.Counts, r.Rejected, r.Err = g.Hit(ctx, namespace, h.Key, "", h.Windows, h.Undo)
+	}
+}
+
+// queuedLen returns how many hits wait in q.
+func queuedLen(q *hitQueue) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queued)
+}
+
+func oneHit(key string) strategy.HitRequest {
+	return strategy.HitRequest{Key: key, Windows: []strategy.WindowHit{{
+		Size: time.Hour, Start: window.Start(time.Now().UnixNano(), time.Hour), Value: 1, Max: math.Inf(1),
+	}}}
+}
+
+// hitsAsync sends n hits of key through q, each from its own goroutine,
+// and returns their results when all are in.
+func hitsAsync(q *hitQueue, n int, key string) <-chan []strategy.HitResult {
+	out := make(chan []strategy.HitResult, 1)
+	go func() {
+		results := make([]strategy.HitResult, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { results[i], _ = q.do(context.Background(), oneHit(key)) })
+		}
+		wg.Wait()
+		out <- results
+	}()
+	return out
+}
+
+// Hits that arrive while maxRoundTrips round trips are out wait, and go
+// together in one round trip when one of them ends; each gets its own
+// answer, in the order the store applied them.
+func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
+	initMetrics()
+	s := newGatedBatches(t)
+	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
+	first := hitsAsync(q, maxRoundTrips, "k")
+	var out []gatedTrip
+	for range maxRoundTrips {
+		trip := <-s.trips
+		if len(trip.hits) != 1 {
+			t.Fatalf("a hit sent alone while round trips were free went in a batch of %d", len(trip.hits))
+		}
+		out = append(out, trip)
+	}
+	waiting := hitsAsync(q, 50, "k")
+	// Every one of the 50 queues before a round trip ends.
+	for queuedLen(q) < 50 {
+		time.Sleep(time.Millisecond)
+	}
+	out[0].answer <- nil // one round trip ends: the 50 go in the next
+	next := <-s.trips
+	if len(next.hits) != 50 {
+		t.Fatalf("the hits that waited went in a batch of %d, want 50", len(next.hits))
+	}
+	for _, trip := range append(out[1:], next) {
+		trip.answer <- nil
+	}
+	var currents []float64
+	for _, r := range append(<-first, <-waiting...) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		currents = append(currents, r.Counts[0].Current)
+	}
+	slices.Sort(currents)
+	for i, c := range currents {
+		if c != float64(i+1) {
+			t.Fatalf("the hits saw counts %v, want 1 to %d once each", currents, len(currents))
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.trips != 0 || len(q.queued) != 0 {
+		t.Fatalf("%d round trips and %d hits left after every hit was answered", q.trips, len(q.queued))
+	}
+}
+
+// When the store answers nothing while hits wait, it is held stalled: the
+// hits waiting leave the queue unsent, requests skip the store from then
+// on, and only the hits of the round trips in flight wait out their
+// timeout.
+func TestHitQueueStallSendsWaitingHitsLocal(t *testing.T) {
+	initMetrics()
+	s := newGatedBatches(t)
+	h := newHealth("api", zap.NewNop())
+	q := newHitQueue(s, "api", h)
+	inFlight := hitsAsync(q, maxRoundTrips, "k")
+	var out []gatedTrip
+	for range maxRoundTrips {
+		out = append(out, <-s.trips)
+	}
+	waiting := <-hitsAsync(q, 30, "k") // returns once the stall is seen
+	for _, r := range waiting {
+		if !errors.Is(r.Err, errStalled) || !errors.Is(r.Err, strategy.ErrNotSent) {
+			t.Fatalf("a waiting hit of a stalled store got %v, want errStalled (not sent)", r.Err)
+		}
+	}
+	if !h.down() {
+		t.Fatal("requests still try a stalled store")
+	}
+	select {
+	case <-inFlight:
+		t.Fatal("the round trips in flight ended before the store answered")
+	default:
+	}
+	for _, trip := range out {
+		trip.answer <- nil // the store resumes
+	}
+	for _, r := range <-inFlight {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+}
+
+// A stall check that finds answers since it was armed looks again later
+// instead of declaring a stall.
+func TestHitQueueNoStallWhileAnswersCome(t *testing.T) {
+	initMetrics()
+	h := newHealth("api", zap.NewNop())
+	q := newHitQueue(newGatedBatches(t), "api", h)
+	since := time.Now().UnixNano()
+	q.answered.Store(since + 1)
+	q.mu.Lock()
+	q.queued = append(q.queued, &queuedHit{done: make(chan struct{})})
+	q.watching = true
+	stall := q.stall
+	q.mu.Unlock()
+	q.checkStall(since)
+	select {
+	case <-stall:
+		t.Fatal("a store that answered was held stalled")
+	default:
+	}
+	if h.down() {
+		t.Fatal("a store that answered is skipped")
+	}
+}
+
+// A round trip that failed after it may have been applied is retried as
+// one batch under its ID, once every hit of it added the increments it
+// was counted with locally.
+func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
+	initMetrics()
+	s := newGatedBatches(t)
+	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
+	first := hitsAsync(q, maxRoundTrips, "a")
+	var out []gatedTrip
+	for range maxRoundTrips {
+		out = append(out, <-s.trips)
+	}
+	type answer struct {
+		res   strategy.HitResult
+		retry *batchRetry
+	}
+	answers := make(chan answer, 3)
+	for _, k := range []string{"x", "y", "z"} {
+		go func() {
+			res, retry := q.do(context.Background(), oneHit(k))
+			answers <- answer{res, retry}
+		}()
+	}
+	for queuedLen(q) < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	out[0].answer <- nil
+	(<-s.trips).answer <- errors.New("i/o timeout") // may have been applied
+	var retry *batchRetry
+	for range 3 {
+		a := <-answers
+		if a.retry == nil || (retry != nil && a.retry != retry) {
+			t.Fatal("the hits of a failed round trip do not share one retry")
+		}
+		retry = a.retry
+	}
+	for i, k := range []string{"x", "y", "z"} {
+		b, last := retry.add([]window.Diff{{Key: k, Size: time.Hour, Value: 1}})
+		if last != (i == 2) {
+			t.Fatalf("after %d of 3 hits added theirs, last is %v", i+1, last)
+		}
+		if last && len(b.Diffs) != 3 {
+			t.Fatalf("the retry carries %d diffs, want 3", len(b.Diffs))
+		}
+	}
+	for _, trip := range out[1:] {
+		trip.answer <- nil
+	}
+	<-first
+}
