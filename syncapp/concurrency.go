@@ -15,7 +15,9 @@ import (
 // the store, shared by the fleet: one round trip, bounded by ctx; the
 // slot is renewed while the request runs and released off the request's
 // path when it ends. When the store cannot be reached, requests are
-// counted on this node, and the failure is logged as for hits.
+// counted on this node, and the failure is logged as for hits; once the
+// store answers again, the requests admitted so that still run take slots
+// in it, whatever the number held, so that the fleet's cap counts them.
 func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release func(), ok bool) {
 	if n.slotter != nil && !n.health.down() {
 		if slot, ok, decided := n.slots.acquire(ctx, n.slotter, n.name, key, max); decided {
@@ -32,7 +34,16 @@ func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release f
 	if !n.inFlight.acquire(key, max) {
 		return nil, false
 	}
-	return func() { n.inFlight.remove(key) }, true
+	if n.slotter == nil {
+		return func() { n.inFlight.remove(key) }, true
+	}
+	// Admitted while the store could not be asked: the store takes the
+	// slot once it answers again, if the request still runs.
+	slot := n.slots.admitLocal(n.slotter, n.name, key)
+	return func() {
+		n.inFlight.remove(key)
+		n.slots.endLocal(slot)
+	}, true
 }
 
 // CheckConcurrency returns an error, naming the store, when the namespace

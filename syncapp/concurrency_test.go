@@ -183,3 +183,43 @@ func TestFleetConcurrencyOutage(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetConcurrencyAdoptsLocalRequests admits requests on a node while
+// the store is down; once it is back, the store takes their slots, so
+// that another node admits none of the key while they run, and admits
+// again when they end.
+func TestFleetConcurrencyAdoptsLocalRequests(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		nodes := fleetNodes(t, s, 2)
+		a, b := nodes[0], nodes[1]
+		s.down()
+		var held []func()
+		for range 2 {
+			release, ok := a.Acquire(context.Background(), "k", 2)
+			if !ok {
+				t.Fatal("store down: a request was not admitted on the node")
+			}
+			held = append(held, release)
+		}
+		s.up()
+		poll.Until(t, 20*time.Second, "the store to take the slots of the requests admitted locally", func() bool {
+			a.slots.mu.Lock()
+			defer a.slots.mu.Unlock()
+			return len(a.slots.local) == 0 && len(a.slots.held) == 2
+		})
+		if release, ok := b.Acquire(context.Background(), "k", 2); ok {
+			release()
+			t.Fatal("another node admitted a request while the cap's two, admitted during the outage, still run")
+		}
+		for _, release := range held {
+			release()
+		}
+		poll.Until(t, 10*time.Second, "the places to be free once the requests ended", func() bool {
+			release, ok := b.Acquire(context.Background(), "k", 2)
+			if ok {
+				release()
+			}
+			return ok
+		})
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,14 @@ type heldSlot struct {
 	slot      strategy.Slot
 }
 
+// newHeldSlot names a new slot of key.
+func newHeldSlot(store strategy.Slotter, namespace, key string) heldSlot {
+	return heldSlot{store: store, namespace: namespace, slot: strategy.Slot{
+		Key: key,
+		ID:  nodeID + "-" + strconv.FormatUint(slotSeq.Add(1), 36),
+	}}
+}
+
 // slotHolder keeps the slots a namespace's requests hold in its store:
 // it renews them every third of a lease while their requests run, and
 // releases them, batched and off the requests' path, when they end. A
@@ -57,6 +66,13 @@ type slotHolder struct {
 	mu         sync.Mutex
 	held       map[heldSlot]struct{}
 	unreleased map[heldSlot]unreleased
+	// local are the slots of requests admitted on this node while the
+	// store could not be asked. Once it answers again they are taken in
+	// it, whatever the number held (adopt), so that the fleet counts them
+	// until they end; until then they are in no store.
+	// The value says that a take of the slot failed after it may have
+	// been applied: the slot is released when its request ends.
+	local map[heldSlot]bool
 
 	releases chan heldSlot
 	worker   worker
@@ -68,6 +84,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 		health:     h,
 		held:       make(map[heldSlot]struct{}),
 		unreleased: make(map[heldSlot]unreleased),
+		local:      make(map[heldSlot]bool),
 		releases:   make(chan heldSlot, 4096),
 		worker:     newWorker(),
 	}
@@ -78,10 +95,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 // node.
 func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
 	h.worker.start(h.loop)
-	slot = heldSlot{store: store, namespace: namespace, slot: strategy.Slot{
-		Key: key,
-		ID:  nodeID + "-" + strconv.FormatUint(slotSeq.Add(1), 36),
-	}}
+	slot = newHeldSlot(store, namespace, key)
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
 	_, ok, err := store.AcquireSlot(ctx, namespace, key, slot.slot.ID, max, slotLease)
@@ -106,6 +120,65 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namesp
 		h.queue(slot)
 	}
 	return slot, false, false
+}
+
+// admitLocal records a request of key admitted on this node while the
+// store could not be asked, and returns its slot, to give to endLocal
+// when the request ends.
+func (h *slotHolder) admitLocal(store strategy.Slotter, namespace, key string) heldSlot {
+	h.worker.start(h.loop)
+	slot := newHeldSlot(store, namespace, key)
+	h.mu.Lock()
+	h.local[slot] = false
+	h.mu.Unlock()
+	return slot
+}
+
+// endLocal forgets the slot of a request admitted locally that ended, and
+// releases it if the store took it, or may have.
+func (h *slotHolder) endLocal(slot heldSlot) {
+	h.mu.Lock()
+	tried, local := h.local[slot]
+	delete(h.local, slot)
+	h.mu.Unlock()
+	if !local || tried {
+		h.release(slot)
+	}
+}
+
+// adopt takes in their store the slots of the requests admitted locally
+// that still run, whatever the number held: the store then counts them,
+// and the fleet admits no more of their keys than the cap allows until
+// they end. A slot whose request ended meanwhile is released at once.
+func (h *slotHolder) adopt() {
+	h.mu.Lock()
+	local := make([]heldSlot, 0, len(h.local))
+	for s := range h.local {
+		local = append(local, s)
+	}
+	h.mu.Unlock()
+	for _, s := range local {
+		ctx, cancel := context.WithTimeout(context.Background(), hitTimeout)
+		_, _, err := s.store.AcquireSlot(ctx, s.namespace, s.slot.Key, s.slot.ID, math.MaxInt32, slotLease)
+		cancel()
+		h.mu.Lock()
+		_, running := h.local[s]
+		switch {
+		case err == nil && running:
+			delete(h.local, s)
+			h.held[s] = struct{}{}
+		case running && !errors.Is(err, strategy.ErrNotSent):
+			h.local[s] = true // it may be held: released when it ends
+		}
+		h.mu.Unlock()
+		if !running && !errors.Is(err, strategy.ErrNotSent) {
+			h.queue(s) // its request ended meanwhile
+		}
+		if err != nil {
+			h.health.failed(err, 0)
+			return // the rest once the store is back
+		}
+	}
 }
 
 // release gives back a slot whose request ended.
@@ -158,8 +231,13 @@ func (h *slotHolder) loop() {
 		case first := <-h.releases:
 			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
 			h.retryLater(h.each(batch, releaseSlots))
+		case <-h.health.slotRecoveries():
+			h.adopt()
 		case <-retry.C:
 			h.retryReleases(time.Now())
+			if h.health.ok() {
+				h.adopt() // those left by an adoption that failed
+			}
 		case <-renew.C:
 			h.mu.Lock()
 			held := make([]heldSlot, 0, len(h.held))
