@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,7 @@ func testHitBatch(t *testing.T, h Harness) {
 		{"PushThenBatch", testPushThenBatch},
 		{"SpillPastOneGroup", testBatchSpill},
 		{"BadHits", testBatchBadHits},
+		{"Concurrent", testBatchConcurrent},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, bs) })
 	}
@@ -406,4 +408,79 @@ func testBatchBadHits(t *testing.T, s strategy.BatchHitter) {
 	// An empty batch does nothing.
 	s.HitBatch(c.ctx, c.ns, newID(), nil, nil)
 	c.expect("after more batches", "a", []time.Duration{hour}, counts{{"a", hour, cur(c.at, hour)}: 3})
+}
+
+// testBatchConcurrent checks that concurrent batches and hits of the same
+// keys, the keys of a batch in any order, are atomic: each hit sees its own
+// count, none is lost, and exactly Max hits of a key are admitted.
+func testBatchConcurrent(t *testing.T, s strategy.BatchHitter) {
+	c := newBatchCase(t, s)
+	const workers, rounds, perBatch, limit = 8, 5, 5, 60
+	keys := []string{"k", "j"}
+	ws := []strategy.WindowHit{c.w(hour, 1, limit, 0)}
+	var (
+		mu       sync.Mutex
+		seen     = make(map[string][]float64)
+		admitted = make(map[string]int)
+		wg       sync.WaitGroup
+	)
+	record := func(key string, counts []strategy.WindowCounts, rejected int) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[key] = append(seen[key], counts[0].Current)
+		if rejected < 0 {
+			admitted[key]++
+		}
+	}
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 2))
+			for range rounds {
+				hits := make([]strategy.HitRequest, perBatch)
+				for i := range hits {
+					hits[i] = strategy.HitRequest{Key: keys[rng.IntN(len(keys))], Windows: ws}
+				}
+				results := make([]strategy.HitResult, len(hits))
+				s.HitBatch(c.ctx, c.ns, newID(), hits, results)
+				for i, r := range results {
+					if r.Err != nil {
+						t.Errorf("hits[%d] of a batch: %v", i, r.Err)
+						return
+					}
+					record(hits[i].Key, r.Counts, r.Rejected)
+				}
+				key := keys[rng.IntN(len(keys))]
+				counts, rejected, err := s.Hit(c.ctx, c.ns, key, newID(), ws, false)
+				if err != nil {
+					t.Errorf("hitting: %v", err)
+					return
+				}
+				record(key, counts, rejected)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	total := 0
+	want := counts{}
+	for _, key := range keys {
+		got := seen[key]
+		slices.Sort(got)
+		for i, v := range got {
+			if v != float64(i+1) {
+				t.Fatalf("key %q: concurrent hits saw counts %v, want each of 1 to %d once", key, got, len(got))
+			}
+		}
+		if a := admitted[key]; a != min(len(got), limit) {
+			t.Errorf("key %q: %d of %d concurrent hits were admitted, want %d", key, a, len(got), min(len(got), limit))
+		}
+		total += len(got)
+		want[win{key, hour, cur(c.at, hour)}] = float64(len(got))
+	}
+	if total != workers*rounds*(perBatch+1) {
+		t.Errorf("%d hits answered, want %d", total, workers*rounds*(perBatch+1))
+	}
+	assertCounts(t, "after concurrent batches", fetch(t, c.ctx, s, c.ns, keys, []time.Duration{hour}, c.now), want)
 }
