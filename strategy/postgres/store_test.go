@@ -382,6 +382,15 @@ func TestOneStatementPerCall(t *testing.T) {
 			_, _, err := s.Hit(ctx, "ns", "k1", fmt.Sprint(time.Now().UnixNano()), hit, true)
 			return err
 		}},
+		{"batch of 100 hits of 10 keys", func() error {
+			hits := make([]strategy.HitRequest, 100)
+			for i := range hits {
+				hits[i] = strategy.HitRequest{Key: fmt.Sprint("k", i%10), Windows: hit}
+			}
+			results := make([]strategy.HitResult, len(hits))
+			s.HitBatch(ctx, "ns", fmt.Sprint(time.Now().UnixNano()), hits, results)
+			return results[0].Err
+		}},
 	} {
 		if err := tc.call(); err != nil { // creates the schema, prepares
 			t.Fatal(err)
