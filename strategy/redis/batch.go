@@ -99,17 +99,20 @@ for i = 1, #toread, 1000 do
 		end
 	end
 end
-local delta, reply = {}, {}
-local p = 2 * nc + 3
-while p <= #ARGV do
+-- delta[j] is the sum of counter j's increments; saved* hold what a hit
+-- found, to restore when it is undone.
+local delta, reply, savedc, savedv, savedd = {}, {}, {}, {}, {}
+local p, nargv = 2 * nc + 3, #ARGV
+while p <= nargv do
 	local undo, nw = ARGV[p] == '1', tonumber(ARGV[p + 1])
 	p = p + 2
-	local base, rej, saved = #reply, 0, {}
+	local base, rej, ns = #reply, 0, 0
 	for i = 1, nw do
 		local a = p + 5 * i - 5
 		local c, pc, inc = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
 		if apply and rej == 0 and inc ~= 0 then
-			saved[#saved + 1] = {c, val[c], delta[c]}
+			ns = ns + 1
+			savedc[ns], savedv[ns], savedd[ns] = c, val[c], delta[c] or 0
 			val[c] = val[c] + inc
 			delta[c] = (delta[c] or 0) + inc
 		end
@@ -119,10 +122,9 @@ while p <= #ARGV do
 		end
 		reply[base + 2 * i], reply[base + 2 * i + 1] = cur, prev
 	end
-	if undo and rej > 0 and #saved > 0 then
-		for x = #saved, 1, -1 do
-			local s = saved[x]
-			val[s[1]], delta[s[1]] = s[2], s[3]
+	if undo and rej > 0 and ns > 0 then
+		for x = ns, 1, -1 do
+			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
 		end
 		for i = 1, rej do
 			reply[base + 2 * i] = val[tonumber(ARGV[p + 5 * i - 5])]
@@ -248,6 +250,24 @@ type batchRun struct {
 	hitArgs  []any  // the hits' arguments to the script
 	lastExp  int64  // the latest expiry of a current counter
 	buf      []byte // scratch space for counter keys
+	// The hits of a batch mostly share their values, limits and weights:
+	// the last of each formatted, to reuse rather than format again.
+	value, limit, weight formatted
+}
+
+// formatted is a number formatted for a script, and the number.
+type formatted struct {
+	v   float64
+	arg any
+}
+
+// format returns f's argument if it formats v, or else v formatted by
+// with, which it remembers.
+func (f *formatted) format(v float64, with func(float64) any) any {
+	if f.arg == nil || f.v != v {
+		f.v, f.arg = v, with(v)
+	}
+	return f.arg
 }
 
 // batchCounter is what a batchRun knows of one of its counters.
@@ -309,7 +329,8 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 		p := &r.counters[prev]
 		p.weighted = p.weighted || win.Weight != 0
 		p.cur, p.lastHit, p.lastWin = cur, len(r.hits), w
-		r.hitArgs = append(r.hitArgs, cur+1, prev+1, scriptValue(win.Value), scriptLimit(win.Max), scriptValue(win.Weight))
+		r.hitArgs = append(r.hitArgs, cur+1, prev+1,
+			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit), r.weight.format(win.Weight, scriptValue))
 	}
 	r.hits = append(r.hits, i)
 }
