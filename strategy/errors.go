@@ -1,6 +1,7 @@
 package strategy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 )
@@ -122,6 +123,20 @@ func (e Errors) FailBatch(results []HitResult, namespace string, hits []int, err
 		e.HitBatch(&err, namespace, i)
 		results[i] = HitResult{Rejected: -1, Err: err}
 	}
+}
+
+// HitOne answers hits[i], the one good hit of a BatchHitter.HitBatch
+// (see CheckBatch), with hit, the store's Hit of checked input: a batch of
+// one hit is sent as a Hit, with the batch's id.
+func (e Errors) HitOne(ctx context.Context, namespace, id string, hits []HitRequest, results []HitResult, i int,
+	hit func(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error)) {
+	h := &hits[i]
+	counts, rejected, err := hit(ctx, namespace, h.Key, id, h.Windows, h.Undo)
+	if err != nil {
+		e.FailBatch(results, namespace, []int{i}, err)
+		return
+	}
+	results[i] = HitResult{Counts: counts, Rejected: rejected}
 }
 
 // AcquireSlot wraps the error of Slotter.AcquireSlot.

@@ -43,14 +43,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	case 0:
 		return
 	case 1:
-		i := good[0]
-		h := &hits[i]
-		counts, rejected, err := s.hit(ctx, namespace, h.Key, id, h.Windows, h.Undo)
-		if err != nil {
-			errs.FailBatch(results, namespace, good, err)
-			return
-		}
-		results[i] = strategy.HitResult{Counts: counts, Rejected: rejected}
+		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
 		return
 	}
 	if err := s.hitBatch(ctx, namespace, id, hits, good, results); err != nil {

@@ -39,12 +39,7 @@ func TestBatchSchemaApart(t *testing.T) {
 	if n := count(t, srv, "SELECT count(*) FROM pg_proc WHERE proname = 'rate_limit_counters_hits'"); n != 0 {
 		t.Fatalf("a batch of one hit created the batch hit function")
 	}
-	conn := srv.Conn(t, testDB)
-	if _, err := conn.Exec(ctxT(t), `CREATE ROLE app LOGIN;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters, rate_limit_counters_ids TO app`); err != nil {
-		t.Fatal(err)
-	}
-	app := open(t, &Postgres{DSN: strings.Replace(dsn, "postgres://postgres@", "postgres://app@", 1)})
+	app := open(t, &Postgres{DSN: appRole(t, srv, dsn)})
 	if err := hitBatch(t, app, "k", 2); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("a batch as a role that may not create the function: %v, want a permission error", err)
 	}

@@ -575,12 +575,7 @@ func TestRoleWithoutCreateRights(t *testing.T) {
 	if _, err := owner.GetCounters(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	conn := srv.Conn(t, testDB)
-	if _, err := conn.Exec(ctxT(t), `CREATE ROLE app LOGIN;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters, rate_limit_counters_ids TO app`); err != nil {
-		t.Fatal(err)
-	}
-	appDSN := strings.Replace(dsn, "postgres://postgres@", "postgres://app@", 1)
+	appDSN := appRole(t, srv, dsn)
 	s := open(t, &Postgres{DSN: appDSN})
 	now := time.Now()
 	start := window.Start(now.UnixNano(), time.Hour)

@@ -54,11 +54,8 @@ func hitBatch(t *testing.T, r *Store, ns, id string, hits []strategy.HitRequest)
 // A batch's markers: for each bucket, groups 0 to ceil(w/256)-1, w being
 // the windows of the batch's hits in it, living as a hit's marker does.
 func TestBatchMarkers(t *testing.T) {
-	srv, r := startStandalone(t)
-	c := srv.Client("")
+	c, r, now := startFrozen(t)
 	ctx := testCtx(t)
-	now := steadyNow().UnixNano()
-	r.now = func() time.Time { return time.Unix(0, now) }
 	ws := []strategy.WindowHit{
 		{Size: time.Minute, Start: window.Start(now, time.Minute), Value: 1, Max: math.Inf(1)},
 		{Size: time.Hour, Start: window.Start(now, time.Hour), Value: 1, Max: math.Inf(1)},
@@ -205,11 +202,8 @@ func TestClusterBatch(t *testing.T) {
 // costs the same whatever n, so that batches of 10 hits or more cost at
 // most one command per hit.
 func TestCommandsPerBatchHit(t *testing.T) {
-	srv, r := startStandalone(t)
-	c := srv.Client("")
+	c, r, now := startFrozen(t)
 	ctx := testCtx(t)
-	now := steadyNow().UnixNano()
-	r.now = func() time.Time { return time.Unix(0, now) }
 	ws := []strategy.WindowHit{
 		{Size: time.Minute, Start: window.Start(now, time.Minute), Value: 1, Max: 1e9, Weight: 0.5},
 		{Size: time.Hour, Start: window.Start(now, time.Hour), Value: 1, Max: 1e9, Weight: 0.5},
