@@ -272,11 +272,9 @@ type batchCounter struct {
 	current bool
 	// For a counter that is only read as windows' previous counter: the
 	// start of those windows (Unix milliseconds), whether any gives it a
-	// weight, the index of their current counter, and where the reply of
-	// the last of them is (see answer).
+	// weight, and where the reply of the last of them is (see answer).
 	startMs  int64
 	weighted bool
-	cur      int
 	lastHit  int // index in the run's hits
 	lastWin  int // index in that hit's windows
 	// sent is the count sent to the script, from the store's memory
@@ -321,7 +319,7 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 		r.lastExp = max(r.lastExp, c.expMs)
 		p := &r.counters[prev]
 		p.weighted = p.weighted || win.Weight != 0
-		p.cur, p.lastHit, p.lastWin = cur, len(r.hits), w
+		p.lastHit, p.lastWin = len(r.hits), w
 		r.hitArgs = append(r.hitArgs, cur+1, prev+1,
 			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit), r.weight.format(win.Weight, scriptValue))
 	}

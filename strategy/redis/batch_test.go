@@ -260,3 +260,66 @@ func TestCommandsPerBatchHit(t *testing.T) {
 		})
 	}
 }
+
+// keyspaceReads returns the keys the server has looked up to read them
+// (keyspace_hits plus keyspace_misses) since the last CONFIG RESETSTAT.
+func keyspaceReads(t *testing.T, c *goredis.Client) int64 {
+	t.Helper()
+	info, err := c.InfoMap(testCtx(t), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, field := range []string{"keyspace_hits", "keyspace_misses"} {
+		var v int64
+		if _, err := fmt.Sscan(info["Stats"][field], &v); err != nil {
+			t.Fatalf("INFO stats %s: %v", field, err)
+		}
+		n += v
+	}
+	return n
+}
+
+// A batch sends the previous counts the store remembers, as a hit does,
+// and remembers those it reads, for the batches and hits after it: in
+// steady state a batch reads only its current counters, and a hit after
+// it reads nothing.
+func TestBatchSendsRememberedCounts(t *testing.T) {
+	c, r, now := startFrozen(t)
+	ctx := testCtx(t)
+	ws := []strategy.WindowHit{
+		{Size: time.Minute, Start: window.Start(now, time.Minute), Value: 1, Max: 1e9, Weight: 0.5},
+		{Size: time.Hour, Start: window.Start(now, time.Hour), Value: 1, Max: 1e9, Weight: 0.5},
+	}
+	var prevs []window.Diff
+	for _, w := range ws {
+		prevs = append(prevs, window.Diff{Key: "k", Size: w.Size, Start: w.Start - int64(w.Size), Value: 4})
+	}
+	if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: "rc", Diffs: prevs}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Hit(ctx, "rc", "warm", "", ws, false); err != nil { // loads the hit script
+		t.Fatal(err)
+	}
+	hits := batchOf([]string{"k"}, 10, ws)
+	hitBatch(t, r, "rc", newID(), hits) // reads the previous counts
+	resetStats(t, c)
+	got := hitBatch(t, r, "rc", newID(), hits)
+	if n := keyspaceReads(t, c); n != 2 {
+		t.Errorf("a batch of one key's two windows, its previous counts remembered, read %d keys, want 2", n)
+	}
+	if want := []strategy.WindowCounts{{Current: 20, Previous: 4}, {Current: 20, Previous: 4}}; !slices.Equal(got[9].Counts, want) {
+		t.Errorf("the last hit's counts %v, want %v", got[9].Counts, want)
+	}
+	resetStats(t, c)
+	counts, _, err := r.Hit(ctx, "rc", "k", newID(), ws, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []strategy.WindowCounts{{Current: 21, Previous: 4}, {Current: 21, Previous: 4}}; !slices.Equal(counts, want) {
+		t.Errorf("a hit after the batches: counts %v, want %v", counts, want)
+	}
+	if want := map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 2}; !maps.Equal(serverCalls(t, c), want) {
+		t.Errorf("a hit after the batches ran %v, want %v: the previous counts the batch read", serverCalls(t, c), want)
+	}
+}
