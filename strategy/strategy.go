@@ -12,9 +12,10 @@
 // The Store interface is the Go form of the strategy functions of Kong's
 // rate-limiting library (push_diffs, get_counters), plus Reset; the
 // synchronous mode (sync_rate 0) needs the optional Hitter capability,
-// which applies one hit and answers in a single round trip (and
-// BatchHitter, which applies several in one), and max_concurrent across a fleet the optional Slotter capability, which
-// holds concurrency slots as leases that expire by the store's clock.
+// which applies one hit and answers in a single round trip (BatchHitter
+// applies several in one), and max_concurrent across a fleet the optional
+// Slotter capability, which holds concurrency slots as leases that expire
+// by the store's clock.
 package strategy
 
 import (
@@ -139,11 +140,12 @@ type BatchHitter interface {
 	// same ID are applied at most once between them, per key. So a caller
 	// whose batch failed after it may have been applied pushes the
 	// increments of the failed hits (at most one diff per window of each,
-	// as Hit's caller does) as one Batch with that ID, which the store
-	// applies only where the HitBatch was not. A HitBatch whose ID was
-	// already applied (sent twice, or its Batch pushed first) changes
-	// nothing and answers every hit with the counts as they are, deciding
-	// on them as Hit does then.
+	// as Hit's caller does, and none of any other hit) as one Batch with
+	// that ID, which the store applies only where the HitBatch was not,
+	// and retries that Batch, under the ID, until it succeeds. A HitBatch
+	// whose ID was already applied (sent twice, or its Batch pushed
+	// first) changes nothing and answers every hit with the counts as they
+	// are, deciding on them as Hit does then.
 	//
 	// Each hit is checked as Hit checks its input (CheckHit): a bad hit
 	// gets an error that wraps ErrRejected in its own result, is not
