@@ -1,6 +1,7 @@
 package strategy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 )
@@ -85,6 +86,57 @@ func (e Errors) Reset(errp *error, namespace string) {
 // Hit wraps the error of Hitter.Hit.
 func (e Errors) Hit(errp *error, namespace string) {
 	e.wrap(errp, "hitting windows of namespace %q", namespace)
+}
+
+// HitBatch wraps the error of one hit, hits[i], of BatchHitter.HitBatch.
+func (e Errors) HitBatch(errp *error, namespace string, i int) {
+	e.wrap(errp, "hitting windows of namespace %q: hits[%d]", namespace, i)
+}
+
+// CheckBatch readies the results of a BatchHitter.HitBatch: it checks
+// every hit as CheckHit does (with the batch's id), sets the Err of each
+// bad one, worded as HitBatch does, and the others to no error, no counts
+// and Rejected -1. It returns the indexes of the good hits, in order. It
+// panics if results and hits differ in length, a caller's bug.
+func (e Errors) CheckBatch(namespace, id string, hits []HitRequest, results []HitResult) []int {
+	if len(results) != len(hits) {
+		panic(fmt.Sprintf("strategy: HitBatch of %d hits given %d results", len(hits), len(results)))
+	}
+	good := make([]int, 0, len(hits))
+	for i := range hits {
+		err := CheckHit(id, hits[i].Windows)
+		if err != nil {
+			e.HitBatch(&err, namespace, i)
+		} else {
+			good = append(good, i)
+		}
+		results[i] = HitResult{Rejected: -1, Err: err}
+	}
+	return good
+}
+
+// FailBatch sets the Err of the results of the hits at the given indexes
+// to err, worded as HitBatch does.
+func (e Errors) FailBatch(results []HitResult, namespace string, hits []int, err error) {
+	for _, i := range hits {
+		err := err
+		e.HitBatch(&err, namespace, i)
+		results[i] = HitResult{Rejected: -1, Err: err}
+	}
+}
+
+// HitOne answers hits[i], the one good hit of a BatchHitter.HitBatch
+// (see CheckBatch), with hit, the store's Hit of checked input: a batch of
+// one hit is sent as a Hit, with the batch's id.
+func (e Errors) HitOne(ctx context.Context, namespace, id string, hits []HitRequest, results []HitResult, i int,
+	hit func(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error)) {
+	h := &hits[i]
+	counts, rejected, err := hit(ctx, namespace, h.Key, id, h.Windows, h.Undo)
+	if err != nil {
+		e.FailBatch(results, namespace, []int{i}, err)
+		return
+	}
+	results[i] = HitResult{Counts: counts, Rejected: rejected}
 }
 
 // AcquireSlot wraps the error of Slotter.AcquireSlot.

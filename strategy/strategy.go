@@ -12,9 +12,10 @@
 // The Store interface is the Go form of the strategy functions of Kong's
 // rate-limiting library (push_diffs, get_counters), plus Reset; the
 // synchronous mode (sync_rate 0) needs the optional Hitter capability,
-// which applies one hit and answers in a single round trip, and
-// max_concurrent across a fleet the optional Slotter capability, which
-// holds concurrency slots as leases that expire by the store's clock.
+// which applies one hit and answers in a single round trip (BatchHitter
+// applies several in one), and max_concurrent across a fleet the optional
+// Slotter capability, which holds concurrency slots as leases that expire
+// by the store's clock.
 package strategy
 
 import (
@@ -119,6 +120,63 @@ type Hitter interface {
 	// the caller may count the hit elsewhere without counting it twice, and
 	// ErrRejected when the input can never be accepted.
 	Hit(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) (counts []WindowCounts, rejected int, err error)
+}
+
+// BatchHitter is a Hitter that applies several synchronous hits of one
+// namespace in one round trip: the capability that a coalescer of
+// synchronous hits needs, which sends the hits that arrive while a round
+// trip is in flight together in the next one.
+type BatchHitter interface {
+	Hitter
+
+	// HitBatch applies hits in the order given, each deciding exactly as
+	// Hit would if the hits were sent one after the other (Kong's order,
+	// undo, the weights and limits of its windows), and fills results[i]
+	// for hits[i]; len(results) must be len(hits). Hits of one key see
+	// the increments of the hits of that key before them in the batch.
+	//
+	// id, unless empty, names the batch, and the hit ID rule of Hit holds
+	// for the batch as a whole: a HitBatch and a PushDiffs Batch with the
+	// same ID are applied at most once between them, per key. So a caller
+	// whose batch failed after it may have been applied pushes the
+	// increments of the failed hits (at most one diff per window of each,
+	// as Hit's caller does, and none of any other hit) as one Batch with
+	// that ID, which the store applies only where the HitBatch was not,
+	// and retries that Batch, under the ID, until it succeeds. A HitBatch
+	// whose ID was already applied (sent twice, or its Batch pushed
+	// first) changes nothing and answers every hit with the counts as they
+	// are, deciding on them as Hit does then.
+	//
+	// Each hit is checked as Hit checks its input (CheckHit): a bad hit
+	// gets an error that wraps ErrRejected in its own result, is not
+	// applied, and does not fail the others. A failure of the store sets
+	// Err of the hits it concerns, with the error conventions of Hit
+	// (ErrNotSent when their request surely never reached the store): on
+	// a Redis Cluster, those of one slot's round trip; elsewhere, all of
+	// them. The hits whose Err is nil were applied and decided.
+	HitBatch(ctx context.Context, namespace, id string, hits []HitRequest, results []HitResult)
+}
+
+// HitRequest is one hit of a HitBatch: the key, windows and undo of a Hit.
+type HitRequest struct {
+	// Key is the client key.
+	Key string
+	// Windows are the windows of the hit, as Hit takes them.
+	Windows []WindowHit
+	// Undo takes the increments of a rejected hit back (disable_penalty).
+	Undo bool
+}
+
+// HitResult is the answer to one hit of a HitBatch.
+type HitResult struct {
+	// Counts are each window's counts after the hit, as Hit returns them.
+	Counts []WindowCounts
+	// Rejected is the index of the window that rejected the hit, or -1,
+	// as Hit returns it.
+	Rejected int
+	// Err, when not nil, says that the hit was refused or failed: Counts
+	// and Rejected then mean nothing.
+	Err error
 }
 
 // WindowHit is one window of a Hit.

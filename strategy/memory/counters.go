@@ -158,21 +158,73 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.sweep(now)
-	apply := true
-	if id != "" {
-		m := marker{namespace, id}
-		if d.marked(m, now) {
-			apply = false // the same hit again, or its batch came first
-		} else {
-			last := int64(math.MinInt64)
-			for _, w := range windows {
-				last = max(last, cell{key, w.Size, w.Start}.expiresAt())
-			}
-			life := min(max(last-now, int64(strategy.MinHitIDLife)), int64(strategy.MaxHitIDLife))
-			d.mark(m, now+life)
-		}
-	}
+	apply := d.markHits(namespace, id, now, windows)
+	counts, rejected := d.hit(namespace, key, windows, undo, apply, now)
+	return counts, rejected, nil
+}
 
+// HitBatch applies several synchronous hits, atomically, in the order
+// given, each as Hit would if they were sent one after the other (see
+// strategy.BatchHitter). A non-empty id names the batch, and shares its
+// marker with a batch of diffs of the same ID and namespace, so the two
+// are applied at most once between them; a batch whose ID was applied
+// before applies nothing and decides every hit on the counts as they are.
+// The marker lives as long as the latest counter of the batch's hits, but
+// at least a minute and at most two. A hit that Hit would refuse gets the
+// error in its result, and the others are applied all the same.
+func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	good := errs.CheckBatch(namespace, id, hits, results)
+	if len(good) == 0 {
+		return
+	}
+	if err := s.check(ctx); err != nil {
+		errs.FailBatch(results, namespace, good, err)
+		return
+	}
+	now := s.now().UnixNano()
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(now)
+	var windows []strategy.WindowHit
+	for _, i := range good {
+		windows = append(windows, hits[i].Windows...)
+	}
+	apply := d.markHits(namespace, id, now, windows)
+	for _, i := range good {
+		h := &hits[i]
+		results[i].Counts, results[i].Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply, now)
+	}
+}
+
+// markHits records, unless id is empty, that the hits of ID id with these
+// windows were applied at now, and reports whether they are to be applied:
+// not if the ID was applied before (the same hits again, or their batch
+// came first). The marker lives as long as the latest of the windows'
+// counters, but at least strategy.MinHitIDLife and at most
+// strategy.MaxHitIDLife.
+func (d *data) markHits(namespace, id string, now int64, windows []strategy.WindowHit) bool {
+	if id == "" {
+		return true
+	}
+	m := marker{namespace, id}
+	if d.marked(m, now) {
+		return false
+	}
+	last := int64(math.MinInt64)
+	for _, w := range windows {
+		last = max(last, cell{"", w.Size, w.Start}.expiresAt())
+	}
+	life := min(max(last-now, int64(strategy.MinHitIDLife)), int64(strategy.MaxHitIDLife))
+	d.mark(m, now+life)
+	return true
+}
+
+// hit applies one hit of key to its windows, as Hit does, unless apply is
+// false: then it only reads the counts and decides on them. It returns
+// each window's counts and the index of the window that rejected the hit,
+// or -1.
+func (d *data) hit(namespace, key string, windows []strategy.WindowHit, undo, apply bool, now int64) ([]strategy.WindowCounts, int) {
 	counts := make([]strategy.WindowCounts, len(windows))
 	rejected := -1
 	for i, w := range windows {
@@ -196,7 +248,7 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 			}
 		}
 	}
-	return counts, rejected, nil
+	return counts, rejected
 }
 
 // exceeds reports whether a rate exceeds a limit: +Inf never is exceeded

@@ -12,7 +12,7 @@ import (
 var errs = strategy.Errors{Store: "memory"}
 
 // Store is a store of the counters of one in-memory data set, opened by
-// Memory.Open. It implements strategy.Hitter, strategy.Slotter and
+// Memory.Open. It implements strategy.BatchHitter (so strategy.Hitter), strategy.Slotter and
 // strategy.Banner. Stores of the same data set (opened from strategies of
 // the same name) see the same counters, and each can be closed on its own.
 // It is safe for concurrent use.
@@ -55,7 +55,7 @@ func (s *Store) Lookups() int64 { return s.data.lookups.Load() }
 
 // Interface guards
 var (
-	_ strategy.Hitter  = (*Store)(nil)
-	_ strategy.Slotter = (*Store)(nil)
-	_ strategy.Banner  = (*Store)(nil)
+	_ strategy.BatchHitter = (*Store)(nil)
+	_ strategy.Slotter     = (*Store)(nil)
+	_ strategy.Banner      = (*Store)(nil)
 )

@@ -16,3 +16,10 @@ func benchStore(b *testing.B) strategy.Store {
 	_, dsn := startServer(b)
 	return open(b, &Postgres{DSN: dsn})
 }
+
+// BenchmarkHitBatch runs strategytest.HitBatchBenchmarks against a
+// PostgreSQL server of its own: a batch is one call of the batch hit
+// function, whatever its size.
+func BenchmarkHitBatch(b *testing.B) {
+	strategytest.HitBatchBenchmarks(b, benchStore(b), nil)
+}

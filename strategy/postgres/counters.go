@@ -277,6 +277,11 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
+	return s.hit(ctx, namespace, key, id, windows, undo)
+}
+
+// hit is Hit of checked input, with errors that do not name the namespace.
+func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
 	n := len(windows)
 	sizes := make([]int64, n)
 	starts := make([]int64, n)
@@ -289,13 +294,7 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 		values[i], maxes[i], weights[i] = w.Value, w.Max, w.Weight
 		last = max(last, expiresAtMs(sizes[i], starts[i]))
 	}
-	var idArg []byte // NULL: no ID
-	var idExpires int64
-	if id != "" {
-		nowMs := s.now().UnixMilli()
-		idArg = stored(id, maxStoredID)
-		idExpires = nowMs + min(max(last-nowMs, strategy.MinHitIDLife.Milliseconds()), strategy.MaxHitIDLife.Milliseconds())
-	}
+	idArg, idExpires := s.hitID(id, last)
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
@@ -320,6 +319,18 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 		counts[i] = strategy.WindowCounts{Current: cur[i], Previous: prevs[i]}
 	}
 	return counts, int(rej), nil
+}
+
+// hitID returns the ID argument of the hit functions, stored, or nil (NULL)
+// for no ID, and when its record expires: as long as the latest of the
+// counters, which expires at last (Unix milliseconds), but at least
+// strategy.MinHitIDLife and at most strategy.MaxHitIDLife from now.
+func (s *Store) hitID(id string, last int64) ([]byte, int64) {
+	if id == "" {
+		return nil, 0
+	}
+	nowMs := s.now().UnixMilli()
+	return stored(id, maxStoredID), nowMs + min(max(last-nowMs, strategy.MinHitIDLife.Milliseconds()), strategy.MaxHitIDLife.Milliseconds())
 }
 
 // expiresAtMs returns when a counter of a window expires, in Unix

@@ -35,6 +35,13 @@
 //	<table>_ids_exp ON <table>_ids (expires_at)
 //	FUNCTION <table>_hit(...)
 //
+// and the first batch of synchronous hits creates FUNCTION
+// <table>_hits(...) (see Batches of synchronous hits) the same way, apart,
+// so that a role that may not create objects keeps its counters when it
+// upgrades. A function whose body is not this version's is replaced,
+// which needs the right to; a role without it uses the function a DBA
+// made, as it is.
+//
 // Sizes and starts are in milliseconds, so window sizes must be whole
 // milliseconds; expires_at is in Unix milliseconds. Namespaces, keys and
 // IDs are bytea: any bytes, with no encoding to get wrong, and they only
@@ -100,6 +107,30 @@
 // such as a timeout after the query was sent, may come after PostgreSQL
 // applied the request; for pushes the batch ID, and for hits the hit ID,
 // make the retry safe.
+//
+// # Batches of synchronous hits
+//
+// HitBatch is one call of the PL/pgSQL function <table>_hits: one round
+// trip for a batch of hits of any keys of a namespace, applied atomically
+// and in order, each deciding as the hit function would if the hits were
+// sent one after the other. The client lists the batch's counters once
+// each, sorted by key, size and start as pushes sort theirs, and the
+// hits' windows refer to them by index. The function records the batch's
+// ID in <table>_ids, the record that pushes and hits use, so that a batch
+// and a batch of diffs of the same ID and namespace are applied at most
+// once between them: both are atomic, so the batch of diffs that carries
+// the hits of a failed HitBatch is applied whole if the HitBatch was not,
+// and not at all if it was, whatever its diffs. Then, when it applies the
+// batch, one upsert locks (or makes, at 0) every counter that a hit
+// increments, in that order, so that concurrent batches, hits and pushes
+// take shared rows in one order; one query reads every counter by its
+// primary key; the hits are decided on running counts in arrays (a
+// rejected hit with undo has the counts it found restored); and one upsert
+// writes the final count of each counter that changed. So the hits of a
+// key cost one read and two writes per counter per batch, where one by one
+// each hit writes each of its windows. A batch whose ID was applied before
+// only reads, and decides each hit on the counts as they are. A batch of
+// one hit is sent as Hit sends it, and needs no new function.
 //
 // # Concurrency slots
 //

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,18 @@ func count(t testing.TB, srv *pgtest.Server, query string, args ...any) int {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+// appRole creates the role app in testDB, which may log in and read and
+// write the counters' tables that exist (a DBA made them) but create
+// nothing, and returns the DSN of dsn's database as that role.
+func appRole(t testing.TB, srv *pgtest.Server, dsn string) string {
+	t.Helper()
+	if _, err := srv.Conn(t, testDB).Exec(ctxT(t), `CREATE ROLE app LOGIN;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters, rate_limit_counters_ids TO app`); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Replace(dsn, "postgres://postgres@", "postgres://app@", 1)
 }
 
 // ctxT returns a context for a test's calls, cancelled when it ends.

@@ -253,7 +253,7 @@ func checkTable(table string) error {
 // names are the quoted names of the store's objects in the database, and
 // the keys of its advisory locks.
 type names struct {
-	counters, ids, hit                     string // qualified and quoted
+	counters, ids, hit, hits               string // qualified and quoted
 	slots, acquire, renew, release         string // the same, for concurrency slots
 	bans, banVersions, setBans             string // the same, for bans
 	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
@@ -275,6 +275,7 @@ func newNames(table string) *names {
 		counters:       qualified(base),
 		ids:            qualified(base + "_ids"),
 		hit:            qualified(base + "_hit"),
+		hits:           qualified(base + "_hits"),
 		slots:          qualified(base + "_slots"),
 		acquire:        qualified(base + "_acquire"),
 		renew:          qualified(base + "_renew"),

@@ -167,12 +167,7 @@ func TestSlotSchemaApart(t *testing.T) {
 	if n := count(t, srv, "SELECT count(*) FROM pg_class WHERE relname = 'rate_limit_counters_slots'"); n != 0 {
 		t.Fatalf("the counters' first use created the slots' table")
 	}
-	conn := srv.Conn(t, testDB)
-	if _, err := conn.Exec(ctxT(t), `CREATE ROLE app LOGIN;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters, rate_limit_counters_ids TO app`); err != nil {
-		t.Fatal(err)
-	}
-	app := open(t, &Postgres{DSN: strings.Replace(dsn, "postgres://postgres@", "postgres://app@", 1)})
+	app := open(t, &Postgres{DSN: appRole(t, srv, dsn)})
 	_, ok, err := app.AcquireSlot(ctxT(t), "ns", "k", "a", 1, time.Minute)
 	if err == nil || ok || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("acquiring a slot as a role that may not create its table: ok %v, error %v, want a permission error", ok, err)
@@ -182,7 +177,7 @@ func TestSlotSchemaApart(t *testing.T) {
 	}
 
 	acquireOK(t, owner, "ns", "k", "a", 2, time.Minute, 1) // creates the slots' objects
-	if _, err := conn.Exec(ctxT(t), `GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters_slots TO app`); err != nil {
+	if _, err := srv.Conn(t, testDB).Exec(ctxT(t), `GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters_slots TO app`); err != nil {
 		t.Fatal(err)
 	}
 	acquireOK(t, app, "ns", "k", "b", 2, time.Minute, 2)

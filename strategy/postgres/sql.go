@@ -16,6 +16,8 @@ type statements struct {
 	fetch         string
 	reset         string
 	hit           string
+	batchSchema   string
+	hitBatch      string
 	acquire       string
 	renew         string
 	release       string
@@ -38,6 +40,7 @@ func newStatements(n *names) *statements {
 		"{counters}", n.counters,
 		"{ids}", n.ids,
 		"{hit}", n.hit,
+		"{hits}", n.hits,
 		"{slots}", n.slots,
 		"{acquire}", n.acquire,
 		"{renew}", n.renew,
@@ -67,6 +70,8 @@ func newStatements(n *names) *statements {
 		fetch:         r.Replace(fetchSQL),
 		reset:         r.Replace(resetSQL),
 		hit:           r.Replace(hitSQL),
+		batchSchema:   strings.ReplaceAll(r.Replace(batchSchemaSQL), "{hits_body}", r.Replace(hitsBodySQL)),
+		hitBatch:      r.Replace(hitBatchSQL),
 		acquire:       r.Replace(acquireSQL),
 		renew:         r.Replace(renewSQL),
 		release:       r.Replace(releaseSQL),
@@ -271,6 +276,146 @@ BEGIN
 END
 `
 
+// batchSchemaSQL creates the function that applies a batch of
+// synchronous hits (see hitsBodySQL), when missing or not this one, as
+// slotSchemaSQL does for slots, under the same lock. It is apart from
+// schemaSQL, and run by the first HitBatch call only, so that a deployment
+// whose role may not create objects keeps its counters and its single
+// hits working when it upgrades, until its DBA creates this too.
+const batchSchemaSQL = `
+SELECT pg_advisory_xact_lock({schema_lock});
+DO $do$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{hits}(bytea, bytea, bigint,
+		bytea[], bigint[], bigint[], boolean[], boolean[], integer[],
+		integer[], integer[], double precision[], double precision[], double precision[])')
+		AND prosrc = $body${hits_body}$body$) THEN
+		CREATE OR REPLACE FUNCTION {hits}(
+			p_namespace bytea, p_id bytea, p_id_expires bigint,
+			p_ckeys bytea[], p_csizes bigint[], p_cstarts bigint[], p_cwrite boolean[],
+			p_undo boolean[], p_nwin integer[],
+			p_cur integer[], p_prev integer[], p_values double precision[],
+			p_maxes double precision[], p_weights double precision[],
+			OUT rejected integer[], OUT currents double precision[], OUT previouses double precision[])
+		LANGUAGE plpgsql AS $fn${hits_body}$fn$;
+	END IF;
+END
+$do$;
+`
+
+// hitsBodySQL is the body of the function that applies a batch of
+// synchronous hits of one namespace, atomically and in order, each
+// deciding as the hit function would if the hits were sent one after the
+// other, at the cost of two writes and a read per counter, however many
+// hits share it.
+//
+// With an ID (p_id not NULL), it first records it, as a batch of diffs of
+// that ID and namespace does; if the ID was there already (the same batch
+// sent twice, or its diffs pushed as a batch first), it applies nothing: it
+// reads the counts and decides every hit on them as they are.
+//
+// The counters come once each, in arrays sorted by key, size and start
+// (p_ckeys, p_csizes, p_cstarts in milliseconds; p_cwrite marks those that
+// some hit increments), and the hits' windows, flattened, refer to them by
+// 1-based index (p_cur, p_prev), with their increments, limits and
+// weights; p_nwin gives each hit's number of windows and p_undo whether to
+// take a rejected hit's increments back. When it applies the batch, one
+// upsert first locks the counters that may be written, creating the
+// missing ones at 0, in the arrays' order (so concurrent batches and
+// pushes lock shared rows in one order, and hits of a key take turns);
+// then one query reads every counter, each by its primary key; the hits
+// are decided on running counts in the arrays, in Kong's order (a rejected
+// hit with undo has the counts it found restored at once); and one upsert
+// writes the final count of every counter that changed.
+//
+// It returns each hit's rejecting window (0-based) or -1, and each window's
+// current and previous counts, flattened as the windows came.
+const hitsBodySQL = `
+#variable_conflict use_column
+DECLARE
+	nh integer := cardinality(p_undo);
+	nw integer := cardinality(p_cur);
+	apply boolean := true;
+	val double precision[];
+	delta double precision[];
+	saved_val double precision[];
+	saved_delta double precision[];
+	w integer := 0;
+	first integer;
+	rej integer;
+	cidx integer;
+	pidx integer;
+	v double precision;
+	m double precision;
+BEGIN
+	IF p_id IS NOT NULL THEN
+		INSERT INTO {ids} (namespace, id, expires_at) VALUES (p_namespace, p_id, p_id_expires)
+		ON CONFLICT DO NOTHING;
+		apply := FOUND;
+	END IF;
+	IF apply THEN
+		INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
+		SELECT p_namespace, p_ckeys[j], p_csizes[j], p_cstarts[j], 0, p_cstarts[j] + 2 * p_csizes[j] + {margin}
+		FROM generate_subscripts(p_csizes, 1) AS j
+		WHERE p_cwrite[j]
+		ORDER BY j
+		ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value;
+	END IF;
+	SELECT array_agg(coalesce(r.value, 0) ORDER BY k.j) INTO val
+	FROM unnest(p_ckeys, p_csizes, p_cstarts) WITH ORDINALITY AS k(key, size_ms, start_ms, j)
+	LEFT JOIN LATERAL (
+		SELECT t.value FROM {counters} t
+		WHERE t.namespace = p_namespace AND t.key = k.key AND t.size_ms = k.size_ms AND t.start_ms = k.start_ms
+		OFFSET 0
+	) r ON true;
+	delta := array_fill(0::double precision, ARRAY[cardinality(p_csizes)]);
+	rejected := array_fill(-1, ARRAY[nh]);
+	currents := array_fill(0::double precision, ARRAY[nw]);
+	previouses := array_fill(0::double precision, ARRAY[nw]);
+	FOR h IN 1..nh LOOP
+		rej := 0;
+		first := w;
+		FOR i IN 1..p_nwin[h] LOOP
+			w := w + 1;
+			cidx := p_cur[w];
+			pidx := p_prev[w];
+			v := p_values[w];
+			saved_val[i] := val[cidx];
+			saved_delta[i] := delta[cidx];
+			IF apply AND rej = 0 AND v <> 0 THEN
+				val[cidx] := val[cidx] + v;
+				delta[cidx] := delta[cidx] + v;
+			END IF;
+			currents[w] := val[cidx];
+			previouses[w] := val[pidx];
+			m := p_maxes[w];
+			IF rej = 0 AND m <> 'Infinity' AND (m = '-Infinity' OR val[cidx] + val[pidx] * p_weights[w] > m) THEN
+				rej := i;
+			END IF;
+		END LOOP;
+		IF apply AND p_undo[h] AND rej > 0 THEN
+			FOR i IN REVERSE rej..1 LOOP
+				cidx := p_cur[first + i];
+				val[cidx] := saved_val[i];
+				delta[cidx] := saved_delta[i];
+			END LOOP;
+			FOR i IN 1..rej LOOP
+				currents[first + i] := val[p_cur[first + i]];
+			END LOOP;
+		END IF;
+		rejected[h] := rej - 1;
+	END LOOP;
+	IF apply THEN
+		INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
+		SELECT p_namespace, p_ckeys[j], p_csizes[j], p_cstarts[j], val[j], p_cstarts[j] + 2 * p_csizes[j] + {margin}
+		FROM generate_subscripts(p_csizes, 1) AS j
+		WHERE delta[j] <> 0
+		ORDER BY j
+		ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = excluded.value;
+	END IF;
+END
+`
+
 // acquireBodySQL is the body of the function that takes a concurrency
 // slot of one (namespace, key), named p_id, when fewer than p_max
 // unexpired slots of the key are held, for p_lease_ms milliseconds by the
@@ -441,6 +586,9 @@ ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = 0`
 
 // hitSQL calls the hit function.
 const hitSQL = `SELECT rejected, currents, previouses FROM {hit}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+
+// hitBatchSQL calls the batch hit function.
+const hitBatchSQL = `SELECT rejected, currents, previouses FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`
 
 // purgeCountersSQL and purgeIDsSQL delete up to $2 rows that expired
 // before $1 (Unix milliseconds), found through the expires_at index and

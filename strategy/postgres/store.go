@@ -35,9 +35,9 @@ const (
 var errs = strategy.Errors{Store: "postgres"}
 
 // Store is a store of window counters in one PostgreSQL table, opened by
-// Postgres.Open or OpenStore. It implements strategy.Hitter,
-// strategy.Slotter and strategy.Banner (whose slots and bans live in tables
-// of their own), and is safe for concurrent use.
+// Postgres.Open or OpenStore. It implements strategy.BatchHitter (so
+// strategy.Hitter), strategy.Slotter and strategy.Banner (whose slots and
+// bans live in tables of their own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
 // connection pool, starts the purge goroutine, and creates the tables and
@@ -67,6 +67,7 @@ type Store struct {
 	schemaReady atomic.Bool
 	slotsReady  atomic.Bool
 	bansReady   atomic.Bool // the bans' part, made by the first ban call
+	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
@@ -204,6 +205,7 @@ func (s *Store) sent(err error) error {
 		s.schemaReady.Store(false)
 		s.slotsReady.Store(false)
 		s.bansReady.Store(false)
+		s.batchReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return errs.NotSent(err)
@@ -359,7 +361,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 
 // Interface guards
 var (
-	_ strategy.Hitter  = (*Store)(nil)
-	_ strategy.Slotter = (*Store)(nil)
-	_ strategy.Banner  = (*Store)(nil)
+	_ strategy.BatchHitter = (*Store)(nil)
+	_ strategy.Slotter     = (*Store)(nil)
+	_ strategy.Banner      = (*Store)(nil)
 )

@@ -382,6 +382,15 @@ func TestOneStatementPerCall(t *testing.T) {
 			_, _, err := s.Hit(ctx, "ns", "k1", fmt.Sprint(time.Now().UnixNano()), hit, true)
 			return err
 		}},
+		{"batch of 100 hits of 10 keys", func() error {
+			hits := make([]strategy.HitRequest, 100)
+			for i := range hits {
+				hits[i] = strategy.HitRequest{Key: fmt.Sprint("k", i%10), Windows: hit}
+			}
+			results := make([]strategy.HitResult, len(hits))
+			s.HitBatch(ctx, "ns", fmt.Sprint(time.Now().UnixNano()), hits, results)
+			return results[0].Err
+		}},
 	} {
 		if err := tc.call(); err != nil { // creates the schema, prepares
 			t.Fatal(err)
@@ -566,12 +575,7 @@ func TestRoleWithoutCreateRights(t *testing.T) {
 	if _, err := owner.GetCounters(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	conn := srv.Conn(t, testDB)
-	if _, err := conn.Exec(ctxT(t), `CREATE ROLE app LOGIN;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters, rate_limit_counters_ids TO app`); err != nil {
-		t.Fatal(err)
-	}
-	appDSN := strings.Replace(dsn, "postgres://postgres@", "postgres://app@", 1)
+	appDSN := appRole(t, srv, dsn)
 	s := open(t, &Postgres{DSN: appDSN})
 	now := time.Now()
 	start := window.Start(now.UnixNano(), time.Hour)

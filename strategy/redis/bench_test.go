@@ -20,3 +20,13 @@ func benchStrategy(b *testing.B) strategy.Store {
 	srv := redistest.Start(b)
 	return open(b, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(30 * time.Second)})
 }
+
+// BenchmarkHitBatch runs strategytest.HitBatchBenchmarks against a
+// standalone redis-server, and reports the commands it ran per hit, from
+// INFO commandstats (commands inside scripts included).
+func BenchmarkHitBatch(b *testing.B) {
+	srv := redistest.Start(b)
+	s := open(b, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(30 * time.Second)})
+	c := srv.Client("")
+	strategytest.HitBatchBenchmarks(b, s, func() int64 { return int64(sumCalls(serverCalls(b, c))) })
+}

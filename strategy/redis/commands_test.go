@@ -35,11 +35,8 @@ func sumCalls(calls map[string]int) (n int) {
 // costs. The store's clock stands still, at the middle of a minute, so
 // that every previous count the store remembers stays usable.
 func TestCommandsPerSyncHit(t *testing.T) {
-	srv, r := startStandalone(t)
-	c := srv.Client("")
+	c, r, now := startFrozen(t)
 	ctx := testCtx(t)
-	now := steadyNow().UnixNano()
-	r.now = func() time.Time { return time.Unix(0, now) }
 	win := func(size time.Duration, max, weight float64) strategy.WindowHit {
 		return strategy.WindowHit{Size: size, Start: window.Start(now, size), Value: 1, Max: max, Weight: weight}
 	}

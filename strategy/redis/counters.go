@@ -189,12 +189,22 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		calls = append(calls, call)
 	}
 	if !s.cluster {
-		// Run n's marker is in the bucket of its first diff, numbered n:
-		// a batch of one key's diffs is one run, marked as a hit of its ID
-		// marks it (see Hit).
+		// A run's marker is that of group j of the bucket of its first
+		// diff, j counting the runs before it that start in that bucket
+		// (they come just before it: the diffs are sorted by bucket), as
+		// on a Cluster: a batch of one key's diffs is one run, marked as a
+		// hit of its ID marks it (see Hit), and at most ceil(d/256) runs
+		// start in a bucket of d diffs, which HitBatch relies on.
+		j, last := 0, -1
 		for n := 0; n*maxScriptKeys < len(order); n++ {
 			part := order[n*maxScriptKeys : min(len(order), (n+1)*maxScriptKeys)]
-			addRun(part, int(bucket[part[0]]), n)
+			k := int(bucket[part[0]])
+			if k == last {
+				j++
+			} else {
+				j, last = 0, k
+			}
+			addRun(part, k, j)
 		}
 		return calls, nil
 	}
@@ -498,6 +508,11 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 	if err := strategy.CheckHit(id, windows); err != nil {
 		return nil, -1, err
 	}
+	return s.hit(ctx, namespace, key, id, windows, undo)
+}
+
+// hit is Hit of checked input, with errors that do not name the namespace.
+func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
 	n := len(windows)
 	// The command, built in one slice: EVALSHA, the script, the number of
 	// keys, the current and previous counters of every window and, with an

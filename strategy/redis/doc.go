@@ -61,14 +61,21 @@
 //
 // PushDiffs sorts a batch's diffs by bucket and cuts them into runs of at
 // most 256 counters, each pushed by one EVALSHA of a Lua script whose first
-// key is the run's dedupe marker, <prefix>:{<bucket>}:push:<n>:<batch ID>.
-// On a Cluster, a script may only touch one slot, so a run holds the diffs
-// of one bucket, the marker is in that bucket and n numbers the runs of the
-// bucket (several when a batch holds more than 256 diffs of one bucket). A
-// standalone server (or a Sentinel-managed primary) has no slots: the
-// bucket-sorted diffs are cut every 256 whatever their buckets, run n's
-// marker is in the bucket of its first diff, and a batch of 1,000 new keys
-// is four runs where a Cluster needs one per bucket touched (about 700).
+// key is the run's dedupe marker, <prefix>:{<bucket>}:push:<n>:<batch ID>:
+// the marker of group n of the bucket of the run's first diff, n counting
+// the runs of the batch before it that start in that bucket. On a
+// Cluster, a script may only touch one slot, so a run holds the diffs of
+// one bucket, and n numbers the runs of the bucket (several when a batch
+// holds more than 256 diffs of one bucket). A standalone server (or a
+// Sentinel-managed primary) has no slots: the bucket-sorted diffs are cut
+// every 256 whatever their buckets, so a run may hold the diffs of several
+// buckets, and a batch of 1,000 new keys is four runs where a Cluster
+// needs one per bucket touched (about 700). Either way at most
+// ceil(d/256) runs start in a bucket that holds d of the batch's diffs,
+// which the markers of a batch of synchronous hits rely on (see Batches
+// of synchronous hits). (Before, a standalone server's run n was group n
+// of its bucket: a retry is planned by the process that made the batch,
+// so the change moves no marker that a retry looks for.)
 //
 // The script sets the marker with SET NX PX and applies the run only if
 // that succeeded, so a batch pushed again with the same ID (a retry after a
@@ -210,6 +217,72 @@
 // marker's life, of a hit that Redis applied although its reply was lost,
 // would count it twice, which errs towards limiting. A hit without an ID
 // sets no marker.
+//
+// # Batches of synchronous hits
+//
+// HitBatch applies several synchronous hits of a namespace, in the order
+// given, each deciding as Hit would if they were sent one after the
+// other, with one script run for the whole batch on a standalone server
+// (or a Sentinel-managed primary), and one per slot its keys fall in on a
+// Cluster, pipelined: go-redis sends one pipeline per node, in parallel,
+// so a batch costs one round trip. The script reads every counter of its
+// hits once, with one MGET (less the previous counts the store remembers
+// and sends, as for Hit), decides the hits in Lua on running counts, and
+// writes each counter that changed once, at the end: SET ... PXAT ... NX
+// for a new one, INCRBYFLOAT of the sum of its increments for one that
+// exists. So the hits of one key in a batch cost one read and one write
+// per window, not per hit: a batch of n hits of one key with two windows
+// costs five commands, whatever n. Each hit follows Kong's order; a
+// rejected hit with undo has its increments taken back at once, restoring
+// exactly the counts it found; a counter that one hit writes and a later
+// one reads as its previous window's is one running count. Rates are
+// decided in doubles on those running counts, where a Hit decides on the
+// count INCRBYFLOAT stores: the two agree exactly for counts that doubles
+// hold exactly (binary fractions, such as whole or half costs); otherwise
+// a count may differ by a rounding in its last digit, and a rate within
+// such a rounding of its limit be decided the other way. A batch of one
+// hit is sent as a Hit. A script run is sent at most once, as a hit is; a
+// run that fails fails its hits (every hit on a standalone server, those
+// of its slot on a Cluster), each with an error that wraps
+// strategy.ErrNotSent if the run surely never reached Redis. A batch is
+// one script: the caller keeps batches to a size that Redis runs in a
+// moment (a few hundred hits).
+//
+// A batch with an ID follows the hit ID rule, with markers whose names a
+// Batch of that ID (see Pushing diffs) checks. Each script run has, for
+// every bucket k of its hits, the markers of groups 0 to ceil(w/256)-1 of
+// bucket k under the ID, w being the number of windows of the run's hits
+// of bucket k (one marker, group 0, for up to 128 hits of two windows: the
+// marker a Hit of that ID sets). It checks them all first (SET NX for a
+// single marker, one EXISTS for several): if none exists, it sets them and
+// applies its hits; if any exists, it sets none and only reads, deciding
+// every hit on the counts as they are. The markers live as a hit's do.
+//
+// The rule that makes a batch and its Batch count once between them:
+// a caller whose script run failed (it may have been applied) pushes the
+// increments of the run's hits as one Batch of the batch's ID, with at
+// most one diff per window of each hit (a diff per counter, or fewer, is
+// fine) and no diff of any other hit. That Batch then holds at most w
+// diffs of bucket k, so at most ceil(w/256) of its runs start in bucket
+// k, and each of its runs starts in a bucket of the failed run's hits:
+// each marker that the Batch checks is group n < ceil(w/256) of such a
+// bucket, one that the failed run sets, also when the diffs of one bucket
+// spill past one group of 256, or when a standalone server's run mixes
+// buckets. So:
+//
+//   - if the script run was applied first, it set every marker the Batch
+//     checks, and the Batch applies nothing;
+//   - if the Batch was applied first, in full or in part, the run finds
+//     at least one of its markers and applies nothing: every hit counts
+//     through the Batch, whose retries, under the same ID, apply the part
+//     that failed;
+//   - if the run never reaches Redis, the Batch applies every diff.
+//
+// Either way each hit counts once. The same holds run by run on a
+// Cluster, where each slot's run has markers of its own buckets only. A
+// Batch that held more diffs of a bucket (several diffs per window, or
+// another hit's) could check a marker the run did not set and count twice;
+// one that held fewer is always fine.
 //
 // # Remembered previous counts
 //
@@ -379,6 +452,17 @@
 //     reply foresaw costs 3 with an ID (the MGET instead of the
 //     INCRBYFLOAT) and 2 without, one that it did not, 4 (the INCRBYFLOAT
 //     and its undo).
+//   - A batch of synchronous hits (HitBatch), per script run: the
+//     EVALSHA, the markers (one SET NX for one marker; an EXISTS and a
+//     SET per marker for several: one per bucket of the run's hits, and
+//     one more per 256 windows of a bucket), one MGET, and one write per
+//     counter its hits changed (SET NX PXAT new, INCRBYFLOAT existing).
+//     A batch of n hits of one key with two windows, with an ID: 5
+//     commands whatever n (0.5 a hit at 10 hits, 0.05 at 100); 13 at
+//     1,000 hits (eight markers and the EXISTS). 100 hits of 100 keys:
+//     303, about three a hit where one by one they cost four each, in
+//     one round trip instead of 100. A batch of one hit costs what Hit
+//     does.
 //   - A periodic push, standalone: about one command per diff, new counter
 //     (SET NX) or not (INCRBYFLOAT), plus 3 per run of 256 diffs. A new key
 //     hit once, pushed and then fetched, costs about 1.02 commands: a

@@ -51,6 +51,17 @@ func startStandalone(t testing.TB) (*redistest.Server, *Store) {
 	return srv, open(t, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(5 * time.Second)})
 }
 
+// startFrozen starts a redis-server and a store using it whose clock
+// stands still at steadyNow, and returns a plain client of the server, the
+// store and that time in Unix nanoseconds.
+func startFrozen(t testing.TB) (*goredis.Client, *Store, int64) {
+	t.Helper()
+	srv, r := startStandalone(t)
+	now := steadyNow().UnixNano()
+	r.now = func() time.Time { return time.Unix(0, now) }
+	return srv.Client(""), r, now
+}
+
 // ids gives batch IDs unique within the test binary.
 var ids struct {
 	sync.Mutex

@@ -297,6 +297,41 @@ func runOnce(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, 
 	return cmd
 }
 
+// runOncePipelined runs a script once per element of args, each the
+// whole command as runOnce takes it, in one pipeline: one round trip, or
+// one per node on a Cluster, sent in parallel. Like runOnce it never
+// resends a command after a network error, and runs with EVAL, in a
+// second pipeline, the commands that a server refused for lack of the
+// script. It returns the commands, in the order of args.
+func runOncePipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, src string, args [][]any) []*goredis.Cmd {
+	cmds := make([]*goredis.Cmd, len(args))
+	send := func(which []int, name string, script any) {
+		pipe := c.Pipeline()
+		for _, i := range which {
+			args[i][0], args[i][1] = name, script
+			cmds[i] = goredis.NewCmd(ctx, args[i]...)
+			cmds[i].SetFirstKeyPos(3) // route by the first key on a Cluster
+			_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	all := make([]int, len(args))
+	for i := range all {
+		all[i] = i
+	}
+	send(all, "evalsha", s.Hash())
+	var again []int
+	for i, cmd := range cmds {
+		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		send(again, "eval", src)
+	}
+	return cmds
+}
+
 // scriptCall is the keys and arguments of one run of a script.
 type scriptCall struct {
 	keys []string
@@ -379,6 +414,43 @@ func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls
 		}
 	}
 	return nil
+}
+
+// runOncePipelined runs a script as the function runOncePipelined does,
+// and on a Cluster runs once more, the same way, the commands that failed
+// on a connection failure and surely were not sent (see notSent), if their
+// slots are served by another master by then (see resendable).
+func (s *Store) runOncePipelined(ctx context.Context, script *goredis.Script, src string, args [][]any) []*goredis.Cmd {
+	ctx, failed := s.watch(ctx)
+	cmds := runOncePipelined(ctx, s.client, script, src, args)
+	if failed == nil {
+		return cmds
+	}
+	var unsent []int
+	var unsentCmds []goredis.Cmder
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && errors.Is(notSent(err), strategy.ErrNotSent) {
+			unsent, unsentCmds = append(unsent, i), append(unsentCmds, cmd)
+		}
+	}
+	if len(unsent) == 0 {
+		return cmds
+	}
+	again := s.resendable(ctx, failed, unsentCmds, func(x int) string {
+		key, _ := args[unsent[x]][3].(string)
+		return key
+	})
+	if len(again) == 0 {
+		return cmds
+	}
+	retry := make([][]any, len(again))
+	for y, x := range again {
+		retry[y] = args[unsent[x]]
+	}
+	for y, cmd := range runOncePipelined(ctx, s.client, script, src, retry) {
+		cmds[unsent[again[y]]] = cmd
+	}
+	return cmds
 }
 
 // runOnce runs a script as the function runOnce does, on the node of its

@@ -165,3 +165,83 @@ func benchmarkSlot(b *testing.B, open func(b *testing.B) strategy.Store) {
 		}
 	}
 }
+
+// HitBatchBenchmarks runs the benchmarks of strategy.BatchHitter.HitBatch
+// against s, as sub-benchmarks of b, each in a namespace of its own:
+// batches of 1, 10 and 100 hits, each of two windows (a minute and an
+// hour, sliding) with an ID, as a coalescer of synchronous hits sends
+// them, of one key and of 100 keys (the hits of a batch take the keys in
+// turn). Each reports ns/hit too, and, when commands is not nil, cmds/hit:
+// commands must return a running count of the commands the store's server
+// ran (for Redis, INFO commandstats' calls, commands inside scripts
+// included). A store's package runs them with
+//
+//	func BenchmarkHitBatch(b *testing.B) {
+//		strategytest.HitBatchBenchmarks(b, openStore(b), nil)
+//	}
+//
+// It skips a store that is not a strategy.BatchHitter.
+func HitBatchBenchmarks(b *testing.B, s strategy.Store, commands func() int64) {
+	bs, ok := s.(strategy.BatchHitter)
+	if !ok {
+		b.Skip("the store is not a strategy.BatchHitter")
+	}
+	for _, keys := range []int{1, 100} {
+		for _, size := range []int{1, 10, 100} {
+			b.Run(fmt.Sprintf("keys=%d/batch=%d", keys, size), func(b *testing.B) {
+				benchmarkHitBatch(b, bs, commands, fmt.Sprintf("bench-%d-%d", keys, size), keys, size)
+			})
+		}
+	}
+}
+
+func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int64, ns string, keys, size int) {
+	ctx := context.Background()
+	now := time.Now().UnixNano()
+	var windows []strategy.WindowHit
+	for _, w := range []time.Duration{time.Minute, time.Hour} {
+		// A limit that never rejects, so every hit writes every window.
+		windows = append(windows, strategy.WindowHit{Size: w, Start: window.Start(now, w), Value: 1, Max: 1e15, Weight: 0.5})
+	}
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprint("203.0.113.", i)
+	}
+	hits := make([]strategy.HitRequest, size)
+	results := make([]strategy.HitResult, size)
+	next := 0
+	batch := func(id string) {
+		for i := range hits {
+			hits[i] = strategy.HitRequest{Key: names[next%keys], Windows: windows}
+			next++
+		}
+		s.HitBatch(ctx, ns, id, hits, results)
+		for i := range results {
+			if results[i].Err != nil || results[i].Rejected != -1 {
+				b.Fatal(results[i].Rejected, results[i].Err)
+			}
+		}
+	}
+	// Make the counters, and have the store know them.
+	for i := range max(1, keys/size) {
+		batch(fmt.Sprint(ns, "-warm-up-", i))
+	}
+	// IDs of their own: a store may keep IDs apart from namespaces.
+	idBuf := []byte(ns + "-0123456789abcdef-")
+	prefix := len(idBuf)
+	var before int64
+	if commands != nil {
+		before = commands()
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		idBuf = strconv.AppendInt(idBuf[:prefix], int64(n), 10)
+		batch(string(idBuf))
+		n++
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*size), "ns/hit")
+	if commands != nil {
+		b.ReportMetric(float64(commands()-before)/float64(n*size), "cmds/hit")
+	}
+}

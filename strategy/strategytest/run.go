@@ -57,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentPushes", testConcurrentPushes},
 		{"InvalidWindows", testInvalidWindows},
 		{"Hit", testHit},
+		{"HitBatch", testHitBatch},
 		{"Slots", testSlots},
 		{"Bans", testBans},
 		{"Close", testClose},

@@ -455,8 +455,19 @@ func testClose(t *testing.T, h Harness) {
 		}, false)
 		check("Hit", err)
 	}
+	if bs, ok := s.(strategy.BatchHitter); ok {
+		hits := []strategy.HitRequest{{Key: "b", Windows: []strategy.WindowHit{{Size: hour, Start: cur(at, hour), Value: 1, Max: 10}}}}
+		for range 2 { // a batch of one hit, and of two
+			results := make([]strategy.HitResult, len(hits))
+			bs.HitBatch(ctx, ns, newID(), hits, results)
+			for i := range results {
+				check("HitBatch", results[i].Err)
+			}
+			hits = append(hits, hits[0])
+		}
+	}
 	// Nothing was sent, so nothing counted.
 	fresh := h.open(t)
-	got := fetch(t, ctx, fresh, ns, []string{"k", "r", "h"}, sizes, now)
+	got := fetch(t, ctx, fresh, ns, []string{"k", "r", "h", "b"}, sizes, now)
 	assertCounts(t, "after calls on a closed store", got, counts{})
 }

@@ -1,0 +1,492 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// batchSource is the source of batchScript, kept to send with EVAL when a
+// server does not hold it.
+//
+// It applies a batch of synchronous hits of one slot (of any slots on a
+// standalone server) in order, each deciding as hitSource would if the
+// hits ran one after the other, at the cost of one read and one write per
+// counter, however many hits share it: one MGET reads every counter whose
+// count the caller did not send, the hits are decided in Lua on running
+// counts, and each counter that changed is written once at the end, with
+// SET ... PXAT ... NX if it did not exist (its value and its fixed expiry)
+// and INCRBYFLOAT of the sum of its increments otherwise (which keeps its
+// expiry). Kong's order holds for each hit: window by window, while no
+// window has rejected it, the increment is added to the current count;
+// the first window whose rate, current + previous * weight, exceeds its
+// limit rejects it, and the windows after it are only read. With undo, a
+// rejected hit's increments are taken back at once, restoring the counts
+// it found exactly. A counter that a hit writes and a later hit reads as
+// its previous window's (hits of one key on both sides of a window's end)
+// is one running count, so the later hit sees the earlier one.
+//
+// The batch's markers (see Store.HitBatch) come first: with one, SET NX
+// PX checks and sets it in one command; with several, one EXISTS checks
+// them all, and one SET PX per marker sets them only if none exists. If
+// any existed, the batch (or its diffs, pushed as a Batch of its ID) was
+// applied before: every hit only reads, and is decided on the counts as
+// they are, as a hit whose increments are all "0" would.
+//
+// KEYS[1..M] are the markers and KEYS[M+1..] the counters, each once, all
+// in one slot on a Cluster. ARGV[1] is M and ARGV[2] the markers' time to
+// live in milliseconds; then, for counter j (KEYS[M+j]), ARGV[2j+1] is its
+// expiry in Unix milliseconds and ARGV[2j+2] its count, or "" to read it
+// (only previous windows' counts are sent: see prevCache); then come the
+// hits, in order, each as "1" to undo it when rejected (or "0"), its
+// number of windows, and five arguments per window: the indexes j of its
+// current and previous counters, its increment ("0" only reads), its
+// limit ("" for none, "-" for one that every rate exceeds) and the
+// previous window's weight.
+//
+// It replies, for each hit in order, as strings (Redis would truncate Lua
+// numbers to integers), the 0-based index of the window that rejected it
+// or -1, then each window's current and previous counts, formatted with
+// 17 significant digits so that they read back as the same doubles.
+const batchSource = `
+local m = tonumber(ARGV[1])
+local nc = #KEYS - m
+local apply = true
+if m == 1 then
+	if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
+		apply = false
+	end
+elseif m > 1 then
+	local found = 0
+	for i = 1, m, 1000 do
+		found = found + redis.call('EXISTS', unpack(KEYS, i, math.min(m, i + 999)))
+	end
+	if found > 0 then
+		apply = false
+	else
+		for i = 1, m do
+			redis.call('SET', KEYS[i], '1', 'PX', ARGV[2])
+		end
+	end
+end
+-- val[j] is counter j's running count; held[j] whether it exists.
+local val, held, toread, at = {}, {}, {}, {}
+for j = 1, nc do
+	local c = ARGV[2 * j + 2]
+	if c == '' then
+		toread[#toread + 1], at[#at + 1] = KEYS[m + j], j
+	else
+		val[j] = tonumber(c)
+	end
+end
+for i = 1, #toread, 1000 do
+	local last = math.min(#toread, i + 999)
+	local got = redis.call('MGET', unpack(toread, i, last))
+	for x = i, last do
+		local v, j = got[x - i + 1], at[x]
+		held[j] = v ~= false
+		val[j] = tonumber(v or '0')
+		if not val[j] then
+			return redis.error_reply('a counter holds ' .. v .. ', not a number')
+		end
+	end
+end
+-- delta[j] is the sum of counter j's increments; saved* hold what a hit
+-- found, to restore when it is undone.
+local delta, reply, savedc, savedv, savedd = {}, {}, {}, {}, {}
+local p, nargv = 2 * nc + 3, #ARGV
+while p <= nargv do
+	local undo, nw = ARGV[p] == '1', tonumber(ARGV[p + 1])
+	p = p + 2
+	local base, rej, ns = #reply, 0, 0
+	for i = 1, nw do
+		local a = p + 5 * i - 5
+		local c, pc, inc = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+		if apply and rej == 0 and inc ~= 0 then
+			ns = ns + 1
+			savedc[ns], savedv[ns], savedd[ns] = c, val[c], delta[c] or 0
+			val[c] = val[c] + inc
+			delta[c] = (delta[c] or 0) + inc
+		end
+		local cur, prev, limit = val[c], val[pc], ARGV[a + 3]
+		if rej == 0 and limit ~= '' and (limit == '-' or cur + prev * tonumber(ARGV[a + 4]) > tonumber(limit)) then
+			rej = i
+		end
+		reply[base + 2 * i], reply[base + 2 * i + 1] = cur, prev
+	end
+	if undo and rej > 0 and ns > 0 then
+		for x = ns, 1, -1 do
+			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
+		end
+		for i = 1, rej do
+			reply[base + 2 * i] = val[tonumber(ARGV[p + 5 * i - 5])]
+		end
+	end
+	reply[base + 1] = tostring(rej - 1)
+	p = p + 5 * nw
+end
+for j = 1, nc do
+	local d = delta[j]
+	if d and d ~= 0 then
+		local k, v = KEYS[m + j], string.format('%.17g', d)
+		if held[j] or not redis.call('SET', k, v, 'PXAT', ARGV[2 * j + 1], 'NX') then
+			redis.call('INCRBYFLOAT', k, v)
+		end
+	end
+end
+for i = 1, #reply do
+	if type(reply[i]) == 'number' then
+		reply[i] = string.format('%.17g', reply[i])
+	end
+end
+return reply
+`
+
+// batchScript is batchSource, run by its SHA1 digest.
+var batchScript = goredis.NewScript(batchSource)
+
+// HitBatch applies several synchronous hits of a namespace, in order, each
+// deciding as Hit would if they were sent one after the other (see
+// strategy.BatchHitter for the contract): one script run for the whole
+// batch on a standalone server or a Sentinel-managed primary, and one per
+// Cluster slot its keys fall in, pipelined (go-redis sends one pipeline
+// per node, in parallel). A script reads each counter once and writes it
+// once, however many hits of the batch share it: a batch of n hits of one
+// key with two windows costs Redis five commands (the EVALSHA, the
+// marker's SET NX, one MGET and a write per counter), whatever n. A batch
+// of one hit is sent as Hit sends it.
+//
+// A non-empty id names the batch. Each script run sets, for every bucket
+// of its hits, the markers of groups 0 to ceil(w/256)-1 of the bucket
+// under that ID, w being the number of windows of the run's hits of the
+// bucket: only if none of them exists, in which case it applies its hits;
+// if one does, it only reads, and decides on the counts as they are. A
+// Batch of the same ID holding at most one diff per window of the hits
+// that failed then checks only markers that the run set: see the package
+// documentation (Batches of synchronous hits) for why, and what the
+// caller must keep to. The markers live as a hit's do.
+//
+// Each hit is checked as Hit checks its input; a bad one gets an error that
+// wraps strategy.ErrRejected in its result, and the others are sent
+// without it. A script run is sent at most once, as a hit is, and its
+// failure sets the error of each of its hits: of all of them on a
+// standalone server, of the hits of one slot on a Cluster. The error wraps
+// strategy.ErrNotSent when the run surely never reached Redis.
+func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	good := errs.CheckBatch(namespace, id, hits, results)
+	if len(good) == 0 {
+		return
+	}
+	if err := s.checkOpen(); err != nil {
+		errs.FailBatch(results, namespace, good, err)
+		return
+	}
+	if len(good) == 1 {
+		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
+		return
+	}
+
+	// One run per slot, in the order of their first hits.
+	nowMs := s.now().UnixMilli()
+	nsp := nsPart(namespace)
+	var runs []*batchRun
+	bySlot := make(map[int]*batchRun)
+	for _, i := range good {
+		k := bucketOf(namespace, hits[i].Key)
+		slot := 0
+		if s.cluster {
+			slot = int(bucketSlots[k])
+		}
+		r := bySlot[slot]
+		if r == nil {
+			r = newBatchRun()
+			bySlot[slot] = r
+			runs = append(runs, r)
+		}
+		r.add(s.layout, i, k, nsp, &hits[i])
+	}
+	args := make([][]any, len(runs))
+	for n, r := range runs {
+		args[n] = r.command(s, id, nowMs)
+	}
+
+	cmds := s.runOncePipelined(ctx, batchScript, batchSource, args)
+	for n, r := range runs {
+		reply, err := cmds[n].Slice()
+		if err == nil {
+			err = r.answer(s, hits, results, reply, nowMs)
+		}
+		if err != nil {
+			errs.FailBatch(results, namespace, r.hits, notSent(err))
+		}
+	}
+}
+
+// batchRun is one script run of a HitBatch: hits of one slot, or of any
+// slots on a standalone server.
+type batchRun struct {
+	hits    []int       // indexes of the run's hits in the batch, in order
+	windows map[int]int // bucket: the number of windows of the run's hits in it
+	// The counters, each once: their keys, by key their indexes, and what
+	// the run knows of each.
+	keys     []string
+	index    map[string]int
+	counters []batchCounter
+	hitArgs  []any  // the hits' arguments to the script
+	lastExp  int64  // the latest expiry of a current counter
+	buf      []byte // scratch space for counter keys
+	// The hits of a batch mostly share their values, limits and weights:
+	// the last of each formatted, to reuse rather than format again.
+	value, limit, weight formatted
+}
+
+// formatted is a number formatted for a script, and the number.
+type formatted struct {
+	v   float64
+	arg any
+}
+
+// format returns f's argument if it formats v, or else v formatted by
+// with, which it remembers.
+func (f *formatted) format(v float64, with func(float64) any) any {
+	if f.arg == nil || f.v != v {
+		f.v, f.arg = v, with(v)
+	}
+	return f.arg
+}
+
+// batchCounter is what a batchRun knows of one of its counters.
+type batchCounter struct {
+	bucket int
+	expMs  int64 // its expiry, if it is a current counter
+	// current is set when the counter is some window's current counter:
+	// its count changes in the run, so it is always read.
+	current bool
+	// For a counter that is only read as windows' previous counter: the
+	// start of those windows (Unix milliseconds), whether any gives it a
+	// weight, and where the reply of the last of them is (see answer).
+	startMs  int64
+	weighted bool
+	lastHit  int // index in the run's hits
+	lastWin  int // index in that hit's windows
+	// sent is the count sent to the script, from the store's memory
+	// (prevCache), and sentAt when it was read; "" when it is read.
+	sent   string
+	sentAt int64
+}
+
+func newBatchRun() *batchRun {
+	return &batchRun{windows: make(map[int]int), index: make(map[string]int)}
+}
+
+// counter returns the index of a counter of bucket k, adding it if new.
+func (r *batchRun) counter(l *layout, k int, sizeMs, startMs int64, nsp, key string) int {
+	var c string
+	c, r.buf = l.counterKey(r.buf, k, sizeMs, startMs, nsp, key)
+	j, ok := r.index[c]
+	if !ok {
+		j = len(r.keys)
+		r.keys = append(r.keys, c)
+		r.index[c] = j
+		r.counters = append(r.counters, batchCounter{bucket: k, startMs: startMs + sizeMs})
+	}
+	return j
+}
+
+// add adds hit i, of bucket k, to the run.
+func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) {
+	r.windows[k] += len(h.Windows)
+	var undo any = "0"
+	if h.Undo {
+		undo = "1"
+	}
+	r.hitArgs = append(r.hitArgs, undo, len(h.Windows))
+	for w := range h.Windows {
+		win := &h.Windows[w]
+		sizeMs, startMs := int64(win.Size/time.Millisecond), win.Start/int64(time.Millisecond)
+		cur := r.counter(l, k, sizeMs, startMs, nsp, h.Key)
+		prev := r.counter(l, k, sizeMs, startMs-sizeMs, nsp, h.Key)
+		c := &r.counters[cur]
+		c.current, c.expMs = true, expireAtMs(sizeMs, startMs)
+		r.lastExp = max(r.lastExp, c.expMs)
+		p := &r.counters[prev]
+		p.weighted = p.weighted || win.Weight != 0
+		p.lastHit, p.lastWin = len(r.hits), w
+		r.hitArgs = append(r.hitArgs, cur+1, prev+1,
+			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit), r.weight.format(win.Weight, scriptValue))
+	}
+	r.hits = append(r.hits, i)
+}
+
+// scriptValue formats an increment or a weight for the scripts: "0" for
+// zero (and never "-0").
+func scriptValue(v float64) any {
+	if v == 0 {
+		return "0"
+	}
+	return formatValue(v)
+}
+
+// scriptLimit formats a limit for the scripts: "" for +Inf, which no rate
+// exceeds, and "-" for -Inf, which every rate does (Lua 5.1's tonumber
+// cannot be trusted with "inf").
+func scriptLimit(v float64) any {
+	switch {
+	case math.IsInf(v, 1):
+		return ""
+	case math.IsInf(v, -1):
+		return "-"
+	}
+	return formatValue(v)
+}
+
+// command returns the run's EVALSHA command (two slots for runOnce to
+// fill, then the number of keys, the keys and the arguments), sending the
+// previous counts that the store remembers and may use (see prevCache).
+func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
+	var markers []string
+	if id != "" {
+		for _, k := range slices.Sorted(maps.Keys(r.windows)) {
+			for n := range (r.windows[k] + maxScriptKeys - 1) / maxScriptKeys {
+				markers = append(markers, s.layout.dedupeKey(k, n, id))
+			}
+		}
+	}
+	nkeys := len(markers) + len(r.keys)
+	cmd := make([]any, 3, 3+nkeys+2+2*len(r.keys)+len(r.hitArgs))
+	cmd[2] = nkeys
+	for _, m := range markers {
+		cmd = append(cmd, m)
+	}
+	for _, k := range r.keys {
+		cmd = append(cmd, k)
+	}
+	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs))
+	for j := range r.counters {
+		c := &r.counters[j]
+		if !c.current && s.prevs != nil {
+			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
+				c.sent, c.sentAt = e.prev, e.readAt
+			}
+		}
+		cmd = append(cmd, c.expMs, c.sent)
+	}
+	return append(cmd, r.hitArgs...)
+}
+
+// boolWeight is a weight that is 0 or not, as prevEntry.usablePrev tells
+// them apart.
+func boolWeight(weighted bool) float64 {
+	if weighted {
+		return 1
+	}
+	return 0
+}
+
+// answer fills the results of the run's hits from the script's reply, and
+// has the store remember the previous counts it read.
+func (r *batchRun) answer(s *Store, hits []strategy.HitRequest, results []strategy.HitResult, reply []any, nowMs int64) error {
+	// strs[x] is the reply of hit x of the run: its rejecting window, then
+	// each window's counts.
+	strs := make([][]any, len(r.hits))
+	at := 0
+	for x, i := range r.hits {
+		n := 1 + 2*len(hits[i].Windows)
+		if at+n > len(reply) {
+			return fmt.Errorf("the batch script replied %d values, too few for %d hits", len(reply), len(r.hits))
+		}
+		strs[x], at = reply[at:at+n], at+n
+	}
+	if at != len(reply) {
+		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), at)
+	}
+	parsed := make([]strategy.HitResult, len(r.hits))
+	for x, i := range r.hits {
+		res, err := parseHitReply(strs[x], len(hits[i].Windows))
+		if err != nil {
+			return fmt.Errorf("hits[%d]: %w", i, err)
+		}
+		parsed[x] = res
+	}
+	for x, i := range r.hits {
+		results[i] = parsed[x]
+	}
+	if s.prevs == nil {
+		return nil
+	}
+	// Remember, for each window only read as a previous one, its count
+	// and the current count of the window after it.
+	for j := range r.counters {
+		c := &r.counters[j]
+		if c.current {
+			continue
+		}
+		counts := parsed[c.lastHit].Counts[c.lastWin]
+		e := prevEntry{prev: strs[c.lastHit][2+2*c.lastWin].(string), readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
+		if c.sent != "" {
+			e.prev = c.sent // as it was, to the byte
+		}
+		if e.readAt == 0 {
+			e.readAt = nowMs
+		}
+		s.prevs.put(c.bucket, r.keys[j], e, nowMs)
+	}
+	return nil
+}
+
+// parseHitReply parses the reply of one hit of n windows: the index of
+// the window that rejected it, or -1, then each window's current and
+// previous counts, all strings.
+func parseHitReply(reply []any, n int) (strategy.HitResult, error) {
+	str, _ := reply[0].(string)
+	rejected, err := strconv.Atoi(str)
+	if err != nil || rejected < -1 || rejected >= n {
+		return strategy.HitResult{}, fmt.Errorf("the script replied %v, not a window index", reply[0])
+	}
+	res := strategy.HitResult{Counts: make([]strategy.WindowCounts, n), Rejected: rejected}
+	for w := range res.Counts {
+		c := &res.Counts[w]
+		for v, dst := range [2]*float64{&c.Current, &c.Previous} {
+			str, ok := reply[1+2*w+v].(string)
+			f, err := strconv.ParseFloat(str, 64)
+			if !ok || err != nil {
+				return strategy.HitResult{}, fmt.Errorf("windows[%d]: a counter holds %v, not a number", w, reply[1+2*w+v])
+			}
+			*dst = f
+		}
+	}
+	return res, nil
+}
+
+// bucketSlots maps each bucket to the Cluster hash slot of its keys.
+var bucketSlots = func() (slots [buckets]uint16) {
+	for k := range slots {
+		slots[k] = hashSlot(strconv.Itoa(k))
+	}
+	return slots
+}()
+
+// hashSlot returns the Cluster hash slot of a hash tag's text: CRC16
+// (XMODEM) modulo 16384, as Redis computes it.
+func hashSlot(tag string) uint16 {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}
