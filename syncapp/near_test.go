@@ -237,3 +237,8 @@ func TestFleetSyncAboveOutageLosesNothing(t *testing.T) {
 		}
 	})
 }
+
+func (c *countingStore) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	c.hits.Add(int64(len(hits)))
+	c.Store.HitBatch(ctx, namespace, id, hits, results)
+}
