@@ -142,7 +142,7 @@ func TestReadLog(t *testing.T) {
 }
 
 func TestNodeConfig(t *testing.T) {
-	b, err := NodeConfig{Port: 1, Admin: 2, SyncRate: 0, Strategy: json.RawMessage(`{"module":"memory"}`),
+	b, err := NodeConfig{Listen: "fd/3", AdminListen: "fd/4", SyncRate: 0, Strategy: json.RawMessage(`{"module":"memory"}`),
 		Limit: 5, BanLimit: 5, Ban: time.Minute, MaxConcurrent: 5, Upstream: "127.0.0.1:3"}.JSON()
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestNodeConfig(t *testing.T) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"sync_rate": "0"`, `"max_concurrent": 5`, `"ban": "1m0s"`, `"listen": "127.0.0.1:2"`} {
+	for _, want := range []string{`"sync_rate": "0"`, `"max_concurrent": 5`, `"ban": "1m0s"`, `"listen": "fd/4"`, `"fd/3"`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("config lacks %s:\n%s", want, b)
 		}
