@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -20,7 +19,7 @@ func startFleet(t *testing.T, n int, redisAddr, syncRate string, handlers ...map
 	if err != nil {
 		t.Fatal(err)
 	}
-	config := func(port int) ([]byte, error) {
+	config := func([]int) ([]byte, error) {
 		return json.Marshal(map[string]any{
 			"admin":   map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
 			"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "WARN"}}},
@@ -30,7 +29,7 @@ func startFleet(t *testing.T, n int, redisAddr, syncRate string, handlers ...map
 					"strategy":  map[string]any{"module": "redis", "addresses": []string{redisAddr}},
 				}}},
 				"http": map[string]any{"servers": map[string]any{"fleet": map[string]any{
-					"listen":          []string{fmt.Sprintf("127.0.0.1:%d", port)},
+					"listen":          []string{caddyproc.Listen(0)},
 					"automatic_https": map[string]any{"disable": true},
 					"routes": []any{
 						map[string]any{
@@ -43,7 +42,7 @@ func startFleet(t *testing.T, n int, redisAddr, syncRate string, handlers ...map
 			},
 		})
 	}
-	nodes, err := caddyproc.StartAll(t.Context(), bin, t.TempDir(), n, "/ready", config)
+	nodes, err := caddyproc.StartAll(t.Context(), bin, t.TempDir(), n, "/ready", 1, config)
 	if err != nil {
 		t.Fatal(err)
 	}

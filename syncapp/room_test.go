@@ -46,7 +46,7 @@ func TestHitIfRoom(t *testing.T) {
 			if rej, wait := ns.HitIfRoom(ctx, "k", limits, 3, false, out); rej != 0 || wait >= 0 {
 				t.Fatalf("a hit over the limit: rejected %d, wait %v; want never", rej, wait)
 			}
-			if got := ns.SlidingWindow("k", time.Hour, nil).Current; got != 2 {
+			if got := both(ns.SlidingWindow("k", time.Hour, nil)); got != 2 {
 				t.Fatalf("count %v after two admitted and two refused, want 2", got)
 			}
 		})

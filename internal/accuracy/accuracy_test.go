@@ -78,7 +78,7 @@ func buildCaddy(t *testing.T) string {
 // supportsSyncAbove reports whether the plugin knows sync_above.
 func supportsSyncAbove(t *testing.T, bin string, st Store) bool {
 	t.Helper()
-	cfg, err := NodeConfig{Port: 1, SyncRate: 100 * time.Millisecond, SyncAbove: 0.8, Strategy: st.Strategy(), Limit: 1, ManyLimit: 1}.JSON()
+	cfg, err := NodeConfig{Listen: "127.0.0.1:1", SyncRate: 100 * time.Millisecond, SyncAbove: 0.8, Strategy: st.Strategy(), Limit: 1, ManyLimit: 1}.JSON()
 	if err != nil {
 		t.Fatal(err)
 	}

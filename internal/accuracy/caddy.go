@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"time"
 )
 
@@ -31,7 +29,7 @@ const Window = time.Second
 
 // NodeConfig is what one node's JSON config is made of.
 type NodeConfig struct {
-	Port      int
+	Listen    string        // the server's listen address: caddyproc.Listen(0) for a node caddyproc starts
 	SyncRate  time.Duration // 0: synchronous
 	SyncAbove float64       // 0: left out
 	Strategy  json.RawMessage
@@ -77,7 +75,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 			"http": map[string]any{
 				"grace_period": "2s",
 				"servers": map[string]any{"accuracy": map[string]any{
-					"listen":          []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port))},
+					"listen":          []string{c.Listen},
 					"automatic_https": map[string]any{"disable": true},
 					"routes": []any{
 						map[string]any{

@@ -21,7 +21,7 @@ func TestNodeConfig(t *testing.T) {
 		{"sync_above", 10 * time.Millisecond, 0.8, "10ms", 0.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := NodeConfig{Port: 8080, SyncRate: tc.rate, SyncAbove: tc.above, Strategy: strategy, Limit: 200, ManyLimit: 40}.JSON()
+			b, err := NodeConfig{Listen: "127.0.0.1:8080", SyncRate: tc.rate, SyncAbove: tc.above, Strategy: strategy, Limit: 200, ManyLimit: 40}.JSON()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -98,9 +98,9 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 		return Outcome{}, err
 	}
 
-	nodes, err := caddyproc.StartAll(ctx, r.Caddy, dir, r.Nodes, BarePath, func(port int) ([]byte, error) {
+	nodes, err := caddyproc.StartAll(ctx, r.Caddy, dir, r.Nodes, BarePath, 1, func([]int) ([]byte, error) {
 		return NodeConfig{
-			Port: port, SyncRate: row.SyncRate, SyncAbove: row.SyncAbove, Strategy: st.Strategy(),
+			Listen: caddyproc.Listen(0), SyncRate: row.SyncRate, SyncAbove: row.SyncAbove, Strategy: st.Strategy(),
 			Limit: r.Limit, ManyLimit: r.Limit / max(p.LimitDiv, 1),
 		}.JSON()
 	})

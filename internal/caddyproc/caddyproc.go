@@ -93,8 +93,10 @@ func withoutRace(flags string) string {
 
 // Node is one Caddy process: its Log, Running and Kill are the process's.
 type Node struct {
-	// Port is the port its config was made for.
+	// Port is the port of its first socket, which serves the ready path.
 	Port int
+	// Ports are the ports of all its sockets, in the order of Listen.
+	Ports []int
 	*proc.Proc
 }
 
@@ -103,57 +105,80 @@ type Node struct {
 // binary.
 var ErrUnknownField = errors.New("unknown config field")
 
-// Start starts one Caddy process of the binary bin, in dir, with the JSON
-// config made for a free port, and waits until it answers readyPath with
-// 200. A port taken meanwhile by another process is tried again with
-// another. The kernel kills the process if the caller dies first.
-func Start(ctx context.Context, bin, dir, name, readyPath string, config func(port int) ([]byte, error)) (*Node, error) {
-	var lastErr error
-	for range 3 {
-		port, err := proc.FreePort()
+// Listen returns the listen address, in a Caddy config, of the i-th
+// socket (from 0) that Start binds for a node: "fd/3", "fd/4", …
+func Listen(i int) string { return "fd/" + strconv.Itoa(3+i) }
+
+// Start starts one Caddy process of the binary bin, in dir, and waits
+// until it answers readyPath with 200 on its first socket. The node's
+// sockets, as many as sockets (at least one), are bound here on free
+// loopback ports and handed to Caddy open; config gets their ports, and
+// the config it returns must listen on Listen(i) for the i-th. So no
+// other process can take a port between its choice and Caddy's bind:
+// Caddy binds with SO_REUSEPORT, and another Caddy (another node's admin
+// endpoint, a test's) that picked the same free port would share it
+// silently, the kernel splitting the connections between them. The
+// kernel kills the process if the caller dies first.
+func Start(ctx context.Context, bin, dir, name, readyPath string, sockets int, config func(ports []int) ([]byte, error)) (*Node, error) {
+	files := make([]*os.File, 0, sockets)
+	defer func() {
+		// Caddy holds its own copies: once it exits, the ports are closed.
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	ports := make([]int, 0, sockets)
+	for range max(sockets, 1) {
+		l, port, err := proc.ListenLoopback()
 		if err != nil {
 			return nil, err
 		}
-		cfg, err := config(port)
+		f, err := l.File()
+		l.Close()
 		if err != nil {
 			return nil, err
 		}
-		cfgPath := filepath.Join(dir, name+".json")
-		if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
-			return nil, err
-		}
-		// Caddy's data and config directories: the node's own.
-		env := []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}
-		p, err := proc.Start(filepath.Join(dir, name+".log"), env, bin, "run", "--config", cfgPath)
-		if err != nil {
-			return nil, err
-		}
-		n := &Node{Port: port, Proc: p}
-		if err = n.waitReady(ctx, readyPath); err == nil {
-			return n, nil
-		}
-		n.Stop()
-		log := n.Log(20)
-		if strings.Contains(log, "unknown field") {
-			return nil, fmt.Errorf("%w: Caddy refused its config:\n%s", ErrUnknownField, log)
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		lastErr = fmt.Errorf("Caddy on port %d: %v; its log:\n%s", port, err, log)
+		files, ports = append(files, f), append(ports, port)
 	}
-	return nil, lastErr
+	cfg, err := config(ports)
+	if err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(dir, name+".json")
+	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
+		return nil, err
+	}
+	// Caddy's data and config directories: the node's own.
+	env := []string{"HOME=" + dir, "XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}
+	p, err := proc.StartWithFiles(filepath.Join(dir, name+".log"), env, files, bin, "run", "--config", cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Port: ports[0], Ports: ports, Proc: p}
+	if err = n.waitReady(ctx, readyPath); err == nil {
+		return n, nil
+	}
+	n.Stop()
+	log := n.Log(20)
+	if strings.Contains(log, "unknown field") {
+		return nil, fmt.Errorf("%w: Caddy refused its config:\n%s", ErrUnknownField, log)
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("Caddy on port %d: %v; its log:\n%s", n.Port, err, log)
 }
 
-// StartAll starts n nodes at once, named node1 to noden, or none: on an
-// error, those started are stopped.
-func StartAll(ctx context.Context, bin, dir string, n int, readyPath string, config func(port int) ([]byte, error)) ([]*Node, error) {
+// StartAll starts n nodes at once, named node1 to noden, each with the
+// sockets Start binds for it, or none: on an error, those started are
+// stopped.
+func StartAll(ctx context.Context, bin, dir string, n int, readyPath string, sockets int, config func(ports []int) ([]byte, error)) ([]*Node, error) {
 	nodes := make([]*Node, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			nodes[i], errs[i] = Start(ctx, bin, dir, fmt.Sprintf("node%d", i+1), readyPath, config)
+			nodes[i], errs[i] = Start(ctx, bin, dir, fmt.Sprintf("node%d", i+1), readyPath, sockets, config)
 		})
 	}
 	wg.Wait()

@@ -51,18 +51,96 @@ func TestRecovery(t *testing.T) {
 	}
 }
 
-func TestMaxInFlight(t *testing.T) {
-	u := &Upstream{}
+func TestAdmissions(t *testing.T) {
 	t0 := time.Unix(100, 0)
-	s := func(key string, a, b int) span {
-		return span{key, t0.Add(time.Duration(a) * time.Millisecond), t0.Add(time.Duration(b) * time.Millisecond)}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	s := func(key string, a, b int) span { return span{key, at(a), at(b)} }
+	ran := []span{s("k", 0, 100), s("k", 50, 150), s("k", 100, 200), s("other", 60, 70), s("k", 120, 130)}
+	for _, tc := range []struct {
+		name     string
+		from, to int
+		limit    int
+		want     Admissions
+	}{
+		// At 100 ms the first one ends as the third starts: 2, not 3.
+		// At 120 ms: those of 50 and 100 ms, and itself.
+		{"all", 0, 1000, 2, Admissions{N: 4, Worst: 3, Over: 1, LastOver: at(120)}},
+		// The one started at 50 ms is not judged, but still runs at
+		// 100 and 120 ms: it counts against them.
+		{"from 100 ms", 100, 1000, 2, Admissions{N: 2, Worst: 3, Over: 1, LastOver: at(120)}},
+		{"within the limit", 0, 1000, 3, Admissions{N: 4, Worst: 3}},
+		{"to is left out", 0, 100, 2, Admissions{N: 2, Worst: 2}},
+		{"none", 500, 1000, 2, Admissions{}},
+	} {
+		if got := admissions(ran, "k", at(tc.from), at(tc.to), tc.limit); got != tc.want {
+			t.Errorf("%s: admissions = %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
-	u.ran = []span{s("k", 0, 100), s("k", 50, 150), s("k", 100, 200), s("other", 60, 70), s("k", 120, 130)}
-	if got := u.MaxInFlight("k", t0, t0.Add(time.Second)); got != 3 {
-		t.Errorf("MaxInFlight = %d, want 3 (at 120 ms)", got)
+	// Two starting at once see each other; one that took no time still ran.
+	ran = []span{s("k", 0, 100), s("k", 0, 50), s("z", 10, 10)}
+	if got := admissions(ran, "k", at(0), at(1000), 5); got.N != 2 || got.Worst != 2 {
+		t.Errorf("same start: %+v, want 2 admissions with 2 running", got)
 	}
-	if got := u.MaxInFlight("k", t0.Add(100*time.Millisecond), t0.Add(time.Second)); got != 2 {
-		t.Errorf("MaxInFlight from 100 ms = %d, want 2", got)
+	if got := admissions(ran, "z", at(0), at(1000), 5); got.N != 1 || got.Worst != 1 {
+		t.Errorf("no time: %+v, want 1 admission with itself running", got)
+	}
+}
+
+// TestConcurrencyJudgedOnceSyncing: the cap is judged from the row's
+// syncing-again time, with the requests admitted on local counts during
+// the outage still counted as running, and from a second after the store
+// served when no node time is known.
+func TestConcurrencyJudgedOnceSyncing(t *testing.T) {
+	served := time.Unix(100, 0)
+	at := func(ms int) time.Time { return served.Add(time.Duration(ms) * time.Millisecond) }
+	fault, _ := FaultByName("redis-pause")
+	key := "row-conc"
+	newOutcome := func(syncedAt int, spans ...span) *Outcome {
+		o := &Outcome{
+			Row: Row{Fault: fault}, KilledNode: -1, BanBeforeKey: "row-ban-before",
+			LoadStart: at(-5000), Start: at(-3000), Served: served, LoadEnd: at(5000),
+			// One node: a failure before served, a clean run at syncedAt.
+			Samples: [][]SyncSample{{{At: at(-2000), Runs: 1}, {At: at(-1000), Runs: 2, Errors: 1}, {At: at(syncedAt), Runs: 3, Errors: 1}}},
+		}
+		if syncedAt < 0 {
+			o.Samples[0] = o.Samples[0][:2] // never a clean run
+		}
+		o.recovery()
+		o.concurrency(&Upstream{ran: spans})
+		return o
+	}
+	reqs := func(n, from, to int) []span {
+		var ss []span
+		for range n {
+			ss = append(ss, span{key, at(from), at(to)})
+		}
+		return ss
+	}
+	capCheck := func(o *Outcome) Check {
+		for _, c := range o.Checks() {
+			if strings.HasPrefix(c.Promise, "max_concurrent: once every node syncs again") {
+				return c
+			}
+		}
+		t.Fatal("no max_concurrent cap check")
+		return Check{}
+	}
+
+	// 7 admitted on local counts at +200 ms, ending at +900 ms; every node
+	// syncs again at +700 ms; 5 admitted at +1000 ms, once those ended.
+	o := newOutcome(700, append(reqs(7, 200, 900), reqs(5, 1000, 1100)...)...)
+	if c := capCheck(o); !c.Held || o.ConcFrom != 700*time.Millisecond || !o.ConcFromSync || o.Conc != (Admissions{N: 5, Worst: 5}) {
+		t.Errorf("outage's requests over before the next: %+v, from %v (%v), %+v", c, o.ConcFrom, o.ConcFromSync, o.Conc)
+	}
+	// One more admitted at +800 ms, while the 7 still run: 8 in flight.
+	o = newOutcome(700, append(reqs(7, 200, 900), append(reqs(1, 800, 900), reqs(5, 1000, 1100)...)...)...)
+	if c := capCheck(o); c.Held || o.Conc.Worst != 8 || o.Conc.Over != 1 || !strings.Contains(c.Figure, "1 of 6 admissions over the cap, the last at +0.80 s") {
+		t.Errorf("admitted with the outage's requests running: %+v, %+v", c, o.Conc)
+	}
+	// No node time: from the store serving + 1 s.
+	o = newOutcome(-1, reqs(7, 200, 900)...)
+	if c := capCheck(o); !c.Held || o.ConcFrom != time.Second || o.ConcFromSync || !strings.Contains(c.Figure, "no request admitted from +1.00 s") {
+		t.Errorf("never synced: %+v, from %v (%v)", c, o.ConcFrom, o.ConcFromSync)
 	}
 }
 
@@ -142,7 +220,7 @@ func TestReadLog(t *testing.T) {
 }
 
 func TestNodeConfig(t *testing.T) {
-	b, err := NodeConfig{Port: 1, Admin: 2, SyncRate: 0, Strategy: json.RawMessage(`{"module":"memory"}`),
+	b, err := NodeConfig{Listen: "fd/3", AdminListen: "fd/4", SyncRate: 0, Strategy: json.RawMessage(`{"module":"memory"}`),
 		Limit: 5, BanLimit: 5, Ban: time.Minute, MaxConcurrent: 5, Upstream: "127.0.0.1:3"}.JSON()
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +229,7 @@ func TestNodeConfig(t *testing.T) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"sync_rate": "0"`, `"max_concurrent": 5`, `"ban": "1m0s"`, `"listen": "127.0.0.1:2"`} {
+	for _, want := range []string{`"sync_rate": "0"`, `"max_concurrent": 5`, `"ban": "1m0s"`, `"listen": "fd/4"`, `"fd/3"`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("config lacks %s:\n%s", want, b)
 		}
@@ -181,5 +259,38 @@ func TestSlots(t *testing.T) {
 	}
 	if b := redisBucket("api", "k"); b < 0 || b >= redisBuckets || b != redisBucket("api", "k") {
 		t.Errorf("redisBucket = %d", b)
+	}
+}
+
+// TestWriteDoc renders docs/faults.md's template for one row, which full
+// runs alone did: a template error would end a run of many minutes.
+func TestWriteDoc(t *testing.T) {
+	served := time.Unix(100, 0)
+	at := func(ms int) time.Time { return served.Add(time.Duration(ms) * time.Millisecond) }
+	fault, _ := FaultByName("redis-pause")
+	o := &Outcome{
+		Row: Row{Fault: fault}, Title: fault.TitleFor(1), KilledNode: -1, BanBeforeKey: "row-ban-before",
+		LoadStart: at(-5000), Start: at(-3000), End: at(0), Served: served, LoadEnd: at(5000),
+		Samples: [][]SyncSample{{{At: at(-2000), Runs: 1}, {At: at(-1000), Runs: 2, Errors: 1}, {At: at(700), Runs: 3, Errors: 1}}},
+	}
+	o.recovery()
+	o.concurrency(&Upstream{ran: []span{{"row-conc", at(200), at(900)}, {"row-conc", at(800), at(900)}}})
+	r := &Report{Date: served, Nodes: 3, Scale: 1, Rates: DefaultRates, Outcomes: []*Outcome{o}, Errors: []string{"a row: an error"}}
+	path := filepath.Join(t.TempDir(), "faults.md")
+	if err := r.WriteDoc(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"*syncing again* time", "most in flight at an admission, from every node syncing again",
+		"2 from +0.70 s (before: 0)", "every request is admitted with ≤ 5 of its key in flight, itself included",
+		"a row: an error",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("faults.md lacks %q", want)
+		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
-	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
 // Routes of every node, and the header that carries the client key.
@@ -36,14 +34,17 @@ const (
 
 // NodeConfig is what one node's JSON config is made of.
 type NodeConfig struct {
-	Port, Admin   int
-	SyncRate      time.Duration // 0: synchronous
-	Strategy      json.RawMessage
-	Limit         float64 // of LimitPath, per second
-	BanLimit      float64 // of BanPath, per minute
-	Ban           time.Duration
-	MaxConcurrent int
-	Upstream      string // host:port of ConcPath's backend
+	// Listen and AdminListen are the listen addresses of the HTTP server
+	// and of the admin endpoint: caddyproc.Listen(0) and (1) for a node
+	// StartNode starts.
+	Listen, AdminListen string
+	SyncRate            time.Duration // 0: synchronous
+	Strategy            json.RawMessage
+	Limit               float64 // of LimitPath, per second
+	BanLimit            float64 // of BanPath, per minute
+	Ban                 time.Duration
+	MaxConcurrent       int
+	Upstream            string // host:port of ConcPath's backend
 }
 
 // JSON returns the node's Caddy config: an admin endpoint on its own
@@ -79,7 +80,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 	}
 	cfg := map[string]any{
 		"admin": map[string]any{
-			"listen": net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Admin)),
+			"listen": c.AdminListen,
 			"config": map[string]any{"persist": false},
 		},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{
@@ -90,7 +91,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 			"http": map[string]any{
 				"grace_period": "2s",
 				"servers": map[string]any{"faults": map[string]any{
-					"listen":          []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port))},
+					"listen":          []string{c.Listen},
 					"automatic_https": map[string]any{"disable": true},
 					"routes": []any{
 						map[string]any{
@@ -120,24 +121,25 @@ type Node struct {
 	Config []byte
 }
 
-// StartNode starts a node named name in dir, with the config cfg makes
-// for its ports.
-func StartNode(ctx context.Context, bin, dir, name string, cfg func(port, admin int) ([]byte, error)) (*Node, error) {
+// StartNode starts a node named name in dir, with the config cfg makes;
+// the config must listen on caddyproc.Listen(0) for HTTP and on
+// caddyproc.Listen(1) for the admin endpoint (see NodeConfig). Both
+// sockets are bound by caddyproc and handed to the node, so the ports are
+// the node's alone: with ports it bound itself, Caddy would share them,
+// by SO_REUSEPORT, with another Caddy that picked the same free port,
+// such as another node's admin endpoint, which answers the routes 404.
+func StartNode(ctx context.Context, bin, dir, name string, cfg func() ([]byte, error)) (*Node, error) {
 	n := &Node{Name: name}
-	cn, err := caddyproc.Start(ctx, bin, dir, name, BarePath, func(port int) ([]byte, error) {
-		admin, err := proc.FreePort()
-		if err != nil {
-			return nil, err
-		}
-		b, err := cfg(port, admin)
-		n.Admin, n.Config = admin, b
+	cn, err := caddyproc.Start(ctx, bin, dir, name, BarePath, 2, func(ports []int) ([]byte, error) {
+		b, err := cfg()
+		n.Admin, n.Config = ports[1], b
 		return b, err
 	})
 	if err != nil {
 		return nil, err
 	}
 	n.Node = cn
-	// The node answers on its port: its admin endpoint must answer too.
+	// The node answers /bare on its port: its admin endpoint must answer too.
 	err = cn.WaitUntil(ctx, 10*time.Second, 20*time.Millisecond, func() bool {
 		_, err := n.adminGet(ctx, "/config/")
 		return err == nil

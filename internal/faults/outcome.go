@@ -71,16 +71,20 @@ type Outcome struct {
 	Failed      []bool // the node saw failures during the row
 
 	// ConcFirst is how long after Served the first request of ConcPath
-	// sent from then on was admitted (-1: none); ConcMax, the most
-	// requests of its key that ran at once from Served + Hold on.
+	// sent from then on was admitted (-1: none).
 	ConcFirst time.Duration
-	ConcMax   int
-	// ConcOverUntil is when, after Served, the last request started with
-	// more than MaxConcurrent of its key running (0: never).
-	ConcOverUntil time.Duration
-	// ConcMaxBefore is the most that ran at once before the fault: the
-	// control.
-	ConcMaxBefore int
+	// ConcFrom is when, after Served, the cap is judged from: once every
+	// node syncs again (Served + RecoveryMax; ConcFromSync), or a second
+	// after Served when the row has no such time. Nodes learn that the
+	// store is back only then, and requests they admitted on local counts
+	// during the outage may still run: those count against the requests
+	// admitted after ConcFrom, but are not judged themselves.
+	ConcFrom     time.Duration
+	ConcFromSync bool
+	// Conc sums up the requests of ConcPath's key the upstream started
+	// from ConcFrom on, each by the requests of the key it was running at
+	// that start; ConcBefore, those before the fault: the control.
+	Conc, ConcBefore Admissions
 	// LoadStart is when the load started.
 	LoadStart time.Time
 
@@ -234,13 +238,8 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 		o.Max = lat[len(lat)-1]
 		o.Slow = float64(slow) / float64(len(lat))
 	}
-	key := o.Row.Fault.keyPrefix(o)
-	var lastOver time.Time
-	o.ConcMax, lastOver = up.InFlight(key, from.Add(Hold), o.LoadEnd, MaxConcurrent)
-	if !lastOver.IsZero() {
-		o.ConcOverUntil = lastOver.Sub(from)
-	}
-	o.ConcMaxBefore = up.MaxInFlight(key, o.LoadStart, o.Start)
+	o.recovery()
+	o.concurrency(up)
 
 	// The store's counts, key by key, through any live node: a node whose
 	// client cannot reach the store yet (a Cluster's stale slot map) is
@@ -289,8 +288,23 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 			}
 		}
 	}
-	o.recovery()
 	return nil
+}
+
+// concurrency judges max_concurrent's cap from what the upstream ran,
+// once recovery has found when every node syncs again: from then on (or
+// a second after the store served, when the row has no such time: a node
+// never synced again, or no store came back), each request the upstream
+// started must have found at most MaxConcurrent of its key running,
+// itself included.
+func (o *Outcome) concurrency(up *Upstream) {
+	o.ConcFrom, o.ConcFromSync = time.Second, false
+	if !o.Served.IsZero() && !o.Row.Fault.NodeFault && o.RecoveryMax >= 0 {
+		o.ConcFrom, o.ConcFromSync = o.RecoveryMax, true
+	}
+	key := o.Row.Fault.keyPrefix(o)
+	o.Conc = up.Admissions(key, o.recoveryFrom().Add(o.ConcFrom), o.LoadEnd, MaxConcurrent)
+	o.ConcBefore = up.Admissions(key, o.LoadStart, o.Start, MaxConcurrent)
 }
 
 // ReadBudget bounds how long the harness tries to read the store's
@@ -435,7 +449,8 @@ func (o *Outcome) Checks() []Check {
 		}
 		cs = append(cs,
 			Check{"max_concurrent: first request admitted ≤ 3 s after the store serves", fig, o.ConcFirst >= 0 && o.ConcFirst <= 3*time.Second},
-			Check{fmt.Sprintf("max_concurrent: fleet cap %d holds from then on", MaxConcurrent), concFigure(o), o.ConcMax <= MaxConcurrent},
+			Check{fmt.Sprintf("max_concurrent: once every node syncs again, every request is admitted with ≤ %d of its key in flight, itself included", MaxConcurrent),
+				concFigure(o), o.Conc.Worst <= MaxConcurrent},
 		)
 	}
 	if o.Row.Fault.Name == "redis-flap" {
@@ -503,14 +518,21 @@ func recoveryString(o *Outcome) string {
 	return secs1(o.RecoveryMax)
 }
 
-// concFigure describes the requests in flight of ConcPath's key after
-// the store served again.
+// concFigure describes the requests of ConcPath's key in flight at each
+// admission once every node synced again.
 func concFigure(o *Outcome) string {
-	f := fmt.Sprintf("%d in flight at most; %d before the fault", o.ConcMax, o.ConcMaxBefore)
-	if o.ConcOverUntil > 0 {
-		f += fmt.Sprintf("; over the cap until %s after the store served", secs1(o.ConcOverUntil))
+	from := "every node syncing again"
+	if !o.ConcFromSync {
+		from = "the store serving + 1 s: no syncing-again time"
 	}
-	return f
+	if o.Conc.N == 0 {
+		return fmt.Sprintf("no request admitted from +%s (%s)", secs1(o.ConcFrom), from)
+	}
+	f := fmt.Sprintf("at most %d in flight at an admission, from +%s (%s) on", o.Conc.Worst, secs1(o.ConcFrom), from)
+	if o.Conc.Over > 0 {
+		f += fmt.Sprintf("; %d of %d admissions over the cap, the last at +%s", o.Conc.Over, o.Conc.N, secs1(o.Conc.LastOver.Sub(o.recoveryFrom())))
+	}
+	return f + fmt.Sprintf("; %d before the fault", o.ConcBefore.Worst)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

@@ -37,7 +37,7 @@ type Report struct {
 
 // WriteTable writes one markdown row per outcome.
 func WriteTable(w io.Writer, outcomes []*Outcome) {
-	fmt.Fprintln(w, "| fault | mode | hits admitted / in store | lost | counted twice | 5xx | no answer | latency during: p50 / p99 / max (ms) | ≥ 900 ms | admitted / limit, worst second: during / after | syncing again after the store serves (worst node) | max_concurrent: first admitted / most in flight after | ban on every node after | failure log lines / min (worst node); stderr lines | goroutines before → after (per node) | store connections before → after | promises |")
+	fmt.Fprintln(w, "| fault | mode | hits admitted / in store | lost | counted twice | 5xx | no answer | latency during: p50 / p99 / max (ms) | ≥ 900 ms | admitted / limit, worst second: during / after | syncing again after the store serves (worst node) | max_concurrent: first admitted / most in flight at an admission, from every node syncing again | ban on every node after | failure log lines / min (worst node); stderr lines | goroutines before → after (per node) | store connections before → after | promises |")
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 	for _, o := range outcomes {
 		perMin, foreign := o.LogPerMinute()
@@ -47,9 +47,13 @@ func WriteTable(w io.Writer, outcomes []*Outcome) {
 			if o.ConcFirst >= 0 {
 				first = secs1(o.ConcFirst)
 			}
-			conc = fmt.Sprintf("%s / %d (before: %d)", first, o.ConcMax, o.ConcMaxBefore)
-			if o.ConcOverUntil > 0 {
-				conc += fmt.Sprintf(", over the cap until +%s", secs1(o.ConcOverUntil))
+			from := "+" + secs1(o.ConcFrom)
+			if !o.ConcFromSync {
+				from += " (served + 1 s)"
+			}
+			conc = fmt.Sprintf("%s / %d from %s (before: %d)", first, o.Conc.Worst, from, o.ConcBefore.Worst)
+			if o.Conc.Over > 0 {
+				conc += fmt.Sprintf(", %d of %d over the cap", o.Conc.Over, o.Conc.N)
 			}
 		}
 		ban := "not in 20 s"

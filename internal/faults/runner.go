@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
@@ -173,9 +174,9 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	var wg sync.WaitGroup
 	for i := range nodes {
 		wg.Go(func() {
-			nodes[i], errs[i] = StartNode(ctx, r.Caddy, dir, fmt.Sprintf("node%d", i+1), func(port, admin int) ([]byte, error) {
+			nodes[i], errs[i] = StartNode(ctx, r.Caddy, dir, fmt.Sprintf("node%d", i+1), func() ([]byte, error) {
 				return NodeConfig{
-					Port: port, Admin: admin, SyncRate: row.SyncRate(), Strategy: backend.Strategy(),
+					Listen: caddyproc.Listen(0), AdminListen: caddyproc.Listen(1), SyncRate: row.SyncRate(), Strategy: backend.Strategy(),
 					Limit: LimitPerSecond, BanLimit: BanLimit, Ban: BanFor,
 					MaxConcurrent: MaxConcurrent, Upstream: r.upstream.Addr,
 				}.JSON()

@@ -2,7 +2,6 @@ package faults
 
 import (
 	"cmp"
-	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -62,42 +61,69 @@ func (u *Upstream) Reset() {
 	u.mu.Unlock()
 }
 
-// MaxInFlight returns the most requests of key that ran at once among
-// those that started in [from, to).
-func (u *Upstream) MaxInFlight(key string, from, to time.Time) int {
-	most, _ := u.InFlight(key, from, to, math.MaxInt)
-	return most
+// Admissions sums up the requests of a key that the upstream started in
+// a span of time, each by the number of requests of the key it was
+// running at that request's start, that request included: what
+// max_concurrent admitted it with. Requests that started before the span
+// and still ran count against those in it, but are not judged.
+type Admissions struct {
+	// N is how many requests started in the span.
+	N int
+	// Worst is the most requests running at one of those starts.
+	Worst int
+	// Over is how many of them started with more than the limit running,
+	// and LastOver the last of those (zero: none).
+	Over     int
+	LastOver time.Time
 }
 
-// InFlight returns the most requests of key that ran at once among those
-// that started in [from, to), and the last time a request started with
-// more than limit of them running (zero: never).
-func (u *Upstream) InFlight(key string, from, to time.Time, limit int) (most int, lastOver time.Time) {
+// Admissions sums up the requests of key that started in [from, to)
+// against limit: for each, how many requests of key were running when it
+// started (those with start ≤ t < end, itself included).
+func (u *Upstream) Admissions(key string, from, to time.Time, limit int) Admissions {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	type ev struct {
-		at    time.Time
-		delta int
-	}
-	var evs []ev
-	for _, s := range u.ran {
-		if s.key == key && !s.start.Before(from) && s.start.Before(to) {
-			evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
+	return admissions(u.ran, key, from, to, limit)
+}
+
+func admissions(ran []span, key string, from, to time.Time, limit int) Admissions {
+	var starts, ends []time.Time
+	for _, s := range ran {
+		if s.key == key {
+			starts, ends = append(starts, s.start), append(ends, s.end)
 		}
 	}
-	// Ends before starts at the same instant: back-to-back is not overlap.
-	slices.SortFunc(evs, func(a, b ev) int {
-		return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.delta, b.delta))
-	})
-	n := 0
-	for _, e := range evs {
-		n += e.delta
-		most = max(most, n)
-		if n > limit && e.delta > 0 {
-			lastOver = e.at
+	slices.SortFunc(starts, time.Time.Compare)
+	slices.SortFunc(ends, time.Time.Compare)
+	// upTo is how many of ts are at or before t.
+	upTo := func(ts []time.Time, t time.Time) int {
+		n, _ := slices.BinarySearchFunc(ts, t, func(e, t time.Time) int {
+			// Equal counts as before: find the first one after t.
+			return cmp.Or(e.Compare(t), -1)
+		})
+		return n
+	}
+	var a Admissions
+	for _, s := range ran {
+		if s.key != key || s.start.Before(from) || !s.start.Before(to) {
+			continue
+		}
+		// Those that ended at s.start no longer run: back-to-back is not
+		// overlap.
+		running := upTo(starts, s.start) - upTo(ends, s.start)
+		if !s.end.After(s.start) {
+			running++ // a request that took no time still ran
+		}
+		a.N++
+		a.Worst = max(a.Worst, running)
+		if running > limit {
+			a.Over++
+			if s.start.After(a.LastOver) {
+				a.LastOver = s.start
+			}
 		}
 	}
-	return most, lastOver
+	return a
 }
 
 // Close stops the upstream.

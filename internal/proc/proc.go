@@ -27,6 +27,13 @@ type Proc struct {
 // Start starts name with args, its output in a new file at logPath and env
 // added to this process's environment.
 func Start(logPath string, env []string, name string, args ...string) (*Proc, error) {
+	return StartWithFiles(logPath, env, nil, name, args...)
+}
+
+// StartWithFiles is Start with files open in the process as file
+// descriptors 3, 4, … (exec.Cmd's ExtraFiles): listening sockets the
+// caller bound, for instance. The caller still owns its copies of them.
+func StartWithFiles(logPath string, env []string, files []*os.File, name string, args ...string) (*Proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -35,6 +42,7 @@ func Start(logPath string, env []string, name string, args ...string) (*Proc, er
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
+	cmd.ExtraFiles = files
 	SetDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
@@ -107,7 +115,10 @@ func (p *Proc) WaitUntil(ctx context.Context, limit, interval time.Duration, rea
 
 // FreePort returns a loopback port that was free a moment ago. Another
 // process may take it before the server binds it, so callers start the
-// server again on another when it cannot.
+// server again on another when it cannot. Caddy cannot tell: it binds
+// with SO_REUSEPORT, so a second Caddy on the port shares it silently (the
+// kernel splits the connections between them); give Caddy sockets bound
+// here instead (ListenLoopback, StartWithFiles).
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -115,4 +126,16 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ListenLoopback binds a TCP socket on a free loopback port and returns
+// it with its port. It is bound without SO_REUSEPORT, so that no other
+// process can bind the port while it is open, even with SO_REUSEPORT.
+func ListenLoopback() (*net.TCPListener, int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, 0, err
+	}
+	tl := l.(*net.TCPListener)
+	return tl, tl.Addr().(*net.TCPAddr).Port, nil
 }
