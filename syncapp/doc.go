@@ -33,15 +33,21 @@
 //	            always in the zone, on its way, or in the store.
 //	  .mu       the batch whose push failed.
 //	  retryQueue.mu   synchronous hits that failed after they may have
-//	            been applied, to push again under their own IDs.
+//	            been applied, to push again under their round trip's ID.
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
-//	            off the request's path by its own goroutine.
+//	            off the request's path by its own goroutine, and those of
+//	            requests admitted locally, which it takes in the store once
+//	            the store is back.
 //	inFlight.mu requests in flight per key on this node.
 //	health.mu   failures, backoff and the failure log's throttle; whether
-//	            hits skip the store is an atomic.
+//	            hits skip the store is an atomic: from a failure or a stall
+//	            until a success. Requests never probe; the loop's runs do.
+//	hitQueue.mu (one per config's Namespace) the synchronous hits waiting
+//	            for a round trip, the round trips out, the stall check.
+//	batchRetry.mu   the increments of a failed round trip's hits.
 //	loop.mu     the namespaces attached (the reload hand-off) and the store
 //	            references the loop holds.
 //
@@ -56,14 +62,21 @@
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
-//	    outbox.view ──► store.Hit (one round trip; the store decides)
+//	    outbox.view ──► hitQueue: sent at once while fewer than 4 round
+//	      trips are out, else waits and goes in the next with the others
+//	      ──► store.HitBatch (one round trip; the store decides each hit)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
-//	      failed  ──► health.failed ──► zone counts it ──► outbox.retry
+//	      stalled (no answer 250 ms while hits wait) ──► health.stalled
+//	              ──► the waiting hits: window zone
+//	      failed  ──► health.failed ──► zone counts it ──► batchRetry
+//	              ──► (last hit of the round trip) outbox.retry
 //
 //	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
 //	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
 //	  banTable.sync ──► store.SetBans, store.GetBans
-//	  health.failedRun / health.succeeded ──► the loop's next delay
+//	  nothing asked and the store failing ──► store.Ping
+//	  health.failedRun / health.succeeded ──► the loop's next delay:
+//	    while failing, a probe 250 ms after the failure, then up to 1 s apart
 package syncapp
