@@ -11,7 +11,7 @@
 #
 # Settings, from the environment:
 #	PAIRS=5 DURATION=3s WARMUP=1s CONNECTIONS=32 THREADS=1
-#	CASES=local,local-kong,local-both,local-hidden,local-one,local-newkey,periodic,sync,draft-only,headers-only  (a subset, in any order)
+#	CASES=local,local-kong,local-both,local-hidden,local-one,local-newkey,periodic,sync,sync-100,draft-only,headers-only  (a subset, in any order)
 #	PROFILE=<case or bare> PROFILE_OUT=caddy-<case>.pprof PROFILE_SECONDS=10
 #
 # It installs Debian's wrk and redis-server when they are missing, and

@@ -39,6 +39,8 @@ type benchCase struct {
 	label  string // for the table
 	path   string
 	newKey bool // a new key per request: a counter in the query string
+	// hundredKeys spreads the requests over 100 keys, in the query string.
+	hundredKeys bool
 	redis  bool // count the Redis commands it sends
 	shows  int  // the rate limit headers its responses carry: draftShown, kongShown
 }
@@ -55,10 +57,30 @@ var cases = []benchCase{
 	{name: "local-newkey", label: "local, new key per request", path: "/local-newkey", newKey: true, shows: draftShown},
 	{name: "periodic", label: "periodic 100ms, one key, Redis", path: "/periodic", redis: true, shows: draftShown},
 	{name: "sync", label: "synchronous, one key, Redis", path: "/sync", redis: true, shows: draftShown},
+	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", hundredKeys: true, redis: true, shows: draftShown},
 	// The floors of the cases that show headers: what writing them costs
 	// net/http, with no limiter at all.
 	{name: "draft-only", label: "control: the draft's 2 fields, no limiter", path: "/draft-only", shows: draftShown},
 	{name: "headers-only", label: "control: kong's 7 headers, no limiter", path: "/headers-only", shows: kongShown},
+}
+
+// keying is how a run's requests vary their keys.
+type keying int
+
+const (
+	oneKey keying = iota
+	newKeys
+	hundredKeys
+)
+
+func (c benchCase) keying() keying {
+	switch {
+	case c.newKey:
+		return newKeys
+	case c.hundredKeys:
+		return hundredKeys
+	}
+	return oneKey
 }
 
 // Which rate limit headers a route's responses carry.
@@ -444,6 +466,7 @@ type bencher struct {
 	redisAddr    string
 	staticScript string // prints the result only: wrk sends one fixed request
 	newKeyScript string // also puts a new counter in each request's query
+	keysScript   string // puts one of 100 keys in each request's query
 	runs         int    // wrk runs so far, for distinct keys across runs
 }
 
@@ -476,22 +499,40 @@ function request()
 end
 ` + doneLua
 
+// hundredKeysLua sends each request with one of 100 keys in its query,
+// in turn.
+const hundredKeysLua = `
+function init(args)
+	n = 0
+end
+function request()
+	n = n + 1
+	return wrk.format(nil, wrk.path .. "?k" .. (n % 100))
+end
+` + doneLua
+
 func (b *bencher) writeScripts() error {
 	b.staticScript = filepath.Join(b.cfg.workdir, "static.lua")
 	b.newKeyScript = filepath.Join(b.cfg.workdir, "newkey.lua")
-	if err := os.WriteFile(b.staticScript, []byte(doneLua), 0o644); err != nil {
-		return err
+	b.keysScript = filepath.Join(b.cfg.workdir, "keys.lua")
+	for path, script := range map[string]string{b.staticScript: doneLua, b.newKeyScript: newKeyLua, b.keysScript: hundredKeysLua} {
+		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+			return err
+		}
 	}
-	return os.WriteFile(b.newKeyScript, []byte(newKeyLua), 0o644)
+	return nil
 }
 
-// wrk runs wrk once against path; newKey selects the script that varies
+// wrk runs wrk once against path; keys selects the script that varies
 // the query string.
-func (b *bencher) wrk(ctx context.Context, path string, newKey bool, d time.Duration) (benchhttp.WrkResult, error) {
+func (b *bencher) wrk(ctx context.Context, path string, keys keying, d time.Duration) (benchhttp.WrkResult, error) {
 	b.runs++
 	script := b.staticScript
-	if newKey {
+	switch keys {
+	case newKeys:
 		script = b.newKeyScript
+	case hundredKeys:
+		script = b.keysScript
 	}
 	url := urlOf(b.ports, path)
 	cmd := exec.CommandContext(ctx, "wrk",
@@ -510,9 +551,9 @@ func (b *bencher) wrk(ctx context.Context, path string, newKey bool, d time.Dura
 
 // measured runs wrk once and reads the CPU time Caddy used meanwhile, or
 // 0 where /proc cannot tell.
-func (b *bencher) measured(ctx context.Context, path string, newKey bool) (benchhttp.Run, error) {
+func (b *bencher) measured(ctx context.Context, path string, keys keying) (benchhttp.Run, error) {
 	before, errBefore := b.caddyCPU()
-	r, err := b.wrk(ctx, path, newKey, b.cfg.duration)
+	r, err := b.wrk(ctx, path, keys, b.cfg.duration)
 	after, errAfter := b.caddyCPU()
 	run := benchhttp.Run{WrkResult: r}
 	if errBefore == nil && errAfter == nil {
@@ -557,7 +598,7 @@ func (b *bencher) limited(ctx context.Context, c benchCase, res *caseResult) (be
 			return benchhttp.Run{}, fmt.Errorf("CONFIG RESETSTAT: %v", err)
 		}
 	}
-	r, err := b.measured(ctx, c.path, c.newKey)
+	r, err := b.measured(ctx, c.path, c.keying())
 	if err != nil || !c.redis {
 		return r, err
 	}
@@ -585,7 +626,7 @@ func (b *bencher) runCase(ctx context.Context, c benchCase) (caseResult, error) 
 	// Warm-up: connections, Caddy's pools, the key's counters and the
 	// Redis connections exist before anything is measured.
 	for _, path := range []string{barePath, c.path} {
-		if _, err := b.wrk(ctx, path, c.newKey, b.cfg.warmup); err != nil {
+		if _, err := b.wrk(ctx, path, c.keying(), b.cfg.warmup); err != nil {
 			return res, err
 		}
 	}
@@ -596,12 +637,12 @@ func (b *bencher) runCase(ctx context.Context, c benchCase) (caseResult, error) 
 		// Odd pairs run the limited route first: over two pairs, a drift
 		// of the machine's speed weighs on both routes alike.
 		if i%2 == 0 {
-			if p.Bare, err = b.measured(ctx, barePath, c.newKey); err == nil {
+			if p.Bare, err = b.measured(ctx, barePath, c.keying()); err == nil {
 				p.Limited, err = b.limited(ctx, c, &res)
 			}
 		} else {
 			if p.Limited, err = b.limited(ctx, c, &res); err == nil {
-				p.Bare, err = b.measured(ctx, barePath, c.newKey)
+				p.Bare, err = b.measured(ctx, barePath, c.keying())
 			}
 		}
 		if err != nil {
@@ -658,7 +699,7 @@ func (b *bencher) monitor(ctx context.Context, c benchCase, res *caseResult) err
 			}
 		}
 	}()
-	r, err := b.wrk(ctx, c.path, c.newKey, b.cfg.duration)
+	r, err := b.wrk(ctx, c.path, c.keying(), b.cfg.duration)
 	if err == nil {
 		select {
 		case <-ctx.Done():
@@ -752,7 +793,7 @@ func (b *bencher) profile(ctx context.Context, admin string) error {
 	// The load starts a second before the profile and ends after it.
 	load := b.cfg.profileFor + 3*time.Second
 	go func() {
-		r, err := b.wrk(ctx, c.path, c.newKey, load)
+		r, err := b.wrk(ctx, c.path, c.keying(), load)
 		done <- wrkDone{r, err}
 	}()
 	select {
