@@ -332,7 +332,7 @@ func (h *Handler) validate() error {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
 	}
 	if len(h.Limits) == 0 && h.Rate == nil {
-		return fmt.Errorf("limits: at least one limit or a rate is required, such as a limit of 100 per 1m")
+		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m, unless the handler has a rate")
 	}
 	var limits []limit
 	for _, l := range h.Limits {

@@ -277,8 +277,7 @@ func TestTiers(t *testing.T) {
 }
 
 // TestRateLoadErrors: bad rates are refused at load naming the field and
-// the value, and a periodic namespace refuses a rate, saying to use
-// sync_rate 0.
+// the value, and a namespace with a store refuses a rate, saying why.
 func TestRateLoadErrors(t *testing.T) {
 	for _, tc := range []struct{ rl, want string }{
 		{"rate 10", "rate: want <n>/<window>"},
@@ -293,10 +292,14 @@ func TestRateLoadErrors(t *testing.T) {
 			t.Errorf("%s: error %v, want %q", tc.rl, err, tc.want)
 		}
 	}
-	caddytest.AssertLoadError(t, withOptions(`
+	for _, tc := range []struct{ syncRate, want string }{
+		{"100ms", "does not add up across nodes"},
+		{"0", "the stores cannot decide rates (GCRA) yet"},
+	} {
+		caddytest.AssertLoadError(t, withOptions(`
 		rate_limit {
 			namespace api {
-				sync_rate 100ms
+				sync_rate `+tc.syncRate+`
 				strategy memory
 			}
 		}`)+`
@@ -305,5 +308,6 @@ func TestRateLoadErrors(t *testing.T) {
 			namespace api
 			rate 10/1s
 		}
-	}`, "caddyfile", "use sync_rate 0")
+	}`, "caddyfile", tc.want)
+	}
 }
