@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 		{"Hit", testHit},
 		{"Slots", testSlots},
 		{"Bans", testBans},
+		{"Rate", testRate},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })
