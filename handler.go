@@ -260,7 +260,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	if h.rated() {
-		if err := ns.CheckRate(); err != nil {
+		if err := ns.CheckRate(time.Duration(h.Rate.Window)); err != nil {
 			return fmt.Errorf("rate: %v", err)
 		}
 	}

@@ -18,11 +18,10 @@ import (
 // limit_req's rate and burst: a key may send 1 + burst requests at once,
 // then one every window/rate. A request past that is rejected (nginx's
 // nodelay), or, with max_delay, waits for its turn (nginx's default). A
-// rejected request does not use a turn. A key's state is one timestamp,
-// in the zone: a rate needs a local namespace, and a namespace with a
-// store refuses it at load (a periodic one because a timestamp does not
-// add up across nodes; sync_rate 0 because the stores cannot decide
-// rates yet).
+// rejected request does not use a turn. A key's state is one timestamp:
+// in a local namespace in the zone, in a synchronous one (sync_rate 0) in
+// the store, which decides every request; a periodic namespace refuses a
+// rate at load.
 type Rate struct {
 	// How many requests per window: a positive number (fractions
 	// allowed), or in JSON a string of placeholders that give one per
@@ -255,7 +254,7 @@ func (h *Handler) hit(ctx context.Context, p *plan, key string, value float64, u
 	}
 	l := &p.limits[0]
 	var rs window.RateSample
-	ok, rejected := h.ns.HitRate(key, l.gcra(), value, p.hitLimits, value, h.fixed, undo, samples[1:], &rs)
+	ok, rejected := h.ns.HitRate(ctx, key, l.gcra(), value, p.hitLimits, value, h.fixed, undo, samples[1:], &rs)
 	samples[0] = rateSample(rs, l.size)
 	return planIndex(ok, rejected)
 }
@@ -269,7 +268,7 @@ func (h *Handler) hitIfRoom(ctx context.Context, p *plan, key string, value floa
 	}
 	l := &p.limits[0]
 	var rs window.RateSample
-	ok, rejected, wait := h.ns.HitRateIfRoom(key, l.gcra(), value, p.hitLimits, value, samples[1:], &rs)
+	ok, rejected, wait := h.ns.HitRateIfRoom(ctx, key, l.gcra(), value, p.hitLimits, value, h.fixed, samples[1:], &rs)
 	samples[0] = rateSample(rs, l.size)
 	return planIndex(ok, rejected), wait
 }
