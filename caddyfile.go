@@ -29,7 +29,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	rate_limit [<matcher>] {
 //	    namespace <name>
 //	    key <placeholders>
-//	    limit <n> <window>
+//	    limit <n|placeholders> <window>
+//	    rate <n|placeholders>/<window> [burst <m|placeholders>]
 //	    window_type sliding|fixed
 //	    disable_penalty
 //	    headers draft|kong|none...
@@ -45,7 +46,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 //
 // limit may be repeated, once per window; every other subdirective may be
-// given once. headers takes draft (the default), kong, both (draft kong),
+// given once. A handler needs a limit or a rate (or both). The count of a
+// limit, and a rate's n and burst, may be placeholders read per request,
+// such as {plan_quota}. headers takes draft (the default), kong, both (draft kong),
 // or none; hide_client_headers and draft_headers, older spellings of
 // headers none and of adding draft, still load.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -81,15 +84,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(args) != 2 {
 				return d.Errf("limit: want <n> <window>, such as 'limit 100 1m'")
 			}
-			n, err := strconv.ParseFloat(args[0], 64)
-			if err != nil || !(n > 0) {
-				return d.Errf("limit: the limit must be a positive number, got %q", args[0])
+			n, placeholders, err := parseAmount(args[0], "limit")
+			if err != nil || placeholders == "" && !(n > 0) {
+				return d.Errf("limit: the limit must be a positive number or placeholders, got %q", args[0])
 			}
 			win, err := caddy.ParseDuration(args[1])
 			if err != nil || win <= 0 {
 				return d.Errf("limit: the window must be a positive duration, got %q", args[1])
 			}
-			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win)})
+			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win), Placeholders: placeholders})
+		case "rate":
+			r, err := parseRate(d.RemainingArgs())
+			if err != nil {
+				return d.Err(err.Error())
+			}
+			h.Rate = r
 		case "headers":
 			h.Headers = d.RemainingArgs()
 			if len(h.Headers) == 0 {
@@ -167,8 +176,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized subdirective '%s'", sub)
 		}
 	}
-	if len(h.Limits) == 0 {
-		return d.Err("rate_limit needs at least one 'limit <n> <window>'")
+	if len(h.Limits) == 0 && h.Rate == nil {
+		return d.Err("rate_limit needs at least one 'limit <n> <window>' or a 'rate <n>/<window>'")
 	}
 	return nil
 }

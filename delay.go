@@ -28,14 +28,15 @@ func (h *Handler) waits() bool { return h.MaxDelay > 0 && !h.DryRun }
 // states of the last hit.
 //
 // The wait is what the key's counts say (window.Namespace.HitIfRoom, or
-// the store's rate as for Retry-After), and the hit is tried again when it
+// the store's rate as for Retry-After; a rate's GCRA says when the
+// request's turn comes, to the nanosecond), and the hit is tried again when it
 // ends, so that the waiters of one key pass one at a time as the rate
 // admits them. A waiting request holds its own goroutine and one timer;
 // a client that goes away ends the wait, uncounted, with an error.
-func (h *Handler) delay(ctx context.Context, key string, value float64, samples []window.Sample) (rejected int, err error) {
+func (h *Handler) delay(ctx context.Context, p *plan, key string, value float64, samples []window.Sample) (rejected int, err error) {
 	if h.waiting.Add(1) > int64(h.MaxWaiting) {
 		h.waiting.Add(-1)
-		return h.giveUp(ctx, key, value, samples), nil
+		return h.giveUp(ctx, p, key, value, samples), nil
 	}
 	defer h.waiting.Add(-1)
 
@@ -48,13 +49,13 @@ func (h *Handler) delay(ctx context.Context, key string, value float64, samples 
 		}
 	}()
 	for {
-		rejected, wait := h.ns.HitIfRoom(ctx, key, h.hitLimits, value, h.fixed, samples)
+		rejected, wait := h.hitIfRoom(ctx, p, key, value, samples)
 		if rejected < 0 {
 			h.delays.Observe(time.Since(start).Seconds())
 			return -1, nil
 		}
 		if wait < 0 || time.Until(deadline) < wait {
-			return h.giveUp(ctx, key, value, samples), nil
+			return h.giveUp(ctx, p, key, value, samples), nil
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -74,6 +75,6 @@ func (h *Handler) delay(ctx context.Context, key string, value float64, samples 
 // giveUp counts a request that waits no longer, or may not wait, as it
 // would be counted without max_delay: rejected, with the penalty unless
 // disable_penalty is set (or admitted, should it fit by now).
-func (h *Handler) giveUp(ctx context.Context, key string, value float64, samples []window.Sample) (rejected int) {
-	return h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, h.DisablePenalty, samples)
+func (h *Handler) giveUp(ctx context.Context, p *plan, key string, value float64, samples []window.Sample) (rejected int) {
+	return h.hit(ctx, p, key, value, h.DisablePenalty, samples)
 }

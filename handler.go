@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -83,8 +82,13 @@ type Handler struct {
 	// "{http.request.remote.host}".
 	Key string `json:"key,omitempty"`
 
-	// The limits, at least one. Each window may appear once.
+	// The limits. Each window may appear once. A handler needs at least
+	// one limit or a rate.
 	Limits []Limit `json:"limits,omitempty"`
+
+	// A rate (GCRA, nginx limit_req's rate and burst), checked before the
+	// limits: a request must pass both. See Rate.
+	Rate *Rate `json:"rate,omitempty"`
 
 	// "sliding" (default) weighs the previous window's count by how much of
 	// it still overlaps the sliding window; "fixed" counts the current
@@ -179,14 +183,20 @@ type Handler struct {
 	// dry run.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
-	ns        *syncapp.Namespace
-	key       func(*http.Request, *caddy.Replacer) string
-	limits    []limit
-	hitLimits []syncapp.Limit // limits, as the namespace checks them
-	fixed     bool
+	ns  *syncapp.Namespace
+	key func(*http.Request, *caddy.Replacer) string
+	// static is what requests are judged by (tiers.go): the rate, if any,
+	// at index 0 of its limits (first is then 1), then the limits; unless
+	// isDynamic, when some count is read per request.
+	static    plan
+	first     int
+	isDynamic bool
+	// When a request whose limits did not resolve was last logged, in
+	// Unix nanoseconds.
+	unresolvedLog *atomic.Int64
+	fixed         bool
 	// What headers responses carry: the draft's fields, Kong's headers.
 	draft, kong bool
-	policy      string // the RateLimit-Policy header
 	// The concurrency policy's name in the draft's fields.
 	concurrencyName string
 	outcomes        outcomeCounters
@@ -244,13 +254,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.ns = ns
 	h.key = keyFunc(h.Key)
-	h.hitLimits = h.hitLimits[:0]
-	for _, l := range h.limits {
-		h.hitLimits = append(h.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
-		if err := ns.AddWindowSizes(l.size); err != nil {
+	for _, l := range h.static.hitLimits {
+		if err := ns.AddWindowSizes(l.Size); err != nil {
 			return fmt.Errorf("limits: %v", err)
 		}
 	}
+	if h.rated() {
+		if err := ns.CheckRate(time.Duration(h.Rate.Window)); err != nil {
+			return fmt.Errorf("rate: %v", err)
+		}
+	}
+	h.unresolvedLog = new(atomic.Int64)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
@@ -317,33 +331,38 @@ func (h *Handler) validate() error {
 	if h.RetryAfterJitter < 0 {
 		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
 	}
-	if len(h.Limits) == 0 {
-		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m")
+	if len(h.Limits) == 0 && h.Rate == nil {
+		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m, unless the handler has a rate")
 	}
-	h.limits = h.limits[:0]
+	var limits []limit
 	for _, l := range h.Limits {
 		lim, err := newLimit(h.Namespace, l)
 		if err != nil {
 			return err
 		}
-		for _, other := range h.limits {
+		for _, other := range limits {
 			if other.size == lim.size {
 				return fmt.Errorf("limits: window %v appears twice", lim.size)
 			}
 		}
-		h.limits = append(h.limits, lim)
+		limits = append(limits, lim)
 	}
-	slices.SortFunc(h.limits, func(a, b limit) int { return int(a.size - b.size) })
-	var items []string
-	for _, l := range h.limits {
-		items = append(items, l.policy)
+	slices.SortFunc(limits, func(a, b limit) int { return int(a.size - b.size) })
+	h.first = 0
+	if h.Rate != nil {
+		if err := h.Rate.check(); err != nil {
+			return err
+		}
+		limits = append([]limit{newRateLimit(h.Namespace, h.Rate)}, limits...)
+		h.first = 1
 	}
-	name := policyName(h.Namespace, "concurrency")
-	h.concurrencyName = name
-	if h.MaxConcurrent > 0 {
-		items = append(items, sfString(name)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
+	h.static = plan{limits: limits}
+	for _, l := range limits[h.first:] {
+		h.static.hitLimits = append(h.static.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
 	}
-	h.policy = strings.Join(items, ", ")
+	h.isDynamic = h.dynamic()
+	h.concurrencyName = policyName(h.Namespace, "concurrency")
+	h.static.policy = h.policyOf(limits)
 	h.newBlock = blockFor(h.headerRoom())
 	return nil
 }
@@ -359,10 +378,10 @@ const maxInlineLimits = 4
 // the next handler runs: a route's goroutine whose stack the garbage
 // collector shrank grows it again only if a request goes deeper.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	key, value, o, err := h.count(w, r)
+	p, key, value, o, err := h.count(w, r)
 	if o.admitted() && h.MaxConcurrent > 0 {
 		var release func()
-		if release, err = h.acquire(w, r, key, value); err != nil {
+		if release, err = h.acquire(w, r, p, key, value); err != nil {
 			o = concurrencyRejected
 		} else {
 			defer release()
@@ -373,7 +392,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if len(h.CountStatus) > 0 {
-		return h.serveThenCount(w, r, next, key, value)
+		return h.serveThenCount(w, r, next, p, key, value)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -382,10 +401,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // under max_delay; with count_status, only checking them), sets its
 // headers and placeholders, and decides the outcome: allowed, delayed or
 // dryRunRejected let the request through; any other comes with the error
-// that ends it. It returns the key and the request's cost too.
-func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, value float64, o outcome, err error) {
+// that ends it. It returns the plan the request was judged by (tiers.go),
+// the key and the request's cost too.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key string, value float64, o outcome, err error) {
 	ctx := r.Context()
 	repl := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if p, err = h.planFor(repl); err != nil {
+		return nil, "", 0, invalidLimit, err
+	}
 	key = syncapp.BoundKey(h.key(r, repl))
 	value = h.cost
 	if h.costFromRequest {
@@ -393,60 +416,65 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
-			return key, value, banned, h.rejectBanned(ctx, w, repl, key, value, until)
+			return p, key, value, banned, h.rejectBanned(ctx, w, repl, p, key, value, until)
 		}
 	}
 
+	n := len(p.limits)
 	var buf [maxInlineLimits]window.Sample
 	var leftBuf [maxInlineLimits]int
 	samples, left := buf[:], leftBuf[:]
-	if len(h.limits) > len(buf) {
-		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
+	if n > len(buf) {
+		samples, left = make([]window.Sample, n), make([]int, n)
 	}
-	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
+	samples, left = samples[:n], left[:n]
 	o = allowed
 	var rejected int
 	if len(h.CountStatus) > 0 {
-		rejected, _ = h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
+		rejected, _ = h.peek(ctx, p, key, value, samples)
 		switch {
 		case rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode):
-			h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, false, samples)
+			h.hit(ctx, p, key, value, false, samples)
 		case rejected < 0:
 			// The headers of an admitted request show the counts as they
 			// are once it counts, as everywhere else: a request that
 			// ends with a status of count_status (a failed login) does.
 			for i := range samples {
-				samples[i].Current += value
+				if !p.limits[i].rate {
+					samples[i].Current += value
+				} else {
+					samples[i] = h.afterRate(p, samples[i], value)
+				}
 			}
 		}
 	} else {
-		rejected = h.ns.Hit(ctx, key, h.hitLimits, value, h.fixed, h.undo, samples)
+		rejected = h.hit(ctx, p, key, value, h.undo, samples)
 	}
 	if rejected >= 0 && h.waits() {
-		if rejected, err = h.delay(ctx, key, value, samples); err != nil {
-			return key, value, clientGone, err
+		if rejected, err = h.delay(ctx, p, key, value, samples); err != nil {
+			return p, key, value, clientGone, err
 		}
 		if rejected < 0 {
 			o = delayed
 		}
 	}
 	for i, s := range samples {
-		left[i] = h.remaining(i, s)
+		left[i] = h.remaining(p, i, s)
 	}
 
 	shown := shown(left, rejected)
 	remaining := left[shown]
 	now := samples[shown].At // when the zone counted the request: no second clock reading
-	reset := h.reset(shown, samples[shown], value, remaining, now)
+	reset := h.reset(p, shown, samples[shown], value, remaining, now)
 	if rejected >= 0 && h.bans() {
 		reset = max(reset, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
-	h.show(w, repl, left, shown, reset, rejected >= 0)
+	h.show(w, repl, p, left, shown, reset, rejected >= 0)
 	if rejected < 0 {
-		return key, value, o, nil
+		return p, key, value, o, nil
 	}
-	o, err = h.reject(ctx, w, key, rejected, value, samples, now)
-	return key, value, o, err
+	o, err = h.reject(ctx, w, p, key, rejected, value, samples, now)
+	return p, key, value, o, err
 }
 
 // show sets the placeholders and, unless they are hidden, the headers:
@@ -457,7 +485,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (key string, val
 // the placeholders (unless an earlier rate_limit handler registered them)
 // and the header values. Registering the placeholders takes a second one,
 // the method value.
-func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, shown, reset int, exceeded bool) {
+func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, p *plan, left []int, shown, reset int, exceeded bool) {
 	ph := findPlaceholders(repl)
 	var own *placeholders
 	var vals []string
@@ -473,28 +501,33 @@ func (h *Handler) show(w http.ResponseWriter, repl *caddy.Replacer, left []int, 
 		ph = own
 		repl.Map(ph.get)
 	}
-	*ph = placeholders{lim: &h.limits[shown], remaining: left[shown], reset: reset, exceeded: exceeded}
+	*ph = placeholders{lim: &p.limits[shown], remaining: left[shown], reset: reset, exceeded: exceeded}
 	if h.showsHeaders() {
-		h.setHeaders(w.Header(), vals, text, left, shown, reset)
+		h.setHeaders(w.Header(), p, vals, text, left, shown, reset)
 	}
 }
 
 // reject handles a request that limit i rejected: in a dry run, it lets
 // it through; otherwise it returns the error that ends it, with
 // Retry-After set.
-func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string, i int, value float64, samples []window.Sample, now int64) (outcome, error) {
+func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, key string, i int, value float64, samples []window.Sample, now int64) (outcome, error) {
+	l := &p.limits[i]
 	if h.DryRun {
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String("window", h.limits[i].name))
+			c.Write(zap.String("namespace", h.Namespace), zap.String("window", l.name))
 		}
 		return dryRunRejected, nil
 	}
 	if h.bans() {
 		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(samples, value, now)))
+	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(p, samples, value, now)))
+	if l.rate {
+		return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: faster than %s per %v with a burst of %s in namespace %s",
+			l.limitValue, l.size, formatCount(l.burst), h.Namespace))
+	}
 	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
-		h.limits[i].limitValue, h.limits[i].size, h.Namespace))
+		l.limitValue, l.size, h.Namespace))
 }
 
 // acquire takes one of max_concurrent places of the key for the request,
@@ -503,15 +536,15 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, key string,
 // have no room for another request of this cost until then (this one was
 // counted); the RateLimit field names the concurrency policy, with that
 // wait as its t.
-func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, key string, value float64) (release func(), err error) {
+func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, p *plan, key string, value float64) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
 		var buf [maxInlineLimits]window.Sample
 		samples := buf[:]
-		if len(h.limits) > len(buf) {
-			samples = make([]window.Sample, len(h.limits))
+		if len(p.limits) > len(buf) {
+			samples = make([]window.Sample, len(p.limits))
 		}
-		_, wait := h.ns.Peek(r.Context(), key, h.hitLimits, value, h.fixed, samples[:len(h.limits)])
+		_, wait := h.peek(r.Context(), p, key, value, samples[:len(p.limits)])
 		secs := max(1, ceilSeconds(wait.Seconds()))
 		if ph := findPlaceholders(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)); ph != nil {
 			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs
@@ -540,9 +573,14 @@ func shown(left []int, rejected int) int {
 	return best
 }
 
-// remaining is how many more requests the limit admits now, rounded down.
-func (h *Handler) remaining(i int, s window.Sample) int {
-	return max(0, int(math.Floor(h.limits[i].max-s.Rate(h.fixed)+1e-9)))
+// remaining is how many more requests the limit admits now, rounded down:
+// for a rate, how many may come at once.
+func (h *Handler) remaining(p *plan, i int, s window.Sample) int {
+	l := &p.limits[i]
+	if l.rate {
+		return rateSampleOf(s).Remaining(l.gcra())
+	}
+	return max(0, int(math.Floor(l.max-s.Rate(h.fixed)+1e-9)))
 }
 
 // reset returns the reset of limit i (RateLimit's t, RateLimit-Reset),
@@ -552,11 +590,17 @@ func (h *Handler) remaining(i int, s window.Sample) int {
 // until one more hit's worth of quota comes back. Both depend on the key's
 // own counts, never on the window alone, except in a fixed window, whose
 // counts all restart at its end.
-func (h *Handler) reset(i int, s window.Sample, value float64, left int, now int64) int {
-	if w := h.admitWait(i, s, value, now); w > 0 {
+//
+// For a rate, the reset is when a request of cost value is admitted, if
+// it is not now, or else when one more request can come at once.
+func (h *Handler) reset(p *plan, i int, s window.Sample, value float64, left int, now int64) int {
+	if w := h.admitWait(p, i, s, value, now); w > 0 {
 		return ceilSeconds(w.Seconds())
 	}
-	target := h.limits[i].max - 1
+	if p.limits[i].rate {
+		return ceilSeconds(rateSampleOf(s).Refill(p.limits[i].gcra()).Seconds())
+	}
+	target := p.limits[i].max - 1
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
@@ -576,21 +620,31 @@ func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 // too, though only the first to reject was incremented), or until the ban
 // this rejection sets ends, at least 1, plus up to retry_after_jitter, in
 // whole seconds.
-func (h *Handler) retryAfter(samples []window.Sample, value float64, now int64) int {
+func (h *Handler) retryAfter(p *plan, samples []window.Sample, value float64, now int64) int {
 	secs := 1
 	if h.bans() {
 		secs = max(secs, ceilSeconds(time.Duration(h.Ban).Seconds()))
 	}
 	for i, s := range samples {
-		secs = max(secs, ceilSeconds(h.admitWait(i, s, value, now).Seconds()))
+		secs = max(secs, ceilSeconds(h.admitWait(p, i, s, value, now).Seconds()))
 	}
 	return h.jitter(secs)
 }
 
 // admitWait returns how long until limit i, sampled in s at now, has room
 // for a request of cost value, if no more hits come: 0 if it has room now.
-func (h *Handler) admitWait(i int, s window.Sample, value float64, now int64) time.Duration {
-	target := h.limits[i].max - value
+// A rate says it exactly (its sample's own instant is now); a request
+// whose cost is more than a rate's whole burst never fits, and waits
+// until the burst is whole again.
+func (h *Handler) admitWait(p *plan, i int, s window.Sample, value float64, now int64) time.Duration {
+	if l := &p.limits[i]; l.rate {
+		rs := rateSampleOf(s)
+		if w := rs.Wait(l.gcra(), value); w != window.Never {
+			return w
+		}
+		return rs.Full()
+	}
+	target := p.limits[i].max - value
 	if s.Rate(h.fixed) <= target+1e-9 {
 		return 0
 	}

@@ -35,6 +35,9 @@ func (d *discard) WriteHeader(int)             {}
 // draft's two fields), Kong's, none, a key template that is more than one
 // placeholder, and the draft's and Kong's headers before a handler that
 // sets Content-Type, as respond does (both arms).
+//
+// The cases rate and rate-limits put a rate (rate 1e12/1m burst 1e6) in
+// front: alone, and beside the two limits.
 func BenchmarkServeHTTP(b *testing.B) {
 	// A running app, so the handler provisions as it does under Caddy.
 	if err := caddy.Load([]byte(`{"admin": {"disabled": true}, "apps": {"rate_limit": {}}}`), true); err != nil {
@@ -83,10 +86,13 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"template", &Handler{Key: "api-{http.request.header.X-Key}"}, next},
 		{"draft-respond", &Handler{Key: "{http.request.header.X-Key}"}, respond},
 		{"kong-respond", &Handler{Key: "{http.request.header.X-Key}", Headers: []string{"kong"}}, respond},
+		// A rate alone (a rate that admits every request), and beside the
+		// two limits.
+		{"rate", &Handler{Key: "{http.request.header.X-Key}", Rate: generousRate}, next},
+		{"rate-limits", &Handler{Key: "{http.request.header.X-Key}", Rate: generousRate, Limits: twoLimits()}, next},
 	} {
-		tc.h.Limits = []Limit{
-			{Limit: 1e12, Window: caddy.Duration(60e9)},
-			{Limit: 1e12, Window: caddy.Duration(3600e9)},
+		if tc.h.Rate == nil {
+			tc.h.Limits = twoLimits()
 		}
 		if err := tc.h.Provision(ctx); err != nil {
 			b.Fatal(err)
@@ -128,3 +134,14 @@ func BenchmarkServeHTTP(b *testing.B) {
 		})
 	}
 }
+
+// twoLimits are the benchmark's generous limits: every request passes.
+func twoLimits() []Limit {
+	return []Limit{
+		{Limit: 1e12, Window: caddy.Duration(60e9)},
+		{Limit: 1e12, Window: caddy.Duration(3600e9)},
+	}
+}
+
+// generousRate is the benchmark's rate: every request passes.
+var generousRate = &Rate{Rate: 1e12, Window: caddy.Duration(60e9), Burst: 1e6}

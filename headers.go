@@ -79,14 +79,14 @@ func (h *Handler) showsHeaders() bool { return h.draft || h.kong }
 func (h *Handler) headerRoom() (vals, text int) {
 	resetDigits := 0
 	longest := 0 // the longest RateLimit field
-	for _, l := range h.limits {
+	for _, l := range h.static.limits {
 		// RateLimit-Reset is at most two windows, or a ban and two windows.
 		resetDigits = max(resetDigits, len(strconv.FormatInt(int64((2*l.size+time.Duration(h.Ban))/time.Second)+1, 10)))
 		longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
 	}
 	if h.kong {
-		vals += 2*len(h.limits) + 3
-		for _, l := range h.limits {
+		vals += 2*len(h.static.limits) + 3
+		for _, l := range h.static.limits {
 			text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
 		}
 		text += resetDigits
@@ -172,7 +172,7 @@ func blockFor(vals, text int) func() (*placeholders, []string, []byte) {
 // capped so that a later Add copies instead of writing into its
 // neighbour: no slice is shared with another request, since a later
 // handler may rewrite a value in place (Caddy's header directive does).
-func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left []int, shown, reset int) {
+func (h *Handler) setHeaders(hdr http.Header, p *plan, vals []string, text []byte, left []int, shown, reset int) {
 	put := func(name, v string) {
 		vals = append(vals, v) // within the block's capacity
 		n := len(vals)
@@ -184,7 +184,7 @@ func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left [
 	str := func(start int) string { return unsafe.String(&text[start], len(text)-start) }
 	if h.kong {
 		var shownLeft string
-		for i, l := range h.limits {
+		for i, l := range p.limits {
 			start := len(text)
 			text = strconv.AppendInt(text, int64(left[i]), 10)
 			s := str(start)
@@ -196,16 +196,16 @@ func (h *Handler) setHeaders(hdr http.Header, vals []string, text []byte, left [
 		}
 		start := len(text)
 		text = strconv.AppendInt(text, int64(reset), 10)
-		put("Ratelimit-Limit", h.limits[shown].headerLimit)
+		put("Ratelimit-Limit", p.limits[shown].headerLimit)
 		put("Ratelimit-Remaining", shownLeft)
 		put("Ratelimit-Reset", str(start))
 	}
 	if h.draft {
 		// The IETF draft's structured fields: every policy, and the state
 		// of the one shown.
-		put("Ratelimit-Policy", h.policy)
+		put("Ratelimit-Policy", p.policy)
 		start := len(text)
-		text = append(text, h.limits[shown].policyName...)
+		text = append(text, p.limits[shown].policyName...)
 		text = append(text, ";r="...)
 		text = strconv.AppendInt(text, int64(left[shown]), 10)
 		text = append(text, ";t="...)

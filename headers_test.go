@@ -58,32 +58,32 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 		if err := h.validate(); err != nil {
 			t.Fatalf("Test %d: %v", i, err)
 		}
-		left := make([]int, len(h.limits))
-		for j, l := range h.limits {
+		left := make([]int, len(h.static.limits))
+		for j, l := range h.static.limits {
 			left[j] = int(l.max)
 		}
-		shown := len(h.limits) - 1
-		reset := int((2*h.limits[shown].size+tc.ban)/time.Second) + 1
+		shown := len(h.static.limits) - 1
+		reset := int((2*h.static.limits[shown].size+tc.ban)/time.Second) + 1
 		set := func() http.Header {
 			hdr := http.Header{}
 			_, vals, text := h.newBlock()
-			h.setHeaders(hdr, vals, text, left, shown, reset)
+			h.setHeaders(hdr, &h.static, vals, text, left, shown, reset)
 			return hdr
 		}
 		hdr := set()
 		want := http.Header{}
 		if h.kong {
-			want["Ratelimit-Limit"] = []string{h.limits[shown].headerLimit}
+			want["Ratelimit-Limit"] = []string{h.static.limits[shown].headerLimit}
 			want["Ratelimit-Remaining"] = []string{strconv.Itoa(left[shown])}
 			want["Ratelimit-Reset"] = []string{strconv.Itoa(reset)}
-			for j, l := range h.limits {
+			for j, l := range h.static.limits {
 				want[l.limitHeader] = []string{l.headerLimit}
 				want[l.leftHeader] = []string{strconv.Itoa(left[j])}
 			}
 		}
 		if h.draft {
-			want["Ratelimit-Policy"] = []string{h.policy}
-			want["Ratelimit"] = []string{h.limits[shown].policyName + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
+			want["Ratelimit-Policy"] = []string{h.static.policy}
+			want["Ratelimit"] = []string{h.static.limits[shown].policyName + ";r=" + strconv.Itoa(left[shown]) + ";t=" + strconv.Itoa(reset)}
 		}
 		if !reflect.DeepEqual(hdr, want) {
 			t.Errorf("Test %d: headers\n%v\nwant\n%v", i, hdr, want)
@@ -97,14 +97,14 @@ func TestHeadersFitTheirBlock(t *testing.T) {
 				t.Errorf("Test %d: %s shares its value slice with another request's", i, name)
 			}
 		}
-		if len(h.limits) > maxInlineLimits {
+		if len(h.static.limits) > maxInlineLimits {
 			continue
 		}
 		hdr = http.Header{}
 		if allocs := testing.AllocsPerRun(100, func() {
 			clear(hdr)
 			_, vals, text := h.newBlock()
-			h.setHeaders(hdr, vals, text, left, shown, reset)
+			h.setHeaders(hdr, &h.static, vals, text, left, shown, reset)
 		}); allocs != 1 {
 			t.Errorf("Test %d: %v allocations, want the block's one", i, allocs)
 		}

@@ -12,18 +12,28 @@ import (
 // Limit is N hits per window.
 type Limit struct {
 	// The most hits a key may make per window. Values may be fractional.
-	// Required; must be positive.
+	// Or, in JSON a string, placeholders that give the limit per request,
+	// such as "{plan_quota}" (tiers, through Caddy's map): the window
+	// stays fixed, and names the counter. Required; must be positive (a
+	// request whose placeholders give no positive number is rejected with
+	// 500, see Handler).
 	Limit float64 `json:"limit"`
 
 	// The window size, such as "1s", "1m", "1h" or "30d". Required; must
 	// be positive.
 	Window caddy.Duration `json:"window"`
+
+	// The placeholders of limit, when JSON gave a string: they are read
+	// per request. (In JSON, limit itself holds them.)
+	Placeholders string `json:"-"`
 }
 
 // limit is a Limit ready for requests, with its header names and values
 // computed once.
 type limit struct {
-	max         float64
+	max         float64 // the limit, or a rate's requests per window
+	burst       float64 // a rate's burst
+	rate        bool    // a rate (GCRA), not a window's limit
 	size        time.Duration
 	limitValue  string // the limit, as configured
 	headerLimit string // the limit as Kong's headers show it: an Integer, rounded down
@@ -42,11 +52,15 @@ type limit struct {
 	// them.
 	policyValue      any
 	concurrencyValue any
+
+	// The placeholders that give the limit (or the rate) and a rate's
+	// burst per request, if any.
+	placeholders, burstFrom string
 }
 
 func newLimit(namespace string, l Limit) (limit, error) {
 	size := time.Duration(l.Window)
-	if !(l.Limit > 0) {
+	if l.Placeholders == "" && !(l.Limit > 0) {
 		return limit{}, fmt.Errorf("limits: limit must be positive, got %v (window %v)", l.Limit, size)
 	}
 	if size <= 0 {
@@ -54,23 +68,19 @@ func newLimit(namespace string, l Limit) (limit, error) {
 	}
 	name := windowName(size)
 	pName := policyName(namespace, name) // printable ASCII only
-	sfName := sfString(pName)
-	return limit{
-		max:              l.Limit,
+	lim := limit{
 		size:             size,
-		limitValue:       formatCount(l.Limit),
-		headerLimit:      formatCount(math.Floor(l.Limit)),
 		limitHeader:      "X-Ratelimit-Limit-" + name,
 		leftHeader:       "X-Ratelimit-Remaining-" + name,
 		name:             name,
-		policyName:       sfName,
-		policy:           draftPolicy(sfName, l.Limit, size),
+		policyName:       sfString(pName),
 		nsValue:          namespace,
 		nameValue:        name,
-		limitAsAny:       formatCount(l.Limit),
 		policyValue:      pName,
 		concurrencyValue: policyName(namespace, "concurrency"),
-	}, nil
+		placeholders:     l.Placeholders,
+	}
+	return lim.judged(l.Limit, 0), nil
 }
 
 // draftPolicy returns a limit's item in RateLimit-Policy. The draft

@@ -14,6 +14,7 @@ const (
 	banned                             // its key is banned (ban)
 	concurrencyRejected                // the limits admitted it, max_concurrent did not
 	clientGone                         // its client went away while it waited: not counted
+	invalidLimit                       // its placeholders gave no limit (tiers.go): 500
 	numOutcomes
 )
 
@@ -31,6 +32,7 @@ var outcomeLabels = [numOutcomes]string{
 	dryRunRejected:      "dry_run",
 	banned:              "banned",
 	concurrencyRejected: "concurrency_rejected",
+	invalidLimit:        "invalid_limit",
 }
 
 // outcomeCounters are a namespace's counters of each outcome, looked up

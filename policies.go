@@ -58,7 +58,7 @@ func (h *Handler) requestCost(repl *caddy.Replacer) float64 {
 // when the status of its response is one of count_status: the status it
 // was written with, or else the status of the error it ended with (such
 // as basic_auth's 401, which handle_errors writes later).
-func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, value float64) error {
+func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, p *plan, key string, value float64) error {
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	err := next.ServeHTTP(rec, r)
 	status := rec.Status()
@@ -77,10 +77,10 @@ func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next ca
 		// keep the request from counting.
 		var buf [maxInlineLimits]window.Sample
 		samples := buf[:]
-		if len(h.limits) > len(buf) {
-			samples = make([]window.Sample, len(h.limits))
+		if len(p.limits) > len(buf) {
+			samples = make([]window.Sample, len(p.limits))
 		}
-		h.ns.Hit(context.WithoutCancel(r.Context()), key, h.hitLimits, value, h.fixed, false, samples[:len(h.limits)])
+		h.hit(context.WithoutCancel(r.Context()), p, key, value, false, samples[:len(p.limits)])
 	}
 	return err
 }
@@ -96,24 +96,25 @@ func (h *Handler) bans() bool { return h.Ban > 0 && !h.DryRun }
 // obeys it never starts a new ban. Its headers and placeholders say that
 // no limit has room until then, and show the limit that keeps the key out
 // longest (or the largest window, when only the ban does).
-func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, key string, value float64, until time.Time) error {
+func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, p *plan, key string, value float64, until time.Time) error {
 	var buf [maxInlineLimits]window.Sample
 	var leftBuf [maxInlineLimits]int
 	samples, left := buf[:], leftBuf[:]
-	if len(h.limits) > len(buf) {
-		samples, left = make([]window.Sample, len(h.limits)), make([]int, len(h.limits))
+	n := len(p.limits)
+	if n > len(buf) {
+		samples, left = make([]window.Sample, n), make([]int, n)
 	}
-	samples, left = samples[:len(h.limits)], left[:len(h.limits)]
-	h.ns.Peek(ctx, key, h.hitLimits, value, h.fixed, samples)
+	samples, left = samples[:n], left[:n]
+	h.peek(ctx, p, key, value, samples)
 	wait := time.Until(until)
-	shown := len(h.limits) - 1
+	shown := n - 1
 	for i, s := range samples {
-		if w := h.admitWait(i, s, value, s.At); w > wait {
+		if w := h.admitWait(p, i, s, value, s.At); w > wait {
 			wait, shown = w, i
 		}
 	}
 	secs := max(1, ceilSeconds(wait.Seconds()))
-	h.show(w, repl, left, shown, secs, true)
+	h.show(w, repl, p, left, shown, secs, true)
 	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
 }

@@ -49,7 +49,8 @@ func (n *Namespace) Inspect(key string) []KeyWindow {
 	return out
 }
 
-// Reset zeroes every window of key, current and previous, of every size:
+// Reset zeroes every window of key, current and previous, of every size,
+// and gives the key its whole burst under every rate (see gcra.go):
 // both what the store last reported and what this node counted since.
 // The diffs of key that wait to be pushed, including those of a time the
 // key was evicted, are dropped, so that no later Take pushes anything
@@ -75,6 +76,7 @@ func (n *Namespace) Reset(key string) []time.Duration {
 			c.cur, c.prev = cell{}, cell{}
 			sizes = append(sizes, timeDuration(c.size))
 		})
+		s.resetRates(e)
 		if e.flags&flagDirty != 0 {
 			e.flags &^= flagDirty
 			n.dirty.Add(-1)

@@ -20,6 +20,12 @@ import "time"
 func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []Sample) (rejected int, wait time.Duration) {
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
+	return n.hitIfRoomEntry(s, i, now, limits, value, out)
+}
+
+// hitIfRoomEntry is HitIfRoom on entry i of s, whose lock the caller
+// holds.
+func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit, value float64, out []Sample) (rejected int, wait time.Duration) {
 	e := s.at(i)
 	rejected = -1
 	for j, l := range limits {

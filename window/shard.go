@@ -174,8 +174,19 @@ func (s *shard) countsFor(e *entry, size int64, create bool) *counts {
 	return &x.counts
 }
 
-// forEach calls f for every window size entry e holds.
+// forEach calls f for every window size entry e holds, and not for the
+// TATs of rates (see gcra.go), which have no windows to sync or read.
 func (s *shard) forEach(e *entry, f func(c *counts)) {
+	s.forEachCounts(e, func(c *counts) {
+		if !c.isRate() {
+			f(c)
+		}
+	})
+}
+
+// forEachCounts calls f for all the counts entry e holds: every window
+// size and every rate's TAT.
+func (s *shard) forEachCounts(e *entry, f func(c *counts)) {
 	if e.first.size != 0 {
 		f(&e.first)
 	}

@@ -163,7 +163,7 @@ func (z *Zone) Sweep() {
 					empty = false
 				}
 			})
-			if empty && e.flags&flagDirty == 0 {
+			if empty && e.flags&flagDirty == 0 && !s.rateBusy(e, now) {
 				s.remove(z, i, now)
 			}
 		})

@@ -138,7 +138,7 @@ func (z *Zone) reshard(shards []*shard) {
 			*ne = *e
 			ne.keyAt, ne.more = t.keys.put(key), 0
 			ne.flags &^= flagListed
-			s.forEach(e, func(c *counts) {
+			s.forEachCounts(e, func(c *counts) {
 				if c != &e.first {
 					*t.countsFor(ne, c.size, true) = *c
 				}

@@ -52,6 +52,9 @@ type data struct {
 	// sweep drops exactly what has expired, at a cost of O(log n) per entry
 	// over its life.
 	expiries expiryHeap
+	// rates holds the TATs of rates and the records of their IDs (see
+	// gcra.go), made by the first Rate.
+	rates *rateData
 
 	// lookups counts the counters GetCounters looked up (see
 	// Store.Lookups). It is atomic so that reading it takes no lock.

@@ -55,6 +55,7 @@ func TestConformance(t *testing.T) {
 		Counters: counters,
 		Cost:     func(*testing.T) int64 { return probe.Lookups() },
 		Slots:    slots,
+		Rates:    func(_ *testing.T, s strategy.Store, ns string) int { return s.(*memory.Store).RateKeys(ns) },
 	})
 }
 

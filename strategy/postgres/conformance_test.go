@@ -27,5 +27,8 @@ func TestConformance(t *testing.T) {
 		Slots: func(t *testing.T, s strategy.Store, namespace string) int {
 			return slotRows(t, s.(*Store), namespace)
 		},
+		Rates: func(t *testing.T, s strategy.Store, namespace string) int {
+			return rateRows(t, s.(*Store), namespace)
+		},
 	})
 }

@@ -262,6 +262,10 @@ type names struct {
 	// slotSeed is the FNV-1a state after "caddy-ratelimit slot <table> ",
 	// where the keys of the advisory locks of slots start (see slotLock).
 	slotSeed uint64
+	// base is the table's name, unqualified, and qualified qualifies a
+	// name in the table's schema: the names of the rates' part (gcra.go).
+	base      string
+	qualified func(name string) string
 }
 
 func newNames(table string) *names {
@@ -292,6 +296,8 @@ func newNames(table string) *names {
 		schemaLock:     lockKey("schema", table),
 		purgeLock:      lockKey("purge", table),
 		slotSeed:       fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
+		base:           base,
+		qualified:      qualified,
 	}
 }
 

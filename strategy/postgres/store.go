@@ -68,6 +68,8 @@ type Store struct {
 	slotsReady  atomic.Bool
 	bansReady   atomic.Bool // the bans' part, made by the first ban call
 	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
+	ratesReady  atomic.Bool // the rates' part, made by the first rate call
+	rateSQL     *rateStatements
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
@@ -78,6 +80,7 @@ func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
 		config:     cfg,
 		names:      n,
 		sql:        newStatements(n),
+		rateSQL:    newRateStatements(n),
 		logger:     logger,
 		now:        time.Now,
 		purgeEvery: purgeEvery,
@@ -310,7 +313,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	var total int64
 	for i := 0; chunks < 0 || i < chunks; i++ {
 		nowMs := s.now().UnixMilli()
-		var counters, ids, slots, bans int64
+		var counters, ids, slots, bans, rates int64
 		locked := true
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if wait {
@@ -330,6 +333,9 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 				return err
 			}
 			ids = tag.RowsAffected()
+			if rates, err = s.purgeRates(ctx, tx); err != nil {
+				return err
+			}
 			// Slots expire by the server's clock, which the statement
 			// reads itself. A store that never used slots leaves them to
 			// the stores that do: its role may not even see their table.
@@ -351,8 +357,8 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 			bans = tag.RowsAffected()
 			return nil
 		})
-		total += counters + ids + slots + bans
-		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk {
+		total += counters + ids + slots + bans + rates
+		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk && rates < purgeChunk {
 			return total, err
 		}
 	}

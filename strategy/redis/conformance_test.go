@@ -51,6 +51,9 @@ func harness(t *testing.T, addrs []string, masters []*goredis.Client) strategyte
 		Slots: func(t *testing.T, s strategy.Store, namespace string) int {
 			return slotsOf(t, masters, settings.KeyPrefix, namespace)
 		},
+		Rates: func(t *testing.T, s strategy.Store, namespace string) int {
+			return ratesOf(t, masters, settings.KeyPrefix, namespace)
+		},
 		Cost: func(t *testing.T) int64 {
 			var total int64
 			for _, c := range masters {

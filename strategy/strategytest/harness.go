@@ -31,7 +31,9 @@
 // ends, a later end winning, that lifts remove them, that every change and
 // only a change gives a new version and a known version reads no bans,
 // that bans end by themselves and leave nothing, hostile keys and input
-// checks; and
+// checks; a Rater's rates (Rate, see gcra.go, skipped likewise): burst
+// then pace, concurrency, cost, exactly-once IDs, give-back, expiry and
+// input checks; and
 // that calls on a closed store fail with strategy.ErrNotSent (Close).
 //
 // Benchmarks runs the stores' benchmarks (pushes, fetches, hits and slots) the
@@ -80,4 +82,10 @@ type Harness struct {
 	// slot's lease has ended, showing that slots do not pile up. Without
 	// it, for a strategy.Slotter, that test is skipped with a log line.
 	Slots func(t *testing.T, s strategy.Store, namespace string) int
+
+	// Rates, if set, returns how many keys' rate states (TATs) the store
+	// holds for a namespace, after dropping those whose TAT has passed (a
+	// store that purges on a timer purges first). Without it, for a
+	// strategy.Rater, that test is skipped with a log line.
+	Rates func(t *testing.T, s strategy.Store, namespace string) int
 }

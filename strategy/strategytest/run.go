@@ -60,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 		{"HitBatch", testHitBatch},
 		{"Slots", testSlots},
 		{"Bans", testBans},
+		{"Rate", testRate},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })

@@ -1,0 +1,277 @@
+package window
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// A rate is a limit of the generic cell rate algorithm (GCRA), the
+// algorithm of nginx's limit_req: N requests per Window, one every
+// T = Window/N (the emission interval), and Burst more at once. A key's
+// whole state is one timestamp, its theoretical arrival time (TAT): when
+// the key would next be due if it had sent at exactly the rate ever since
+// it went over it. A request of cost c arriving at now is admitted when
+//
+//	max(TAT, now) + c*T - now <= (Burst + 1) * T
+//
+// and then moves the TAT to max(TAT, now) + c*T; a rejected request
+// leaves it. So a key that was idle long enough has 1 + Burst requests at
+// once, then one per T: what nginx admits with burst and nodelay. A
+// request that was rejected is admitted after the wait
+//
+//	max(TAT, now) + c*T - (Burst + 1) * T - now
+//
+// and never when c*T > (Burst + 1) * T, its cost alone being over the
+// burst.
+//
+// In a zone, a key's TAT lives in the key's entry beside its windows, as
+// the counts of a window size that no window has (the rate's window,
+// negated), so it needs no memory of its own and leaves the zone the way
+// windows do: by CLOCK eviction, or when a sweep finds that the TAT has
+// passed (the key is then as good as new).
+
+// Rate is one GCRA limit: N requests per Window, and Burst more at once.
+// Window names the state: two rates of one window share a key's TAT, as
+// two limits of one window share its counts, whatever their N and Burst,
+// which may change from one request to the next.
+type Rate struct {
+	// Window is the period N requests are spread over.
+	Window time.Duration
+	// N is the number of requests per window, positive; fractions are
+	// allowed.
+	N float64
+	// Burst is how many more requests may come at once, 0 or more.
+	Burst float64
+}
+
+// Check returns an error, naming the field, when r cannot be a rate.
+func (r Rate) Check() error {
+	switch {
+	case r.Window <= 0:
+		return fmt.Errorf("rate: the window must be positive, got %v", r.Window)
+	case !(r.N > 0) || math.IsInf(r.N, 1):
+		return fmt.Errorf("rate: the number of requests per window must be a positive number, got %v", r.N)
+	case !(r.Burst >= 0) || math.IsInf(r.Burst, 1):
+		return fmt.Errorf("rate: the burst must be a number of 0 or more, got %v", r.Burst)
+	}
+	return nil
+}
+
+// Interval returns the emission interval T = Window/N: one request per
+// T, at the rate.
+func (r Rate) Interval() time.Duration { return time.Duration(math.Round(r.interval())) }
+
+func (r Rate) interval() float64 { return float64(r.Window) / r.N }
+
+// Tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
+// get after an admitted request: the GCRA's limit.
+func (r Rate) Tolerance() time.Duration { return time.Duration(r.tolerance()) }
+
+func (r Rate) tolerance() float64 { return math.Round((r.Burst + 1) * r.interval()) }
+
+// Increment returns c*T, how far a request of cost c moves the TAT.
+func (r Rate) Increment(cost float64) time.Duration { return time.Duration(r.increment(cost)) }
+
+func (r Rate) increment(cost float64) float64 { return math.Round(cost * r.interval()) }
+
+// Never is the wait of a request that no wait admits: its cost alone is
+// more than 1 + Burst requests.
+const Never = time.Duration(-1)
+
+// Conform decides one request of cost at now (Unix nanoseconds) for a key
+// whose TAT is tat (0 for a new key): it returns the TAT after it, and
+// wait, 0 when the request is admitted. A rejected request leaves the TAT
+// as it is, and waits: how long until the same request would be
+// admitted, if no other comes, or Never.
+func Conform(tat, now int64, r Rate, cost float64) (next int64, wait time.Duration) {
+	inc, tol := r.increment(cost), r.tolerance()
+	if inc > tol {
+		return tat, Never
+	}
+	due := max(tat, now) + int64(inc)
+	if allowAt := due - int64(tol); allowAt > now {
+		return tat, time.Duration(allowAt - now)
+	}
+	return due, 0
+}
+
+// RateSample is a key's GCRA state at an instant: what Conform left, and
+// what headers and waits are computed from.
+type RateSample struct {
+	// TAT is the key's theoretical arrival time, in Unix nanoseconds: 0 or
+	// before At when the key has its whole burst.
+	TAT int64
+	// At is the instant, in Unix nanoseconds: the clock of the zone or
+	// the store that decided.
+	At int64
+}
+
+// backlog returns how far the TAT is ahead of the instant.
+func (s RateSample) backlog() float64 { return float64(max(s.TAT-s.At, 0)) }
+
+// Remaining returns how many requests of cost 1 the key may send at once
+// now: 1 + Burst for a key that has its whole burst, 0 when the next one
+// must wait.
+func (s RateSample) Remaining(r Rate) int {
+	room := r.tolerance() - s.backlog()
+	if room <= 0 {
+		return 0
+	}
+	return int(math.Floor(room/r.interval() + 1e-9))
+}
+
+// Wait returns how long until a request of cost is admitted, if no other
+// comes: 0 if it is now, or Never.
+func (s RateSample) Wait(r Rate, cost float64) time.Duration {
+	_, wait := Conform(s.TAT, s.At, r, cost)
+	return wait
+}
+
+// Refill returns how long until one more request of cost 1 can be sent
+// at once: 0 when the key has its whole burst, else at most T.
+func (s RateSample) Refill(r Rate) time.Duration {
+	b := s.backlog()
+	if b <= 0 {
+		return 0
+	}
+	t := r.interval()
+	room := r.tolerance() - b
+	whole := math.Floor(room/t + 1e-9)
+	if room < 0 {
+		whole = 0
+	}
+	return time.Duration(math.Ceil(min(b, (whole+1)*t-room)))
+}
+
+// Full returns how long until the key has its whole burst again: until
+// its TAT.
+func (s RateSample) Full() time.Duration { return time.Duration(s.backlog()) }
+
+// rateSize returns the size under which the counts of an entry hold the
+// TAT of a rate of this window: the window negated, which no window size
+// is.
+func rateSize(window time.Duration) int64 { return -int64(window) }
+
+// HitRate decides one request of cost at the rate and, if the rate admits
+// it, hits limits as Hit does, under one lock of the key: the rate is
+// checked first, then the limits in order. A request the rate rejects
+// changes nothing: the limits are only read (as the windows after a
+// rejecting one are). A request that a limit rejects leaves the TAT as it
+// was, since it was not admitted; the limits count it as Hit does (undo
+// takes the increments back). rs receives the rate's state after the
+// request, out each limit's window state.
+//
+// It returns whether the rate admitted the request and the index of the
+// limit that rejected it, or -1 (always -1 when the rate rejected).
+func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []Sample, rs *RateSample) (rateOK bool, rejected int) {
+	s, i, now := n.lockEntry(key)
+	defer s.mu.Unlock()
+	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
+	next, wait := Conform(c.index, now, rate, cost)
+	*rs = RateSample{TAT: c.index, At: now}
+	if wait != 0 {
+		n.readEntry(s, i, now, limits, out)
+		return false, -1
+	}
+	// Counts never move while the lock is held (extras live in chunks
+	// that stay put), so c is still the rate's.
+	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, false, out); rejected < 0 {
+		c.index = next
+		rs.TAT = next
+	}
+	return true, rejected
+}
+
+// HitRateIfRoom is HitIfRoom with a rate checked first, under one lock:
+// it counts the request only when the rate admits it and every limit has
+// room for it. Otherwise it counts nothing, and returns whether the rate
+// admitted it, the index of the first limit without room (-1 if none, or
+// if the rate did not admit it), and how long until the request may fit
+// if no other comes (Never: it never fits). rs and out receive the
+// states as HitRate's do.
+func (n *Namespace) HitRateIfRoom(key string, rate Rate, cost float64, limits []Limit, value float64, out []Sample, rs *RateSample) (rateOK bool, rejected int, wait time.Duration) {
+	s, i, now := n.lockEntry(key)
+	defer s.mu.Unlock()
+	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
+	next, wait := Conform(c.index, now, rate, cost)
+	*rs = RateSample{TAT: c.index, At: now}
+	if wait != 0 {
+		n.readEntry(s, i, now, limits, out)
+		return false, -1, wait
+	}
+	if rejected, wait = n.hitIfRoomEntry(s, i, now, limits, value, out); rejected >= 0 {
+		return true, rejected, wait
+	}
+	c.index = next
+	rs.TAT = next
+	return true, -1, 0
+}
+
+// ReadRate returns key's state under the rate's window, without changing
+// it: a key the zone does not hold has its whole burst.
+func (n *Namespace) ReadRate(key string, window time.Duration) RateSample {
+	z := n.zone
+	now := z.now()
+	h := z.fullHash(n.id, key)
+	s := z.lock(h)
+	defer s.mu.Unlock()
+	out := RateSample{At: now}
+	if i := s.find(uint32(h), n.id, key); i >= 0 {
+		if c := s.countsFor(s.at(i), rateSize(window), false); c != nil {
+			out.TAT = c.index
+		}
+	}
+	return out
+}
+
+// ObserveRate records the TAT a store answered for key under the rate's
+// window, adding the key when the zone does not hold it, so that the
+// local state stays close to the store's should the store fail. A TAT
+// earlier than the zone's is ignored: the zone may have counted requests
+// the store has not seen.
+func (n *Namespace) ObserveRate(key string, window time.Duration, tat int64) {
+	s, i, _ := n.lockEntry(key)
+	defer s.mu.Unlock()
+	c := s.countsFor(s.at(i), rateSize(window), true)
+	c.index = max(c.index, tat)
+}
+
+// readEntry reads entry i's window of every limit into out, without
+// creating any, as the windows after a rejecting limit are read.
+func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out []Sample) {
+	e := s.at(i)
+	for j, l := range limits {
+		size := int64(l.Size)
+		k, r := position(now, size)
+		c := s.countsFor(e, size, false)
+		if c == nil {
+			out[j] = Sample{Weight: weight(r, size), Start: k * size, Size: l.Size, At: now}
+			continue
+		}
+		c.advance(k)
+		out[j] = c.sample(k, r)
+	}
+}
+
+// isRate reports whether c holds a rate's TAT rather than a window's
+// counts.
+func (c *counts) isRate() bool { return c.size < 0 }
+
+// rateBusy reports whether some rate's TAT of entry e is still ahead of
+// now: the entry must stay, or the key would get its burst back early.
+func (s *shard) rateBusy(e *entry, now int64) bool {
+	busy := false
+	s.forEachCounts(e, func(c *counts) { busy = busy || c.isRate() && c.index > now })
+	return busy
+}
+
+// resetRates forgets every rate's TAT of entry e: the key has its whole
+// burst again.
+func (s *shard) resetRates(e *entry) {
+	s.forEachCounts(e, func(c *counts) {
+		if c.isRate() {
+			c.index = 0
+		}
+	})
+}
