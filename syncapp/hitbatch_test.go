@@ -1,0 +1,129 @@
+package syncapp
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// batchSizes returns how many round trips of synchronous hits namespace
+// api sent so far, and how many hits they carried.
+func batchSizes(t *testing.T) (trips uint64, hits float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.hitBatch.WithLabelValues("api").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// TestFleetSynchronousBatchesAdmitExactlyTheLimit sends 450 requests of
+// one key at once through three synchronous nodes, with a limit of 200 on
+// a fixed window: the hits that wait for a round trip go together, and
+// exactly 200 are admitted, as one hit at a time would.
+func TestFleetSynchronousBatchesAdmitExactlyTheLimit(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		cfg := s.config("0", "1h")
+		var nodes []*Namespace
+		for range 3 {
+			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+			ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
+			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
+			nodes = append(nodes, ns)
+		}
+		awayFromHourEnd(time.Minute)
+		const limit, tries = 200, 450
+		tripsBefore, hitsBefore := batchSizes(t)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		begin := make(chan struct{})
+		for i := range tries {
+			wg.Go(func() {
+				<-begin
+				out := make([]window.Sample, 1)
+				if nodes[i%3].Hit(context.Background(), "k", []Limit{{Size: time.Hour, Max: limit}}, 1, true, true, out) < 0 {
+					admitted.Add(1)
+				}
+			})
+		}
+		close(begin)
+		wg.Wait()
+		if admitted.Load() != limit {
+			t.Fatalf("admitted %d of %d, want exactly %d", admitted.Load(), tries, limit)
+		}
+		if got := s.total(t, "k", time.Hour); got != limit {
+			t.Fatalf("store holds %v, want %d (the rejected hits undone)", got, limit)
+		}
+		trips, hits := batchSizes(t)
+		trips, hits = trips-tripsBefore, hits-hitsBefore
+		t.Logf("%v hits in %d round trips (%.1f a round trip)", hits, trips, hits/float64(trips))
+		if hits != tries || trips >= tries {
+			t.Fatalf("%v hits in %d round trips: none went together", hits, trips)
+		}
+	})
+}
+
+// replyLost is a store whose round trips of synchronous hits, while lose
+// is set, are applied and then fail as a timeout does: the reply is lost.
+type replyLost struct {
+	strategy.BatchHitter
+	lose atomic.Bool
+}
+
+func (r *replyLost) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	r.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+	if r.lose.Load() {
+		for i := range results {
+			results[i] = strategy.HitResult{Err: errors.New("read tcp 127.0.0.1:6379: i/o timeout")}
+		}
+	}
+}
+
+// TestSynchronousBatchRetriedOnce loses the replies of round trips that
+// the store applied: their hits count locally and are pushed again under
+// their round trip's ID, which the store skips, so that every hit is
+// counted exactly once, in the store and on the node.
+func TestSynchronousBatchRetriedOnce(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		ns := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
+		lossy := &replyLost{BatchHitter: ns.hits.store}
+		ns.hits.store = lossy
+		ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
+		lossy.lose.Store(true)
+		const tries = 100
+		var wg sync.WaitGroup
+		begin := make(chan struct{})
+		for range tries {
+			wg.Go(func() {
+				<-begin
+				ns.Increment(context.Background(), "k", time.Hour, 1)
+			})
+		}
+		close(begin)
+		wg.Wait()
+		lossy.lose.Store(false)
+		if n := ns.outbox.diffs(); n == 0 {
+			t.Fatal("no hit waits to be pushed again after the replies were lost")
+		}
+		poll.Until(t, 10*time.Second, "the retries to be pushed", func() bool {
+			return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+		})
+		if got := s.total(t, "k", time.Hour); got != tries {
+			t.Fatalf("store holds %v, want %d: a retried round trip was counted twice, or not at all", got, tries)
+		}
+		if got := both(ns.SlidingWindow("k", time.Hour, nil)); got != tries {
+			t.Fatalf("the node counts %v, want %d", got, tries)
+		}
+	})
+}
