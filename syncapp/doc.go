@@ -39,8 +39,8 @@
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
 //	            off the request's path by its own goroutine, and those of
-//	            requests admitted locally, which it takes in the store once
-//	            the store is back.
+//	            requests admitted locally, which a run takes in the store
+//	            once the store is back.
 //	inFlight.mu requests in flight per key on this node.
 //	health.mu   failures, backoff and the failure log's throttle; whether
 //	            hits skip the store is an atomic: from a failure or a stall
@@ -77,6 +77,7 @@
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
 //	  banTable.sync ──► store.SetBans, store.GetBans
 //	  nothing asked and the store failing ──► store.Ping
+//	  requests admitted locally still running ──► slotHolder.adopt
 //	  health.failedRun / health.succeeded ──► the loop's next delay:
 //	    while failing, a probe 250 ms after the failure, then up to 1 s apart
 package syncapp

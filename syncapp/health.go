@@ -44,9 +44,7 @@ type health struct {
 	// minLogInterval, or longer in tests that count the logs.
 	logEvery  time.Duration
 	recovered chan struct{}
-	// slotsRecovered is recovered for the slot holder (see adopt).
-	slotsRecovered chan struct{}
-	probe          chan struct{}
+	probe     chan struct{}
 
 	mu          sync.Mutex
 	runFailures int // consecutive failed runs: they space runs out
@@ -62,13 +60,12 @@ type health struct {
 
 func newHealth(name string, logger *zap.Logger) *health {
 	return &health{
-		name:           name,
-		logger:         logger,
-		now:            time.Now,
-		logEvery:       minLogInterval,
-		recovered:      make(chan struct{}, 1),
-		slotsRecovered: make(chan struct{}, 1),
-		probe:          make(chan struct{}, 1),
+		name:      name,
+		logger:    logger,
+		now:       time.Now,
+		logEvery:  minLogInterval,
+		recovered: make(chan struct{}, 1),
+		probe:     make(chan struct{}, 1),
 	}
 }
 
@@ -140,18 +137,12 @@ func (h *health) succeeded() {
 			h.logged = false
 		}
 		signal(h.recovered)
-		signal(h.slotsRecovered)
 	}
 	h.runFailures, h.failures = 0, 0
 }
 
 // ok reports whether the store worked the last time it was asked.
 func (h *health) ok() bool { return !h.failing.Load() }
-
-// slotRecoveries signals the first success after failures, so that the
-// slot holder takes in the store the slots of the requests admitted
-// locally meanwhile.
-func (h *health) slotRecoveries() <-chan struct{} { return h.slotsRecovered }
 
 // probes signals that the store started failing, so that the loop probes
 // it at once.

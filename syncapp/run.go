@@ -44,6 +44,11 @@ func (n *Namespace) runLocked(ctx context.Context, fetch bool, fetchAt time.Time
 		// had nothing else to ask it.
 		contacted, err = n.ping(ctx)
 	}
+	if err == nil && n.slots.hasLocal() {
+		// Requests admitted while the store could not be asked take
+		// their slots in it before the node counts as syncing again.
+		contacted, err = true, n.slots.adopt(ctx)
+	}
 	metrics.syncDuration.WithLabelValues(n.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
 	case err != nil:

@@ -67,9 +67,9 @@ type slotHolder struct {
 	held       map[heldSlot]struct{}
 	unreleased map[heldSlot]unreleased
 	// local are the slots of requests admitted on this node while the
-	// store could not be asked. Once it answers again they are taken in
-	// it, whatever the number held (adopt), so that the fleet counts them
-	// until they end; until then they are in no store.
+	// store could not be asked. Once it answers again, the next sync run
+	// takes them in it, whatever the number held (adopt), so that the
+	// fleet counts them until they end; until then they are in no store.
 	// The value says that a take of the slot failed after it may have
 	// been applied: the slot is released when its request ends.
 	local map[heldSlot]bool
@@ -146,11 +146,20 @@ func (h *slotHolder) endLocal(slot heldSlot) {
 	}
 }
 
+// hasLocal reports whether requests admitted locally wait for slots in
+// the store.
+func (h *slotHolder) hasLocal() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.local) > 0
+}
+
 // adopt takes in their store the slots of the requests admitted locally
 // that still run, whatever the number held: the store then counts them,
 // and the fleet admits no more of their keys than the cap allows until
-// they end. A slot whose request ended meanwhile is released at once.
-func (h *slotHolder) adopt() {
+// they end. A slot whose request ended meanwhile is released at once. It
+// stops at the first failure, and returns it.
+func (h *slotHolder) adopt(ctx context.Context) error {
 	h.mu.Lock()
 	local := make([]heldSlot, 0, len(h.local))
 	for s := range h.local {
@@ -158,9 +167,7 @@ func (h *slotHolder) adopt() {
 	}
 	h.mu.Unlock()
 	for _, s := range local {
-		ctx, cancel := context.WithTimeout(context.Background(), hitTimeout)
 		_, _, err := s.store.AcquireSlot(ctx, s.namespace, s.slot.Key, s.slot.ID, math.MaxInt32, slotLease)
-		cancel()
 		h.mu.Lock()
 		_, running := h.local[s]
 		switch {
@@ -175,10 +182,10 @@ func (h *slotHolder) adopt() {
 			h.queue(s) // its request ended meanwhile
 		}
 		if err != nil {
-			h.health.failed(err, 0)
-			return // the rest once the store is back
+			return err
 		}
 	}
+	return nil
 }
 
 // release gives back a slot whose request ended.
@@ -231,13 +238,8 @@ func (h *slotHolder) loop() {
 		case first := <-h.releases:
 			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
 			h.retryLater(h.each(batch, releaseSlots))
-		case <-h.health.slotRecoveries():
-			h.adopt()
 		case <-retry.C:
 			h.retryReleases(time.Now())
-			if h.health.ok() {
-				h.adopt() // those left by an adoption that failed
-			}
 		case <-renew.C:
 			h.mu.Lock()
 			held := make([]heldSlot, 0, len(h.held))
