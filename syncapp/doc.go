@@ -62,7 +62,7 @@
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
-//	    outbox.view ──► hitQueue: sent at once while fewer than 4 round
+//	    outbox.view ──► hitQueue: sent at once while fewer than 2 round
 //	      trips are out, else waits and goes in the next with the others
 //	      ──► store.HitBatch (one round trip; the store decides each hit)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -15,8 +17,12 @@ import (
 const (
 	// maxRoundTrips bounds the round trips of synchronous hits a
 	// namespace has in flight at once: hits that arrive while that many
-	// are out wait, and go together in the next one.
-	maxRoundTrips = 4
+	// are out wait, and go together in the next one. Two keep a store
+	// busy while the other round trip's answers are handed out, and make
+	// batches big enough that the store runs under one command per hit
+	// (the speed harness: 0.7 per hit at 32 connections, against 1.3
+	// with four round trips).
+	maxRoundTrips = 2
 	// maxBatchHits bounds the hits of one round trip.
 	maxBatchHits = 256
 	// stallAfter is how long hits may wait for a round trip while the
@@ -47,6 +53,7 @@ type hitQueue struct {
 	namespace string
 	health    *health
 	maxBatch  int // maxBatchHits, or 1 for a store without HitBatch
+	sizes     prometheus.Observer
 
 	// answered is when a round trip last came back (Unix nanoseconds).
 	answered atomic.Int64
@@ -84,7 +91,13 @@ const (
 )
 
 func newHitQueue(store strategy.Hitter, namespace string, h *health) *hitQueue {
-	q := &hitQueue{namespace: namespace, health: h, stall: make(chan struct{}), maxBatch: maxBatchHits}
+	q := &hitQueue{
+		namespace: namespace,
+		health:    h,
+		stall:     make(chan struct{}),
+		maxBatch:  maxBatchHits,
+		sizes:     metrics.hitBatch.WithLabelValues(namespace),
+	}
 	if b, ok := store.(strategy.BatchHitter); ok {
 		q.store = b
 	} else {
@@ -147,7 +160,7 @@ func (q *hitQueue) send(ctx context.Context, batch []*queuedHit) {
 	q.store.HitBatch(ctx, q.namespace, id, reqs, results)
 	cancel()
 	q.answered.Store(time.Now().UnixNano())
-	metrics.hitBatch.WithLabelValues(q.namespace).Observe(float64(len(batch)))
+	q.sizes.Observe(float64(len(batch)))
 
 	var retry *batchRetry
 	for i, h := range batch {

@@ -47,8 +47,8 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 		windows[i] = w
 	}
 	v.close()
-	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
-	defer cancel()
+	// No timeout of its own: a round trip ends within hitTimeout, a hit
+	// waits for at most the one ahead of it, and a stall sends it local.
 	res, retry := n.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
 	counts, rejected, err := res.Counts, res.Rejected, res.Err
 	switch {
