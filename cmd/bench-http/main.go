@@ -41,8 +41,8 @@ type benchCase struct {
 	newKey bool // a new key per request: a counter in the query string
 	// hundredKeys spreads the requests over 100 keys, in the query string.
 	hundredKeys bool
-	redis  bool // count the Redis commands it sends
-	shows  int  // the rate limit headers its responses carry: draftShown, kongShown
+	redis       bool // count the Redis commands it sends
+	shows       int  // the rate limit headers its responses carry: draftShown, kongShown
 }
 
 var cases = []benchCase{
