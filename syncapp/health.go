@@ -107,9 +107,10 @@ func (h *health) failed(err error, logInterval time.Duration) {
 
 // stalled marks the store down because it has not answered for a while
 // although calls wait for it (see hitQueue): requests skip it from now,
-// without waiting for the calls in flight to time out. It logs nothing:
-// the calls in flight report their failure when they time out.
-func (h *health) stalled() { h.markDown() }
+// without waiting for the calls in flight to time out. It is a failure
+// like any other, counted in sync_errors_total and logged (throttled),
+// so that what watches them sees the node count locally.
+func (h *health) stalled() { h.failed(errStalled, 0) }
 
 // markDown makes requests skip the store until a success and, when the
 // store was working, has the loop probe it at once.

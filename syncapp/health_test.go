@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -50,10 +51,21 @@ func TestRequestsSkipAFailedStoreUntilASuccess(t *testing.T) {
 	if h.down() {
 		t.Fatal("the store is skipped after a success")
 	}
-	// A stall skips the store the same way, and logs nothing.
+	// A stall skips the store the same way, and counts as a failure.
+	errorsSoFar := func() float64 {
+		var m dto.Metric
+		if err := metrics.syncErrors.WithLabelValues("test").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	before := errorsSoFar()
 	h.stalled()
 	if !h.down() {
 		t.Fatal("the store is not skipped after a stall")
+	}
+	if after := errorsSoFar(); after != before+1 {
+		t.Fatalf("a stall counted %v sync errors, want 1", after-before)
 	}
 	h.succeeded()
 }
