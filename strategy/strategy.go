@@ -13,9 +13,11 @@
 // rate-limiting library (push_diffs, get_counters), plus Reset; the
 // synchronous mode (sync_rate 0) needs the optional Hitter capability,
 // which applies one hit and answers in a single round trip (BatchHitter
-// applies several in one), and max_concurrent across a fleet the optional
+// applies several in one), max_concurrent across a fleet the optional
 // Slotter capability, which holds concurrency slots as leases that expire
-// by the store's clock.
+// by the store's clock, and a rate (GCRA) at sync_rate 0 the optional
+// Rater capability, which decides a request by the store's clock. Pinger
+// lets the app ask a failing store whether it is back.
 package strategy
 
 import (

@@ -382,6 +382,24 @@
 // network error; their errors wrap strategy.ErrNotSent only on a closed
 // store.
 //
+// # Rates
+//
+// The store is a strategy.Rater: it decides the rates (GCRA) of
+// synchronous namespaces by the Redis server's clock. A key's TAT under
+// the rates of one window is one string, in Unix microseconds, under
+//
+//	<prefix>:{<bucket>}:rate:<window ms>:<len(namespace)>:<namespace>:<client key>
+//
+// and the record of a request's ID (a turn taken, refused or given back)
+// one string under
+//
+//	<prefix>:{<bucket>}:rateid:<len(namespace)>:<namespace>:<id>
+//
+// both in the bucket, and so the Cluster slot, of the key's counters;
+// "rate" and "rateid" are no number, "push", "slots" or "bans", so they
+// never read as another kind of key. The TAT expires once it has passed,
+// the record after strategy.RateIDLife. See gcra.go for the scripts.
+//
 // # Cluster failover
 //
 // go-redis routes a Cluster's commands by its map of slots to masters,
