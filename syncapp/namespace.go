@@ -15,8 +15,10 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// hitTimeout bounds one synchronous hit when the caller's context has no
-// earlier deadline; past it the hit counts locally.
+// hitTimeout bounds one round trip of synchronous hits (whatever the
+// contexts of the requests it carries), and one call of the request path
+// to the store (a slot, a rate, a stale key's fetch) when the caller's
+// context has no earlier deadline; past it the request counts locally.
 const hitTimeout = time.Second
 
 // Namespace is a namespace of one loaded config: what handlers and other
