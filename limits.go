@@ -67,8 +67,16 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
 	}
 	name := windowName(size)
-	pName := policyName(namespace, name) // printable ASCII only
-	lim := limit{
+	lim := namedLimit(namespace, size, name, policyName(namespace, name))
+	lim.placeholders = l.Placeholders
+	return lim.judged(l.Limit, 0), nil
+}
+
+// namedLimit returns a limit of a window size, with the names its headers
+// and placeholders show: name in Kong's headers and placeholders, pName
+// (printable ASCII only) in the draft's fields.
+func namedLimit(namespace string, size time.Duration, name, pName string) limit {
+	return limit{
 		size:             size,
 		limitHeader:      "X-Ratelimit-Limit-" + name,
 		leftHeader:       "X-Ratelimit-Remaining-" + name,
@@ -78,9 +86,7 @@ func newLimit(namespace string, l Limit) (limit, error) {
 		nameValue:        name,
 		policyValue:      pName,
 		concurrencyValue: policyName(namespace, "concurrency"),
-		placeholders:     l.Placeholders,
 	}
-	return lim.judged(l.Limit, 0), nil
 }
 
 // draftPolicy returns a limit's item in RateLimit-Policy. The draft

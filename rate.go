@@ -194,22 +194,9 @@ func (r *Rate) check() error {
 // headers.
 func newRateLimit(namespace string, r *Rate) limit {
 	size := time.Duration(r.Window)
-	name := "Rate-" + windowName(size)
-	pName := policyName(namespace, "rate-"+windowName(size))
-	l := limit{
-		rate:             true,
-		size:             size,
-		limitHeader:      "X-Ratelimit-Limit-" + name,
-		leftHeader:       "X-Ratelimit-Remaining-" + name,
-		name:             name,
-		policyName:       sfString(pName),
-		nsValue:          namespace,
-		nameValue:        name,
-		policyValue:      pName,
-		concurrencyValue: policyName(namespace, "concurrency"),
-		placeholders:     r.RatePlaceholders,
-		burstFrom:        r.BurstPlaceholders,
-	}
+	l := namedLimit(namespace, size, "Rate-"+windowName(size), policyName(namespace, "rate-"+windowName(size)))
+	l.rate = true
+	l.placeholders, l.burstFrom = r.RatePlaceholders, r.BurstPlaceholders
 	return l.judged(r.Rate, r.Burst)
 }
 
