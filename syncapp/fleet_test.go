@@ -96,19 +96,26 @@ func eachStore(t *testing.T, test func(t *testing.T, s fleetStore)) {
 	}
 }
 
+// synchronousNodes starts n nodes of namespace api at sync_rate 0 on the
+// store, each connected and using it.
+func synchronousNodes(t *testing.T, s fleetStore, n int) []*Namespace {
+	cfg := s.config("0", "1h")
+	var nodes []*Namespace
+	for range n {
+		ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
+		poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
+		nodes = append(nodes, ns)
+	}
+	return nodes
+}
+
 // TestFleetSynchronousAdmitsExactlyTheLimit hits one key concurrently
 // through three nodes in synchronous mode: exactly the limit is admitted,
 // and the store counts every try once.
 func TestFleetSynchronousAdmitsExactlyTheLimit(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
-		cfg := s.config("0", "1h")
-		var nodes []*Namespace
-		for range 3 {
-			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
-			ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
-			nodes = append(nodes, ns)
-		}
+		nodes := synchronousNodes(t, s, 3)
 		const limit, tries, workers = 200, 450, 15
 		var admitted atomic.Int64
 		var wg sync.WaitGroup

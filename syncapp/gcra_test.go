@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
-	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -24,16 +21,11 @@ const fleetInterval = 100 * time.Millisecond
 // rateFleet starts three nodes in synchronous mode on the store, each
 // connected.
 func rateFleet(t *testing.T, s fleetStore) []*Namespace {
-	cfg := s.config("0", "1h")
-	var nodes []*Namespace
-	for range 3 {
-		ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	nodes := synchronousNodes(t, s, 3)
+	for _, ns := range nodes {
 		if err := ns.CheckRate(time.Second); err != nil {
 			t.Fatal(err)
 		}
-		ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-		poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
-		nodes = append(nodes, ns)
 	}
 	return nodes
 }

@@ -34,14 +34,7 @@ func batchSizes(t *testing.T) (trips uint64, hits float64) {
 // exactly 200 are admitted, as one hit at a time would.
 func TestFleetSynchronousBatchesAdmitExactlyTheLimit(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
-		cfg := s.config("0", "1h")
-		var nodes []*Namespace
-		for range 3 {
-			ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
-			ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-			poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
-			nodes = append(nodes, ns)
-		}
+		nodes := synchronousNodes(t, s, 3)
 		awayFromHourEnd(time.Minute)
 		const limit, tries = 200, 450
 		tripsBefore, hitsBefore := batchSizes(t)
