@@ -45,17 +45,23 @@ import (
 // in one slot on a Cluster. ARGV[1] is M and ARGV[2] the markers' time to
 // live in milliseconds; then, for counter j (KEYS[M+j]), ARGV[2j+1] is its
 // expiry in Unix milliseconds and ARGV[2j+2] its count, or "" to read it
-// (only previous windows' counts are sent: see prevCache); then come the
-// hits, in order, each as "1" to undo it when rejected (or "0"), its
-// number of windows, and five arguments per window: the indexes j of its
-// current and previous counters, its increment ("0" only reads), its
-// limit ("" for none, "-" for one that every rate exceeds) and the
-// previous window's weight.
+// (only previous windows' counts are sent: see prevCache). Then come the
+// forms of the hits: their number, then for each, "1" to undo a rejected
+// hit (or "0"), its number of windows, and four arguments per window: the
+// indexes j of its current and previous counters, its increment ("0" only
+// reads) and its limit ("" for none, "-" for one that every rate exceeds).
+// The hits of a batch mostly share a form (one key, one set of limits), so
+// each hit, in order, is only the index of its form and each window's
+// previous weight.
 //
-// It replies, for each hit in order, as strings (Redis would truncate Lua
-// numbers to integers), the 0-based index of the window that rejected it
-// or -1, then each window's current and previous counts, formatted with
-// 17 significant digits so that they read back as the same doubles.
+// It replies 1 if the hits applied (0 if a marker existed), each counter's
+// count before the hits, then, for each hit in order, the 0-based index of
+// the window that rejected it or -1: what the caller needs to compute, in
+// doubles as the script does, every hit's counts (see batchRun.answer),
+// in a reply a fifth the size of every hit's counts. A count that is a
+// whole number is replied as an integer, any other as a string of 17
+// significant digits (Redis would truncate a Lua number), which reads back
+// as the same double; formatting those cost more than the rest of a hit.
 const batchSource = `
 local m = tonumber(ARGV[1])
 local nc = #KEYS - m
@@ -99,52 +105,85 @@ for i = 1, #toread, 1000 do
 		end
 	end
 end
+local reply = {apply and 1 or 0}
+for j = 1, nc do
+	reply[j + 1] = val[j]
+end
+-- The forms: fc[f][i], fp[f][i], finc[f][i] and flim[f][i] are window i's
+-- counters, increment and limit (false for none, true for one that every
+-- rate exceeds).
+local p = 2 * nc + 3
+local nf = tonumber(ARGV[p])
+p = p + 1
+local fundo, fnw, fc, fp, finc, flim = {}, {}, {}, {}, {}, {}
+for f = 1, nf do
+	local nw = tonumber(ARGV[p + 1])
+	local c, pc, inc, lim = {}, {}, {}, {}
+	for i = 1, nw do
+		local a = p + 4 * i - 2
+		c[i], pc[i], inc[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+		local l = ARGV[a + 3]
+		if l == '' then
+			lim[i] = false
+		elseif l == '-' then
+			lim[i] = true
+		else
+			lim[i] = tonumber(l)
+		end
+	end
+	fundo[f], fnw[f], fc[f], fp[f], finc[f], flim[f] = ARGV[p] == '1', nw, c, pc, inc, lim
+	p = p + 2 + 4 * nw
+end
 -- delta[j] is the sum of counter j's increments; saved* hold what a hit
 -- found, to restore when it is undone.
-local delta, reply, savedc, savedv, savedd = {}, {}, {}, {}, {}
-local p, nargv = 2 * nc + 3, #ARGV
+local delta, savedc, savedv, savedd = {}, {}, {}, {}
+local nargv, h = #ARGV, nc + 1
 while p <= nargv do
-	local undo, nw = ARGV[p] == '1', tonumber(ARGV[p + 1])
-	p = p + 2
-	local base, rej, ns = #reply, 0, 0
+	local f = tonumber(ARGV[p])
+	local c, pc, inc, lim = fc[f], fp[f], finc[f], flim[f]
+	local nw, rej, ns = fnw[f], 0, 0
 	for i = 1, nw do
-		local a = p + 5 * i - 5
-		local c, pc, inc = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-		if apply and rej == 0 and inc ~= 0 then
+		local ci = c[i]
+		if apply and rej == 0 and inc[i] ~= 0 then
 			ns = ns + 1
-			savedc[ns], savedv[ns], savedd[ns] = c, val[c], delta[c] or 0
-			val[c] = val[c] + inc
-			delta[c] = (delta[c] or 0) + inc
+			savedc[ns], savedv[ns], savedd[ns] = ci, val[ci], delta[ci] or 0
+			val[ci] = val[ci] + inc[i]
+			delta[ci] = (delta[ci] or 0) + inc[i]
 		end
-		local cur, prev, limit = val[c], val[pc], ARGV[a + 3]
-		if rej == 0 and limit ~= '' and (limit == '-' or cur + prev * tonumber(ARGV[a + 4]) > tonumber(limit)) then
+		local l = lim[i]
+		if rej == 0 and l and (l == true or val[ci] + val[pc[i]] * tonumber(ARGV[p + i]) > l) then
 			rej = i
 		end
-		reply[base + 2 * i], reply[base + 2 * i + 1] = cur, prev
 	end
-	if undo and rej > 0 and ns > 0 then
+	if fundo[f] and rej > 0 and ns > 0 then
 		for x = ns, 1, -1 do
 			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
 		end
-		for i = 1, rej do
-			reply[base + 2 * i] = val[tonumber(ARGV[p + 5 * i - 5])]
-		end
 	end
-	reply[base + 1] = tostring(rej - 1)
-	p = p + 5 * nw
+	h = h + 1
+	reply[h] = rej - 1
+	p = p + 1 + nw
+end
+local function whole(v)
+	return v ~= 0 and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992
 end
 for j = 1, nc do
 	local d = delta[j]
 	if d and d ~= 0 then
-		local k, v = KEYS[m + j], string.format('%.17g', d)
+		local k, v = KEYS[m + j], nil
+		if whole(d) then
+			v = string.format('%d', d)
+		else
+			v = string.format('%.17g', d)
+		end
 		if held[j] or not redis.call('SET', k, v, 'PXAT', ARGV[2 * j + 1], 'NX') then
 			redis.call('INCRBYFLOAT', k, v)
 		end
 	end
 end
-for i = 1, #reply do
-	if type(reply[i]) == 'number' then
-		reply[i] = string.format('%.17g', reply[i])
+for j = 2, nc + 1 do
+	if not whole(reply[j]) then
+		reply[j] = string.format('%.17g', reply[j])
 	end
 end
 return reply
@@ -218,7 +257,12 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		args[n] = r.command(s, id, nowMs)
 	}
 
-	cmds := s.runOncePipelined(ctx, batchScript, batchSource, args)
+	var cmds []*goredis.Cmd
+	if len(runs) == 1 {
+		cmds = []*goredis.Cmd{s.runOnce(ctx, batchScript, batchSource, args[0], false)} // no pipeline's cost
+	} else {
+		cmds = s.runOncePipelined(ctx, batchScript, batchSource, args)
+	}
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
 		if err == nil {
@@ -234,18 +278,55 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 // slots on a standalone server.
 type batchRun struct {
 	hits    []int       // indexes of the run's hits in the batch, in order
+	formOf  []int       // the index of each hit's form, in the run's order
 	windows map[int]int // bucket: the number of windows of the run's hits in it
 	// The counters, each once: their keys, by key their indexes, and what
 	// the run knows of each.
 	keys     []string
 	index    map[string]int
 	counters []batchCounter
+	// The forms of the hits: a form is a key's windows as one hit sends
+	// them, which its next hits mostly share. lastForm holds each key's
+	// latest form.
+	forms    []batchForm
+	lastForm map[string]int
+	formArgs []any  // the forms' arguments to the script
 	hitArgs  []any  // the hits' arguments to the script
 	lastExp  int64  // the latest expiry of a current counter
 	buf      []byte // scratch space for counter keys
 	// The hits of a batch mostly share their values, limits and weights:
 	// the last of each formatted, to reuse rather than format again.
 	value, limit, weight formatted
+}
+
+// batchForm is the form of a run's hits of one key with the same windows
+// (but for their weights), and whether they undo when rejected.
+type batchForm struct {
+	undo    bool
+	windows []formWindow
+}
+
+// formWindow is a window of a form: what the hits send of it, and the
+// indexes of its current and previous counters in the run.
+type formWindow struct {
+	size       time.Duration
+	start      int64
+	value, max float64
+	cur, prev  int
+}
+
+// matches reports whether h sends f's windows.
+func (f *batchForm) matches(h *strategy.HitRequest) bool {
+	if f.undo != h.Undo || len(f.windows) != len(h.Windows) {
+		return false
+	}
+	for w := range f.windows {
+		fw, hw := &f.windows[w], &h.Windows[w]
+		if fw.size != hw.Size || fw.start != hw.Start || fw.value != hw.Value || fw.max != hw.Max {
+			return false
+		}
+	}
+	return true
 }
 
 // formatted is a number formatted for a script, and the number.
@@ -272,7 +353,7 @@ type batchCounter struct {
 	current bool
 	// For a counter that is only read as windows' previous counter: the
 	// start of those windows (Unix milliseconds), whether any gives it a
-	// weight, and where the reply of the last of them is (see answer).
+	// weight, and the last hit that reads it (see answer).
 	startMs  int64
 	weighted bool
 	lastHit  int // index in the run's hits
@@ -284,7 +365,7 @@ type batchCounter struct {
 }
 
 func newBatchRun() *batchRun {
-	return &batchRun{windows: make(map[int]int), index: make(map[string]int)}
+	return &batchRun{windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int)}
 }
 
 // counter returns the index of a counter of bucket k, adding it if new.
@@ -304,11 +385,31 @@ func (r *batchRun) counter(l *layout, k int, sizeMs, startMs int64, nsp, key str
 // add adds hit i, of bucket k, to the run.
 func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) {
 	r.windows[k] += len(h.Windows)
+	f := r.form(l, k, nsp, h)
+	r.formOf = append(r.formOf, f)
+	r.hitArgs = append(r.hitArgs, f+1)
+	for w := range h.Windows {
+		weight := h.Windows[w].Weight
+		p := &r.counters[r.forms[f].windows[w].prev]
+		p.weighted = p.weighted || weight != 0
+		p.lastHit, p.lastWin = len(r.hits), w
+		r.hitArgs = append(r.hitArgs, r.weight.format(weight, scriptValue))
+	}
+	r.hits = append(r.hits, i)
+}
+
+// form returns the index of the form of h, of bucket k: its key's latest
+// form if h matches it, or a new one.
+func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) int {
+	if f, ok := r.lastForm[h.Key]; ok && r.forms[f].matches(h) {
+		return f
+	}
+	form := batchForm{undo: h.Undo, windows: make([]formWindow, len(h.Windows))}
 	var undo any = "0"
 	if h.Undo {
 		undo = "1"
 	}
-	r.hitArgs = append(r.hitArgs, undo, len(h.Windows))
+	r.formArgs = append(r.formArgs, undo, len(h.Windows))
 	for w := range h.Windows {
 		win := &h.Windows[w]
 		sizeMs, startMs := int64(win.Size/time.Millisecond), win.Start/int64(time.Millisecond)
@@ -317,13 +418,14 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 		c := &r.counters[cur]
 		c.current, c.expMs = true, expireAtMs(sizeMs, startMs)
 		r.lastExp = max(r.lastExp, c.expMs)
-		p := &r.counters[prev]
-		p.weighted = p.weighted || win.Weight != 0
-		p.lastHit, p.lastWin = len(r.hits), w
-		r.hitArgs = append(r.hitArgs, cur+1, prev+1,
-			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit), r.weight.format(win.Weight, scriptValue))
+		form.windows[w] = formWindow{size: win.Size, start: win.Start, value: win.Value, max: win.Max, cur: cur, prev: prev}
+		r.formArgs = append(r.formArgs, cur+1, prev+1,
+			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit))
 	}
-	r.hits = append(r.hits, i)
+	f := len(r.forms)
+	r.forms = append(r.forms, form)
+	r.lastForm[h.Key] = f
+	return f
 }
 
 // scriptValue formats an increment or a weight for the scripts: "0" for
@@ -361,7 +463,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 		}
 	}
 	nkeys := len(markers) + len(r.keys)
-	cmd := make([]any, 3, 3+nkeys+2+2*len(r.keys)+len(r.hitArgs))
+	cmd := make([]any, 3, 3+nkeys+3+2*len(r.keys)+len(r.formArgs)+len(r.hitArgs))
 	cmd[2] = nkeys
 	for _, m := range markers {
 		cmd = append(cmd, m)
@@ -379,6 +481,8 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 		}
 		cmd = append(cmd, c.expMs, c.sent)
 	}
+	cmd = append(cmd, len(r.forms))
+	cmd = append(cmd, r.formArgs...)
 	return append(cmd, r.hitArgs...)
 }
 
@@ -393,28 +497,71 @@ func boolWeight(weighted bool) float64 {
 
 // answer fills the results of the run's hits from the script's reply, and
 // has the store remember the previous counts it read.
+//
+// The reply holds the counters' counts before the hits and each hit's
+// rejecting window: each hit's counts are computed here as the script
+// computed them, in the same order and the same doubles: window by
+// window, while no window has rejected the hit (the rejecting one
+// included), the increment is added to the running count of the current
+// counter, and the window's counts are the running counts of its two
+// counters; a rejected hit with undo then restores the counts it found,
+// and its windows up to the rejecting one report their current counts
+// restored. Nothing is added when the hits did not apply.
 func (r *batchRun) answer(s *Store, hits []strategy.HitRequest, results []strategy.HitResult, reply []any, nowMs int64) error {
-	// strs[x] is the reply of hit x of the run: its rejecting window, then
-	// each window's counts.
-	strs := make([][]any, len(r.hits))
-	at := 0
-	for x, i := range r.hits {
-		n := 1 + 2*len(hits[i].Windows)
-		if at+n > len(reply) {
-			return fmt.Errorf("the batch script replied %d values, too few for %d hits", len(reply), len(r.hits))
-		}
-		strs[x], at = reply[at:at+n], at+n
+	nc := len(r.counters)
+	if len(reply) != 1+nc+len(r.hits) {
+		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), 1+nc+len(r.hits))
 	}
-	if at != len(reply) {
-		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), at)
-	}
-	parsed := make([]strategy.HitResult, len(r.hits))
-	for x, i := range r.hits {
-		res, err := parseHitReply(strs[x], len(hits[i].Windows))
+	apply := reply[0] == int64(1)
+	val := make([]float64, nc)
+	for j := range val {
+		v, err := replyCount(reply[1+j])
 		if err != nil {
-			return fmt.Errorf("hits[%d]: %w", i, err)
+			return fmt.Errorf("%s: %w", r.keys[j], err)
 		}
-		parsed[x] = res
+		val[j] = v
+	}
+	// Read-only counters keep their counts through the run.
+	prevText := func(j int) string {
+		if str, ok := reply[1+j].(string); ok {
+			return str
+		}
+		return strconv.FormatInt(reply[1+j].(int64), 10)
+	}
+
+	parsed := make([]strategy.HitResult, len(r.hits))
+	counts := make([]strategy.WindowCounts, 0, len(r.hits)*len(r.forms[0].windows))
+	type saved struct {
+		j int
+		v float64
+	}
+	var found []saved
+	for x, i := range r.hits {
+		f := &r.forms[r.formOf[x]]
+		rejected, ok := reply[1+nc+x].(int64)
+		if !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
+			return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[1+nc+x])
+		}
+		at := len(counts)
+		found = found[:0]
+		for w := range f.windows {
+			fw := &f.windows[w]
+			if apply && (rejected < 0 || w <= int(rejected)) && fw.value != 0 {
+				found = append(found, saved{fw.cur, val[fw.cur]})
+				val[fw.cur] += fw.value
+			}
+			counts = append(counts, strategy.WindowCounts{Current: val[fw.cur], Previous: val[fw.prev]})
+		}
+		c := counts[at:len(counts):len(counts)]
+		if f.undo && rejected >= 0 && len(found) > 0 {
+			for n := len(found) - 1; n >= 0; n-- {
+				val[found[n].j] = found[n].v
+			}
+			for w := 0; w <= int(rejected); w++ {
+				c[w].Current = val[f.windows[w].cur]
+			}
+		}
+		parsed[x] = strategy.HitResult{Counts: c, Rejected: int(rejected)}
 	}
 	for x, i := range r.hits {
 		results[i] = parsed[x]
@@ -430,7 +577,7 @@ func (r *batchRun) answer(s *Store, hits []strategy.HitRequest, results []strate
 			continue
 		}
 		counts := parsed[c.lastHit].Counts[c.lastWin]
-		e := prevEntry{prev: strs[c.lastHit][2+2*c.lastWin].(string), readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
+		e := prevEntry{prev: prevText(j), readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
 		if c.sent != "" {
 			e.prev = c.sent // as it was, to the byte
 		}
@@ -442,28 +589,18 @@ func (r *batchRun) answer(s *Store, hits []strategy.HitRequest, results []strate
 	return nil
 }
 
-// parseHitReply parses the reply of one hit of n windows: the index of
-// the window that rejected it, or -1, then each window's current and
-// previous counts, all strings.
-func parseHitReply(reply []any, n int) (strategy.HitResult, error) {
-	str, _ := reply[0].(string)
-	rejected, err := strconv.Atoi(str)
-	if err != nil || rejected < -1 || rejected >= n {
-		return strategy.HitResult{}, fmt.Errorf("the script replied %v, not a window index", reply[0])
-	}
-	res := strategy.HitResult{Counts: make([]strategy.WindowCounts, n), Rejected: rejected}
-	for w := range res.Counts {
-		c := &res.Counts[w]
-		for v, dst := range [2]*float64{&c.Current, &c.Previous} {
-			str, ok := reply[1+2*w+v].(string)
-			f, err := strconv.ParseFloat(str, 64)
-			if !ok || err != nil {
-				return strategy.HitResult{}, fmt.Errorf("windows[%d]: a counter holds %v, not a number", w, reply[1+2*w+v])
-			}
-			*dst = f
+// replyCount parses a count the batch script replied: an integer, or a
+// string for any other number.
+func replyCount(v any) (float64, error) {
+	switch v := v.(type) {
+	case int64:
+		return float64(v), nil
+	case string:
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			return f, nil
 		}
 	}
-	return res, nil
+	return 0, fmt.Errorf("the script replied %v, not a count", v)
 }
 
 // bucketSlots maps each bucket to the Cluster hash slot of its keys.
