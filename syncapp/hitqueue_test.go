@@ -86,22 +86,54 @@ func hitsAsync(q *hitQueue, n int, key string) <-chan []strategy.HitResult {
 	return out
 }
 
-// Hits that arrive while maxRoundTrips round trips are out wait, and go
-// together in one round trip when one of them ends; each gets its own
-// answer, in the order the store applied them.
+// fillRoundTrips starts maxRoundTrips round trips of hits of key that the
+// test holds: a hit sent alone, as no round trip was out, and then the
+// secondTripHits that waited behind it, sent together as soon as that many
+// waited. It returns the round trips and, once they are answered, the
+// results of their hits.
+func fillRoundTrips(t *testing.T, q *hitQueue, s *gatedBatchStore, key string) ([]gatedTrip, <-chan []strategy.HitResult) {
+	t.Helper()
+	alone := hitsAsync(q, 1, key)
+	first := <-s.trips
+	if len(first.hits) != 1 {
+		t.Fatalf("a hit sent while no round trip was out went in a batch of %d", len(first.hits))
+	}
+	waited := hitsAsync(q, secondTripHits, key)
+	second := <-s.trips
+	if len(second.hits) != secondTripHits {
+		t.Fatalf("the hits that waited behind one round trip went in a batch of %d, want %d", len(second.hits), secondTripHits)
+	}
+	all := make(chan []strategy.HitResult, 1)
+	go func() { all <- append(<-alone, <-waited...) }()
+	return []gatedTrip{first, second}, all
+}
+
+// Hits that arrive while a round trip is out wait: fewer than
+// secondTripHits for it to end, and that many go at once in a second one;
+// while maxRoundTrips are out, any number wait, and go together in one
+// round trip when one of them ends. Each hit gets its own answer, in the
+// order the store applied them.
 func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
 	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
-	first := hitsAsync(q, maxRoundTrips, "k")
-	var out []gatedTrip
-	for range maxRoundTrips {
-		trip := <-s.trips
-		if len(trip.hits) != 1 {
-			t.Fatalf("a hit sent alone while round trips were free went in a batch of %d", len(trip.hits))
-		}
-		out = append(out, trip)
+	alone := hitsAsync(q, 1, "k")
+	out := []gatedTrip{<-s.trips}
+	few := hitsAsync(q, secondTripHits-1, "k")
+	for queuedLen(q) < secondTripHits-1 {
+		time.Sleep(time.Millisecond)
 	}
+	select {
+	case trip := <-s.trips:
+		t.Fatalf("%d hits went in a second round trip, fewer than %d", len(trip.hits), secondTripHits)
+	case <-time.After(20 * time.Millisecond):
+	}
+	one := hitsAsync(q, 1, "k") // the one that makes secondTripHits
+	second := <-s.trips
+	if len(second.hits) != secondTripHits {
+		t.Fatalf("the hits that waited went in a second round trip of %d, want %d", len(second.hits), secondTripHits)
+	}
+	out = append(out, second)
 	waiting := hitsAsync(q, 50, "k")
 	// Every one of the 50 queues before a round trip ends.
 	for queuedLen(q) < 50 {
@@ -116,7 +148,7 @@ func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
 		trip.answer <- nil
 	}
 	var currents []float64
-	for _, r := range append(<-first, <-waiting...) {
+	for _, r := range slices.Concat(<-alone, <-few, <-one, <-waiting) {
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
@@ -144,11 +176,7 @@ func TestHitQueueStallSendsWaitingHitsLocal(t *testing.T) {
 	s := newGatedBatches(t)
 	h := newHealth("api", zap.NewNop())
 	q := newHitQueue(s, "api", h)
-	inFlight := hitsAsync(q, maxRoundTrips, "k")
-	var out []gatedTrip
-	for range maxRoundTrips {
-		out = append(out, <-s.trips)
-	}
+	out, inFlight := fillRoundTrips(t, q, s, "k")
 	waiting := <-hitsAsync(q, 30, "k") // returns once the stall is seen
 	for _, r := range waiting {
 		if !errors.Is(r.Err, errStalled) || !errors.Is(r.Err, strategy.ErrNotSent) {
@@ -204,11 +232,7 @@ func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
 	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
-	first := hitsAsync(q, maxRoundTrips, "a")
-	var out []gatedTrip
-	for range maxRoundTrips {
-		out = append(out, <-s.trips)
-	}
+	out, first := fillRoundTrips(t, q, s, "a")
 	type answer struct {
 		res   strategy.HitResult
 		retry *batchRetry
