@@ -109,29 +109,30 @@ local reply = {apply and 1 or 0}
 for j = 1, nc do
 	reply[j + 1] = val[j]
 end
--- The forms: fc[f][i], fp[f][i], finc[f][i] and flim[f][i] are window i's
--- counters, increment and limit (false for none, true for one that every
--- rate exceeds).
+-- The forms' windows, one after the other: form f's window i is window
+-- fo[f] + i, with counters wc and wp, increment winc and limit wlim (false
+-- for none, true for one that every rate exceeds).
 local p = 2 * nc + 3
 local nf = tonumber(ARGV[p])
 p = p + 1
-local fundo, fnw, fc, fp, finc, flim = {}, {}, {}, {}, {}, {}
+local fundo, fnw, fo, wc, wp, winc, wlim = {}, {}, {}, {}, {}, {}, {}
+local k = 0
 for f = 1, nf do
 	local nw = tonumber(ARGV[p + 1])
-	local c, pc, inc, lim = {}, {}, {}, {}
+	fundo[f], fnw[f], fo[f] = ARGV[p] == '1', nw, k
 	for i = 1, nw do
 		local a = p + 4 * i - 2
-		c[i], pc[i], inc[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+		k = k + 1
+		wc[k], wp[k], winc[k] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
 		local l = ARGV[a + 3]
 		if l == '' then
-			lim[i] = false
+			wlim[k] = false
 		elseif l == '-' then
-			lim[i] = true
+			wlim[k] = true
 		else
-			lim[i] = tonumber(l)
+			wlim[k] = tonumber(l)
 		end
 	end
-	fundo[f], fnw[f], fc[f], fp[f], finc[f], flim[f] = ARGV[p] == '1', nw, c, pc, inc, lim
 	p = p + 2 + 4 * nw
 end
 -- delta[j] is the sum of counter j's increments; saved* hold what a hit
@@ -140,22 +141,23 @@ local delta, savedc, savedv, savedd = {}, {}, {}, {}
 local nargv, h = #ARGV, nc + 1
 while p <= nargv do
 	local f = tonumber(ARGV[p])
-	local c, pc, inc, lim = fc[f], fp[f], finc[f], flim[f]
-	local nw, rej, ns = fnw[f], 0, 0
+	local nw, o, undo, rej, ns = fnw[f], fo[f], fundo[f], 0, 0
 	for i = 1, nw do
-		local ci = c[i]
-		if apply and rej == 0 and inc[i] ~= 0 then
-			ns = ns + 1
-			savedc[ns], savedv[ns], savedd[ns] = ci, val[ci], delta[ci] or 0
-			val[ci] = val[ci] + inc[i]
-			delta[ci] = (delta[ci] or 0) + inc[i]
+		local ci, d = wc[o + i], winc[o + i]
+		if apply and rej == 0 and d ~= 0 then
+			if undo then
+				ns = ns + 1
+				savedc[ns], savedv[ns], savedd[ns] = ci, val[ci], delta[ci] or 0
+			end
+			val[ci] = val[ci] + d
+			delta[ci] = (delta[ci] or 0) + d
 		end
-		local l = lim[i]
-		if rej == 0 and l and (l == true or val[ci] + val[pc[i]] * tonumber(ARGV[p + i]) > l) then
+		local l = wlim[o + i]
+		if rej == 0 and l and (l == true or val[ci] + val[wp[o + i]] * tonumber(ARGV[p + i]) > l) then
 			rej = i
 		end
 	end
-	if fundo[f] and rej > 0 and ns > 0 then
+	if undo and rej > 0 and ns > 0 then
 		for x = ns, 1, -1 do
 			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
 		end
@@ -170,14 +172,14 @@ end
 for j = 1, nc do
 	local d = delta[j]
 	if d and d ~= 0 then
-		local k, v = KEYS[m + j], nil
+		local key, v = KEYS[m + j], nil
 		if whole(d) then
 			v = string.format('%d', d)
 		else
 			v = string.format('%.17g', d)
 		end
-		if held[j] or not redis.call('SET', k, v, 'PXAT', ARGV[2 * j + 1], 'NX') then
-			redis.call('INCRBYFLOAT', k, v)
+		if held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 1], 'NX') then
+			redis.call('INCRBYFLOAT', key, v)
 		end
 	end
 end
@@ -246,7 +248,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 		r := bySlot[slot]
 		if r == nil {
-			r = newBatchRun()
+			r = newBatchRun(len(good))
 			bySlot[slot] = r
 			runs = append(runs, r)
 		}
@@ -294,6 +296,7 @@ type batchRun struct {
 	hitArgs  []any  // the hits' arguments to the script
 	lastExp  int64  // the latest expiry of a current counter
 	buf      []byte // scratch space for counter keys
+	weights  []byte // the hits' weights, formatted (see weightArg)
 	// The hits of a batch mostly share their values, limits and weights:
 	// the last of each formatted, to reuse rather than format again.
 	value, limit, weight formatted
@@ -364,8 +367,12 @@ type batchCounter struct {
 	sentAt int64
 }
 
-func newBatchRun() *batchRun {
-	return &batchRun{windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int)}
+// newBatchRun returns a run with room for n hits of two windows.
+func newBatchRun(n int) *batchRun {
+	return &batchRun{
+		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int),
+		hits: make([]int, 0, n), formOf: make([]int, 0, n), hitArgs: make([]any, 0, 3*n),
+	}
 }
 
 // counter returns the index of a counter of bucket k, adding it if new.
@@ -393,9 +400,20 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 		p := &r.counters[r.forms[f].windows[w].prev]
 		p.weighted = p.weighted || weight != 0
 		p.lastHit, p.lastWin = len(r.hits), w
-		r.hitArgs = append(r.hitArgs, r.weight.format(weight, scriptValue))
+		r.hitArgs = append(r.hitArgs, r.weight.format(weight, r.weightArg))
 	}
 	r.hits = append(r.hits, i)
+}
+
+// weightArg formats a weight as scriptValue does, as bytes of one buffer
+// that the run's weights share: a batch's hits have weights of their own.
+func (r *batchRun) weightArg(w float64) any {
+	if w == 0 {
+		return "0"
+	}
+	at := len(r.weights)
+	r.weights = strconv.AppendFloat(r.weights, w, 'g', -1, 64)
+	return r.weights[at:len(r.weights):len(r.weights)]
 }
 
 // form returns the index of the form of h, of bucket k: its key's latest
