@@ -62,8 +62,9 @@
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
-//	    outbox.view ──► hitQueue: sent at once while fewer than 2 round
-//	      trips are out, else waits and goes in the next with the others
+//	    outbox.view ──► hitQueue: sent at once when no round trip is out,
+//	      else waits and goes with the others when one ends, or in a
+//	      second round trip once 8 wait
 //	      ──► store.HitBatch (one round trip; the store decides each hit)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
 //	      stalled (no answer 250 ms while hits wait) ──► health.stalled

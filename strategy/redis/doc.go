@@ -240,8 +240,13 @@
 // count INCRBYFLOAT stores: the two agree exactly for counts that doubles
 // hold exactly (binary fractions, such as whole or half costs); otherwise
 // a count may differ by a rounding in its last digit, and a rate within
-// such a rounding of its limit be decided the other way. A batch of one
-// hit is sent as a Hit. A script run is sent at most once, as a hit is; a
+// such a rounding of its limit be decided the other way. The hits of one
+// key with the same windows share one form of arguments, each hit sending
+// only its weights, and the script replies each counter's count before
+// the hits and each hit's rejecting window, from which the store computes
+// every hit's counts in the script's order and doubles: a reply a fifth
+// the size, as formatting numbers cost Redis more than deciding hits. A
+// batch of one hit is sent as a Hit. A script run is sent at most once, as a hit is; a
 // run that fails fails its hits (every hit on a standalone server, those
 // of its slot on a Cluster), each with an error that wraps
 // strategy.ErrNotSent if the run surely never reached Redis. A batch is
