@@ -126,12 +126,20 @@ func newHitQueue(store strategy.Hitter, namespace string, h *health) *hitQueue {
 // hitTimeout whatever ctx does, so that every hit of it learns its result.
 func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.HitResult, *batchRetry) {
 	q.mu.Lock()
-	if q.trips == 0 || q.trips < maxRoundTrips && len(q.queued)+1 >= q.secondTrip {
+	if q.trips == 0 { // nothing waits while no round trip is out
 		q.trips++
-		h := queuedHit{req: req}
-		batch := q.take(&h)
 		q.mu.Unlock()
-		q.send(ctx, &h, batch)
+		h := queuedHit{req: req}
+		batch := [1]*queuedHit{&h}
+		q.send(ctx, &h, batch[:])
+		return h.res, h.retry
+	}
+	if q.trips < maxRoundTrips && len(q.queued)+1 >= q.secondTrip {
+		q.trips++
+		h := &queuedHit{req: req}
+		batch := q.take(h)
+		q.mu.Unlock()
+		q.send(ctx, h, batch)
 		return h.res, h.retry
 	}
 	h := &queuedHit{req: req, done: make(chan struct{})}
