@@ -191,6 +191,17 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 	for b := range 12 {
 		hits := make([]strategy.HitRequest, 1+rng.IntN(12))
 		for i := range hits {
+			if i > 0 && rng.IntN(2) == 0 {
+				// A hot key: the hit before's windows again, at another
+				// time, as a busy node's batch mostly holds.
+				h := hits[i-1]
+				h.Windows = slices.Clone(h.Windows)
+				for w := range h.Windows {
+					h.Windows[w].Weight = weights[rng.IntN(len(weights))]
+				}
+				hits[i] = h
+				continue
+			}
 			hits[i] = randomHit()
 		}
 		id := newID()
