@@ -268,7 +268,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
 		if err == nil {
-			err = r.answer(s, hits, results, reply, nowMs)
+			err = r.answer(s, results, reply, nowMs)
 		}
 		if err != nil {
 			errs.FailBatch(results, namespace, r.hits, notSent(err))
@@ -525,7 +525,7 @@ func boolWeight(weighted bool) float64 {
 // counters; a rejected hit with undo then restores the counts it found,
 // and its windows up to the rejecting one report their current counts
 // restored. Nothing is added when the hits did not apply.
-func (r *batchRun) answer(s *Store, hits []strategy.HitRequest, results []strategy.HitResult, reply []any, nowMs int64) error {
+func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, nowMs int64) error {
 	nc := len(r.counters)
 	if len(reply) != 1+nc+len(r.hits) {
 		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), 1+nc+len(r.hits))
