@@ -575,6 +575,7 @@ type caseResult struct {
 	sum          benchhttp.Summary
 	cmds         benchhttp.CommandStats // Redis commands during the limited runs
 	cmdRequests  int64                  // requests of those runs
+	redisCPU     time.Duration          // Redis's CPU time during those runs
 	statusErrors int64
 
 	// From the MONITOR run: the commands Caddy sent, those its scripts
@@ -598,10 +599,22 @@ func (b *bencher) limited(ctx context.Context, c benchCase, res *caseResult) (be
 			return benchhttp.Run{}, fmt.Errorf("CONFIG RESETSTAT: %v", err)
 		}
 	}
+	var cpuBefore time.Duration
+	if c.redis {
+		var err error
+		if cpuBefore, err = b.redisCPU(ctx); err != nil {
+			return benchhttp.Run{}, err
+		}
+	}
 	r, err := b.measured(ctx, c.path, c.keying())
 	if err != nil || !c.redis {
 		return r, err
 	}
+	cpuAfter, err := b.redisCPU(ctx)
+	if err != nil {
+		return r, err
+	}
+	res.redisCPU += cpuAfter - cpuBefore
 	select {
 	case <-ctx.Done():
 		return r, ctx.Err()
@@ -618,6 +631,15 @@ func (b *bencher) limited(ctx context.Context, c benchCase, res *caseResult) (be
 	res.cmds.Add(stats)
 	res.cmdRequests += r.Requests
 	return r, nil
+}
+
+// redisCPU returns the CPU time the harness's redis-server has used.
+func (b *bencher) redisCPU(ctx context.Context) (time.Duration, error) {
+	info, err := b.rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %v", err)
+	}
+	return benchhttp.ParseRedisCPU(info)
 }
 
 func (b *bencher) runCase(ctx context.Context, c benchCase) (caseResult, error) {
@@ -738,15 +760,25 @@ func printTable(results []caseResult) {
 	}
 	fmt.Println()
 	fmt.Println("Redis commands per 1,000 requests: ran = all that Redis ran in the timed limited runs (INFO commandstats, which")
-	fmt.Println("counts the commands Lua scripts run too); sent = those Caddy sent, in one more limited run under MONITOR")
-	fmt.Printf("%-38s %10s %10s\n", "case", "ran", "sent")
+	fmt.Println("counts the commands Lua scripts run too); sent = those Caddy sent, in one more limited run under MONITOR;")
+	fmt.Println("Redis CPU = Redis's CPU time per request in the timed limited runs (INFO cpu, system and user)")
+	fmt.Printf("%-38s %10s %10s %16s\n", "case", "ran", "sent", "Redis CPU µs/req")
 	for _, r := range redisCases {
-		fmt.Printf("%-38s %10.1f %10.1f\n", r.c.label,
-			benchhttp.PerThousand(r.cmds.Total(), r.cmdRequests), benchhttp.PerThousand(r.sent.Total(), r.monRequests))
+		fmt.Printf("%-38s %10.1f %10.1f %16.1f\n", r.c.label,
+			benchhttp.PerThousand(r.cmds.Total(), r.cmdRequests), benchhttp.PerThousand(r.sent.Total(), r.monRequests),
+			perRequestMicros(r.redisCPU, r.cmdRequests))
 	}
 	for _, r := range redisCases {
 		printBreakdown(r)
 	}
+}
+
+// perRequestMicros returns d per request, in microseconds.
+func perRequestMicros(d time.Duration, requests int64) float64 {
+	if requests == 0 {
+		return 0
+	}
+	return float64(d.Microseconds()) / float64(requests)
 }
 
 // printBreakdown prints a Redis case's commands one by one, per 1,000

@@ -6,6 +6,7 @@ package benchhttp
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,6 +207,30 @@ func ParseCommandStats(info string) (CommandStats, error) {
 		}
 	}
 	return stats, nil
+}
+
+// ParseRedisCPU reads the CPU time Redis has used, system and user, from
+// INFO cpu ("used_cpu_sys:0.408670", "used_cpu_user:1.542960", in
+// seconds), so that a run's share is the difference of two readings.
+func ParseRedisCPU(info string) (time.Duration, error) {
+	var total float64
+	found := 0
+	for line := range strings.Lines(info) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_sys" && name != "used_cpu_user") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %q: %v", line, err)
+		}
+		total += f
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu: used_cpu_sys and used_cpu_user not found")
+	}
+	return time.Duration(math.Round(total*1e6)) * time.Microsecond, nil // Redis prints microseconds
 }
 
 // harnessCommand reports the commands the harness itself sends to read

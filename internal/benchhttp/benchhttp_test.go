@@ -196,3 +196,21 @@ func TestParseProcStat(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRedisCPU(t *testing.T) {
+	info := "# CPU\r\nused_cpu_sys:0.408670\r\nused_cpu_user:1.542960\r\nused_cpu_sys_children:0.000000\r\n" +
+		"used_cpu_user_children:0.000000\r\nused_cpu_sys_main_thread:0.408650\r\n"
+	got, err := ParseRedisCPU(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 1951630 * time.Microsecond; got != want {
+		t.Fatalf("ParseRedisCPU = %v, want %v", got, want)
+	}
+	if _, err := ParseRedisCPU("# CPU\r\nused_cpu_sys:0.1\r\n"); err == nil {
+		t.Fatal("INFO cpu without used_cpu_user parsed")
+	}
+	if _, err := ParseRedisCPU("used_cpu_sys:x\r\nused_cpu_user:1\r\n"); err == nil {
+		t.Fatal("a CPU time that is no number parsed")
+	}
+}
