@@ -26,9 +26,10 @@ const (
 	// secondTripHits is how many hits must wait, while a round trip is
 	// in flight, before a second one takes them: a round trip of a few
 	// hits costs the node and the store about what a full one does (a
-	// write to the store's socket, a script run), so fewer wait for the
-	// one in flight. Sending any hit that found one round trip out made
-	// 44 % of the speed harness's round trips carry a single hit.
+	// write to the store's socket, a script run), so fewer hits than
+	// this wait for the one in flight instead. Sending any hit that found
+	// one round trip out made 44 % of the speed harness's round trips
+	// carry a single hit.
 	secondTripHits = 8
 	// maxBatchHits bounds the hits of one round trip.
 	maxBatchHits = 256
