@@ -238,33 +238,31 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	// One run per slot, in the order of their first hits.
 	nowMs := s.now().UnixMilli()
 	nsp := nsPart(namespace)
+	// Each run is sized for its hits: first the hits' buckets and how many
+	// fall in each slot.
+	ks, perSlot := make([]int, len(good)), make(map[int]int)
+	for x, i := range good {
+		ks[x] = bucketOf(namespace, hits[i].Key)
+		perSlot[s.slotOf(ks[x])]++
+	}
 	var runs []*batchRun
-	bySlot := make(map[int]*batchRun)
-	for _, i := range good {
-		k := bucketOf(namespace, hits[i].Key)
-		slot := 0
-		if s.cluster {
-			slot = int(bucketSlots[k])
-		}
+	bySlot := make(map[int]*batchRun, len(perSlot))
+	for x, i := range good {
+		slot := s.slotOf(ks[x])
 		r := bySlot[slot]
 		if r == nil {
-			r = newBatchRun(len(good))
+			r = newBatchRun(perSlot[slot])
 			bySlot[slot] = r
 			runs = append(runs, r)
 		}
-		r.add(s.layout, i, k, nsp, &hits[i])
+		r.add(s.layout, i, ks[x], nsp, &hits[i])
 	}
 	args := make([][]any, len(runs))
 	for n, r := range runs {
 		args[n] = r.command(s, id, nowMs)
 	}
 
-	var cmds []*goredis.Cmd
-	if len(runs) == 1 {
-		cmds = []*goredis.Cmd{s.runOnce(ctx, batchScript, batchSource, args[0], false)} // no pipeline's cost
-	} else {
-		cmds = s.runOncePipelined(ctx, batchScript, batchSource, args)
-	}
+	cmds := s.runOncePipelined(ctx, batchScript, batchSource, args)
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
 		if err == nil {
@@ -619,6 +617,15 @@ func replyCount(v any) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("the script replied %v, not a count", v)
+}
+
+// slotOf returns the slot of bucket k's keys on a Cluster, and 0 on a
+// standalone server, where every key is in one.
+func (s *Store) slotOf(k int) int {
+	if s.cluster {
+		return int(bucketSlots[k])
+	}
+	return 0
 }
 
 // bucketSlots maps each bucket to the Cluster hash slot of its keys.

@@ -421,6 +421,9 @@ func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls
 // on a connection failure and surely were not sent (see notSent), if their
 // slots are served by another master by then (see resendable).
 func (s *Store) runOncePipelined(ctx context.Context, script *goredis.Script, src string, args [][]any) []*goredis.Cmd {
+	if len(args) == 1 { // one command needs no pipeline, which costs more
+		return []*goredis.Cmd{s.runOnce(ctx, script, src, args[0], false)}
+	}
 	ctx, failed := s.watch(ctx)
 	cmds := runOncePipelined(ctx, s.client, script, src, args)
 	if failed == nil {
