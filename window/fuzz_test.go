@@ -3,6 +3,8 @@ package window
 import (
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 // FuzzKeyIsolation checks that no two distinct (namespace, key) pairs share
@@ -17,7 +19,7 @@ func FuzzKeyIsolation(f *testing.F) {
 	f.Add("n", "k", "m", "k")
 	f.Add("n", string(make([]byte, 4096)), "n", string(make([]byte, 4095)))
 	f.Fuzz(func(t *testing.T, ns1, key1, ns2, key2 string) {
-		z := mustZone(t, 64, newFakeClock(base))
+		z := mustZone(t, 64, fakeclock.New(base))
 		a := mustNamespace(t, z, ns1)
 		b := mustNamespace(t, z, ns2)
 		a.Increment(key1, time.Minute, 1)

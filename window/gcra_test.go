@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 // tenPerSecond is nginx's rate=10r/s burst=5: 6 at once, then one per
@@ -134,7 +136,7 @@ func TestRateSampleHeaders(t *testing.T) {
 // checked before the limits; a request the rate rejects counts in no
 // window, one a limit rejects moves no TAT.
 func TestHitRate(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	ns := mustNamespace(t, z, "r")
 	limits := []Limit{{Size: time.Minute, Max: 8}}
@@ -159,7 +161,7 @@ func TestHitRate(t *testing.T) {
 	// One per 100ms, until the minute's limit of 8 rejects: that request
 	// counts in the minute (the penalty) and leaves the TAT.
 	for step := 1; step <= 3; step++ {
-		clock.advance(100 * time.Millisecond)
+		clock.Advance(100 * time.Millisecond)
 		ok, rejected := ns.HitRate("k", tenPerSecond, 1, limits, 1, false, false, out, &rs)
 		switch {
 		case step <= 2 && (!ok || rejected >= 0):
@@ -184,7 +186,7 @@ func TestHitRate(t *testing.T) {
 }
 
 func TestHitRateIfRoom(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	ns := mustNamespace(t, z, "r")
 	limits := []Limit{{Size: time.Minute, Max: 7}}
@@ -202,11 +204,11 @@ func TestHitRateIfRoom(t *testing.T) {
 	if got := out[0].Current; got != 6 {
 		t.Fatalf("a request that waits counted: the minute holds %v", got)
 	}
-	clock.advance(wait)
+	clock.Advance(wait)
 	if ok, rejected, _ = ns.HitRateIfRoom("k", tenPerSecond, 1, limits, 1, out, &rs); !ok || rejected >= 0 {
 		t.Fatalf("after the wait: rate %v, limit %d", ok, rejected)
 	}
-	clock.advance(100 * time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
 	tat := rs.TAT
 	ok, rejected, wait = ns.HitRateIfRoom("k", tenPerSecond, 1, limits, 1, out, &rs)
 	if !ok || rejected != 0 || wait <= 0 {
@@ -221,7 +223,7 @@ func TestHitRateIfRoom(t *testing.T) {
 // passed, not before; eviction and a reshard keep the zone bounded and
 // the TATs it holds.
 func TestRateLeavesTheZone(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 20, clock)
 	ns := mustNamespace(t, z, "r")
 	var rs RateSample
@@ -229,7 +231,7 @@ func TestRateLeavesTheZone(t *testing.T) {
 		ns.HitRate("busy", tenPerSecond, 1, nil, 1, false, false, nil, &rs)
 	}
 	ns.HitRate("idle", tenPerSecond, 1, nil, 1, false, false, nil, &rs)
-	clock.advance(200 * time.Millisecond)
+	clock.Advance(200 * time.Millisecond)
 	z.Sweep()
 	if z.Len() != 1 || ns.ReadRate("busy", time.Second).TAT == 0 {
 		t.Fatalf("sweep: %d keys, want only busy, which has 400ms to go", z.Len())
@@ -251,7 +253,7 @@ func TestRateLeavesTheZone(t *testing.T) {
 	if z.Len() != 20 {
 		t.Fatalf("zone of 20 holds %d keys", z.Len())
 	}
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	z.Sweep()
 	if z.Len() != 0 {
 		t.Fatalf("every TAT passed, yet %d keys stay", z.Len())

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 func TestClassOf(t *testing.T) {
@@ -52,7 +54,7 @@ func TestKeyArenaReusesSlots(t *testing.T) {
 // re-shards: every entry stays findable by its key, and the diffs taken
 // add up, key by key and window by window, to what was counted.
 func TestZoneKeysSurviveChurn(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 64, clock)
 	ns := mustNamespace(t, z, "churn")
 	ns.SetTracked(true)

@@ -3,13 +3,15 @@ package window
 import (
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 // TestHitUnlessNear walks a key up to its limit: far from it hits count
 // locally, near it they count nothing and take the current window's diff,
 // and past it they are surely rejected locally.
 func TestHitUnlessNear(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	n, _ := z.Namespace("ns")
 	n.SetTracked(true)
@@ -51,7 +53,7 @@ func TestHitUnlessNear(t *testing.T) {
 	}
 
 	// Giving the taken diffs back makes them pending again.
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	for range 8 {
 		n.Hit("j", limits[:1], 1, true, false, false, out[:1])
 	}
@@ -69,7 +71,7 @@ func TestHitUnlessNear(t *testing.T) {
 // TestHitUnlessNearPrevious reports the previous window's diff, left
 // pending, and weighs it in the sliding rate.
 func TestHitUnlessNearPrevious(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	n, _ := z.Namespace("ns")
 	n.SetTracked(true)
@@ -78,7 +80,7 @@ func TestHitUnlessNearPrevious(t *testing.T) {
 	for range 10 {
 		n.Hit("k", limits, 1, false, false, false, out)
 	}
-	clock.advance(time.Second + 100*time.Millisecond) // previous window weighs 0.9
+	clock.Advance(time.Second + 100*time.Millisecond) // previous window weighs 0.9
 	rej, near := n.HitUnlessNear("k", limits, 1, false, false, 0.5, out, un)
 	if !near || rej != -1 {
 		t.Fatalf("rejected %d, near %v; want near (rate 9 + 1 of 10)", rej, near)

@@ -8,10 +8,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 func TestResetZeroesEveryWindowAndDropsDiffs(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	ns := mustNamespace(t, mustZone(t, 100, clock), "t")
 	ns.SetTracked(true)
 	ns.Increment("a", time.Minute, 4)
@@ -19,7 +21,7 @@ func TestResetZeroesEveryWindowAndDropsDiffs(t *testing.T) {
 	ns.Increment("b", time.Minute, 2)
 	ns.Take() // pushed: the synced part
 	ns.Apply([]Count{{Key: "a", Size: time.Minute, Start: base.UnixNano(), Value: 9}})
-	clock.advance(time.Minute + 30*time.Second) // a's minute is now the previous one
+	clock.Advance(time.Minute + 30*time.Second) // a's minute is now the previous one
 	ns.Increment("a", time.Minute, 3)           // pending
 	if s := ns.Read("a", time.Minute); s.Current != 3 || s.Previous != 9 {
 		t.Fatalf("before the reset: %+v, want current 3 and previous 9", s)
@@ -61,14 +63,14 @@ func TestResetZeroesEveryWindowAndDropsDiffs(t *testing.T) {
 		t.Fatalf("after a hit that followed the reset: %+v, want current 2", s)
 	}
 	// The store's reset reaches this node through Apply, as zeros.
-	ns.Apply([]Count{{Key: "a", Size: time.Minute, Start: Start(clock.now(), time.Minute), Value: 0}})
+	ns.Apply([]Count{{Key: "a", Size: time.Minute, Start: Start(clock.UnixNano(), time.Minute), Value: 0}})
 	if s := ns.Read("a", time.Minute); s.Current != 0 {
 		t.Fatalf("after applying a zero count: %+v", s)
 	}
 }
 
 func TestResetDropsDiffsOfEvictedKeys(t *testing.T) {
-	z := mustZone(t, 16, newFakeClock(base))
+	z := mustZone(t, 16, fakeclock.New(base))
 	ns := mustNamespace(t, z, "o")
 	ns.SetTracked(true)
 	ns.Increment("a", time.Minute, 5)
@@ -101,7 +103,7 @@ func TestResetDropsDiffsOfEvictedKeys(t *testing.T) {
 // agreeing, every hit that ended before the last reset began is erased,
 // and every hit that began after it ended counts, once.
 func TestResetRacesWithHits(t *testing.T) {
-	ns := mustNamespace(t, mustZone(t, 100, newFakeClock(base)), "race")
+	ns := mustNamespace(t, mustZone(t, 100, fakeclock.New(base)), "race")
 	ns.SetTracked(true)
 	var store float64 // the store's count: only this goroutine writes it
 	var started, done atomic.Int64
@@ -171,7 +173,7 @@ func TestResetRacesWithHits(t *testing.T) {
 }
 
 func TestInspect(t *testing.T) {
-	clock := newFakeClock(base.Add(15 * time.Second))
+	clock := fakeclock.New(base.Add(15 * time.Second))
 	ns := mustNamespace(t, mustZone(t, 100, clock), "i")
 	ns.SetTracked(true)
 	if got := ns.Inspect("a"); got != nil {
@@ -181,7 +183,7 @@ func TestInspect(t *testing.T) {
 	ns.Increment("a", time.Second, 1)
 	ns.Take()
 	ns.Increment("a", time.Minute, 2)
-	clock.advance(time.Minute)
+	clock.Advance(time.Minute)
 	ns.Increment("a", time.Minute, 1.5)
 	ns.Take() // the touched list is empty now
 
@@ -207,7 +209,7 @@ func TestInspect(t *testing.T) {
 }
 
 func TestLenCountsTheNamespaceKeys(t *testing.T) {
-	z := mustZone(t, 1000, newFakeClock(base))
+	z := mustZone(t, 1000, fakeclock.New(base))
 	a, b := mustNamespace(t, z, "a"), mustNamespace(t, z, "b")
 	for i := range 30 {
 		a.Increment("k"+strconv.Itoa(i), time.Minute, 1)

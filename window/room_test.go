@@ -5,19 +5,21 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 // After a burst late in a window, the estimate would admit hits early in
 // the next window (it spreads the burst over the window); HitIfRoom waits
 // until the burst is a window length old, then admits up to the limit.
 func TestHitIfRoomAfterABurst(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	n, _ := z.Namespace("ns")
 	limits := []Limit{{Size: time.Second, Max: 5}}
 	out := make([]Sample, 1)
 
-	clock.advance(700 * time.Millisecond)
+	clock.Advance(700 * time.Millisecond)
 	for i := range 5 {
 		if rej := n.Hit("k", limits, 1, false, false, false, out); rej != -1 {
 			t.Fatalf("hit %d of the burst rejected", i+1)
@@ -27,7 +29,7 @@ func TestHitIfRoomAfterABurst(t *testing.T) {
 	if rej != 0 || wait != time.Second+2*time.Millisecond {
 		t.Fatalf("right after the burst: rejected %d, wait %v; want 0 and 1.002s (the burst a window old, its stamp rounded up, and the margin)", rej, wait)
 	}
-	clock.advance(500 * time.Millisecond) // 0.2 into the next window
+	clock.Advance(500 * time.Millisecond) // 0.2 into the next window
 	if n.Hit("k", limits, 1, false, true, false, out) != -1 {
 		t.Fatal("the estimate (5 × 0.8 = 4) should admit one more here; the test assumes it")
 	}
@@ -35,7 +37,7 @@ func TestHitIfRoomAfterABurst(t *testing.T) {
 	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != 502*time.Millisecond {
 		t.Fatalf("0.2 into the next window: rejected %d, wait %v; want 0 and 502ms", rej, wait)
 	}
-	clock.advance(502 * time.Millisecond)
+	clock.Advance(502 * time.Millisecond)
 	for i := range 5 {
 		if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != -1 {
 			t.Fatalf("hit %d once the burst left: rejected %d, wait %v", i+1, rej, wait)
@@ -56,7 +58,7 @@ func TestHitIfRoomAfterABurst(t *testing.T) {
 // Counts the store reported have no stamps: the previous window's count
 // is taken as at its end, the current one's as now.
 func TestHitIfRoomStoreCounts(t *testing.T) {
-	clock := newFakeClock(base.Add(200 * time.Millisecond))
+	clock := fakeclock.New(base.Add(200 * time.Millisecond))
 	z := mustZone(t, 100, clock)
 	n, _ := z.Namespace("ns")
 	limits := []Limit{{Size: time.Second, Max: 5}}
@@ -74,7 +76,7 @@ func TestHitIfRoomStoreCounts(t *testing.T) {
 
 // Every limit must have room; the wait is the longest.
 func TestHitIfRoomTwoLimits(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	n, _ := z.Namespace("ns")
 	limits := []Limit{{Size: time.Second, Max: 2}, {Size: time.Minute, Max: 3}}
@@ -87,11 +89,11 @@ func TestHitIfRoomTwoLimits(t *testing.T) {
 	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 0 || wait != time.Second+2*time.Millisecond {
 		t.Fatalf("second full: rejected %d, wait %v", rej, wait)
 	}
-	clock.advance(time.Second + 2*time.Millisecond)
+	clock.Advance(time.Second + 2*time.Millisecond)
 	if rej, _ := n.HitIfRoom("k", limits, 1, out); rej != -1 {
 		t.Fatal("rejected with room in both")
 	}
-	clock.advance(time.Second + 2*time.Millisecond)
+	clock.Advance(time.Second + 2*time.Millisecond)
 	if rej, wait := n.HitIfRoom("k", limits, 1, out); rej != 1 || wait != 59*time.Second {
 		t.Fatalf("minute full: rejected %d, wait %v", rej, wait)
 	}
@@ -106,7 +108,7 @@ func TestHitIfRoomTwoLimits(t *testing.T) {
 func TestHitIfRoomNeverOverAnySpan(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 50 {
-		clock := newFakeClock(base.Add(time.Duration(rng.Int64N(int64(time.Second)))))
+		clock := fakeclock.New(base.Add(time.Duration(rng.Int64N(int64(time.Second)))))
 		z := mustZone(t, 100, clock)
 		n, _ := z.Namespace("ns")
 		const max = 5
@@ -114,11 +116,11 @@ func TestHitIfRoomNeverOverAnySpan(t *testing.T) {
 		limits := []Limit{{Size: size, Max: max}}
 		out := make([]Sample, 1)
 		var admitted []int64
-		first := clock.now()
+		first := clock.UnixNano()
 		for range 200 {
-			clock.advance(time.Duration(rng.Int64N(int64(80 * time.Millisecond))))
+			clock.Advance(time.Duration(rng.Int64N(int64(80 * time.Millisecond))))
 			if rej, wait := n.HitIfRoom("k", limits, 1, out); rej == -1 {
-				admitted = append(admitted, clock.now())
+				admitted = append(admitted, clock.UnixNano())
 			} else if wait <= 0 {
 				t.Fatalf("trial %d: rejected with wait %v", trial, wait)
 			}
@@ -131,7 +133,7 @@ func TestHitIfRoomNeverOverAnySpan(t *testing.T) {
 		}
 		// Offered 25 a second, it admits its 5 a second, give or take the
 		// gaps of random arrivals.
-		if secs := time.Duration(clock.now() - first).Seconds(); float64(len(admitted)) < 3*secs {
+		if secs := time.Duration(clock.UnixNano() - first).Seconds(); float64(len(admitted)) < 3*secs {
 			t.Fatalf("trial %d: only %d admitted in %.1fs", trial, len(admitted), secs)
 		}
 	}

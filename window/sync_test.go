@@ -7,10 +7,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 func TestTakeMovesDiffsIntoSynced(t *testing.T) {
-	clock := newFakeClock(base.Add(10 * time.Second))
+	clock := fakeclock.New(base.Add(10 * time.Second))
 	ns := mustNamespace(t, mustZone(t, 100, clock), "t")
 	ns.SetTracked(true)
 	ns.Increment("a", time.Minute, 2)
@@ -50,7 +52,7 @@ func TestTakeMovesDiffsIntoSynced(t *testing.T) {
 }
 
 func TestUntrackedNamespaceKeepsNoLists(t *testing.T) {
-	ns := mustNamespace(t, mustZone(t, 100, newFakeClock(base)), "local")
+	ns := mustNamespace(t, mustZone(t, 100, fakeclock.New(base)), "local")
 	ns.Increment("a", time.Minute, 1)
 	if diffs, keys := ns.Take(); diffs != nil || keys != nil {
 		t.Fatalf("untracked take: %v %v", diffs, keys)
@@ -63,7 +65,7 @@ func TestUntrackedNamespaceKeepsNoLists(t *testing.T) {
 }
 
 func TestRestoreAfterFailedPush(t *testing.T) {
-	clock := newFakeClock(base.Add(time.Second))
+	clock := fakeclock.New(base.Add(time.Second))
 	ns := mustNamespace(t, mustZone(t, 100, clock), "r")
 	ns.SetTracked(true)
 	ns.Increment("a", time.Minute, 4)
@@ -80,7 +82,7 @@ func TestRestoreAfterFailedPush(t *testing.T) {
 }
 
 func TestApplySetsSyncedAndKeepsNewDiffs(t *testing.T) {
-	clock := newFakeClock(base.Add(30 * time.Second))
+	clock := fakeclock.New(base.Add(30 * time.Second))
 	ns := mustNamespace(t, mustZone(t, 100, clock), "a")
 	ns.SetTracked(true)
 	ns.Increment("k", time.Minute, 2)
@@ -101,7 +103,7 @@ func TestApplySetsSyncedAndKeepsNewDiffs(t *testing.T) {
 }
 
 func TestEvictedDiffsAreStillTaken(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 16, clock)
 	ns := mustNamespace(t, z, "o")
 	ns.SetTracked(true)
@@ -137,11 +139,11 @@ func TestEvictedDiffsAreStillTaken(t *testing.T) {
 }
 
 func TestDiffsSurviveWindowRotation(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	ns := mustNamespace(t, mustZone(t, 16, clock), "rot")
 	ns.SetTracked(true)
 	ns.Increment("k", time.Second, 3)
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	ns.Increment("k", time.Second, 2)
 	diffs, _ := ns.Take()
 	if len(diffs) != 2 || sum(diffs) != 5 {
@@ -154,7 +156,7 @@ func TestDiffsSurviveWindowRotation(t *testing.T) {
 // Every hit must reach the fake store exactly once, and the visible count
 // of a key only ever grows.
 func TestSyncRace(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	ns := mustNamespace(t, mustZone(t, 1000, clock), "race")
 	ns.SetTracked(true)
 	store := map[Diff]float64{} // by (key, size, start), value 0
@@ -215,7 +217,7 @@ func TestSyncRace(t *testing.T) {
 			push(diffs)
 			var counts []Count
 			for _, k := range keys {
-				id := Diff{Key: k, Size: time.Hour, Start: Start(clock.now(), time.Hour)}
+				id := Diff{Key: k, Size: time.Hour, Start: Start(clock.UnixNano(), time.Hour)}
 				counts = append(counts, Count{Key: k, Size: id.Size, Start: id.Start, Value: store[id]})
 			}
 			ns.Apply(counts)
@@ -254,7 +256,7 @@ func sum(diffs []Diff) float64 {
 }
 
 func TestObserve(t *testing.T) {
-	clock := newFakeClock(base.Add(15 * time.Second))
+	clock := fakeclock.New(base.Add(15 * time.Second))
 	ns := mustNamespace(t, mustZone(t, 10, clock), "obs")
 	ns.SetTracked(true)
 	s := ns.Observe("k", time.Minute, base.UnixNano(), 7, 20)
@@ -272,7 +274,7 @@ func TestObserve(t *testing.T) {
 }
 
 func TestPendingCountsEvictedDiffs(t *testing.T) {
-	z := mustZone(t, 16, newFakeClock(base))
+	z := mustZone(t, 16, fakeclock.New(base))
 	ns := mustNamespace(t, z, "p")
 	ns.SetTracked(true)
 	for i := range 20 {
@@ -288,7 +290,7 @@ func TestPendingCountsEvictedDiffs(t *testing.T) {
 }
 
 func TestIncrementSyncedIsNeverPushed(t *testing.T) {
-	ns := mustNamespace(t, mustZone(t, 10, newFakeClock(base)), "s")
+	ns := mustNamespace(t, mustZone(t, 10, fakeclock.New(base)), "s")
 	ns.SetTracked(true)
 	ns.IncrementSynced("k", time.Minute, 2)
 	s := ns.Increment("k", time.Minute, 1)
@@ -302,7 +304,7 @@ func TestIncrementSyncedIsNeverPushed(t *testing.T) {
 }
 
 func TestApplyAddsNoEmptyWindows(t *testing.T) {
-	ns := mustNamespace(t, mustZone(t, 10, newFakeClock(base)), "a")
+	ns := mustNamespace(t, mustZone(t, 10, fakeclock.New(base)), "a")
 	ns.Increment("k", time.Minute, 1)
 	ns.Apply([]Count{{Key: "k", Size: time.Hour, Start: Start(base.UnixNano(), time.Hour), Value: 0}})
 	z := ns.Zone()
@@ -322,7 +324,7 @@ func TestApplyAddsNoEmptyWindows(t *testing.T) {
 // the namespace's Backlog says it is time to take them.
 func TestEvictedDiffsWithinTwiceTheCapacity(t *testing.T) {
 	const capacity = 1000
-	z := mustZone(t, capacity, newFakeClock(base))
+	z := mustZone(t, capacity, fakeclock.New(base))
 	if n := len(z.current()); n != 32 {
 		t.Fatalf("%d shards, want 32 for the pigeonhole below", n)
 	}

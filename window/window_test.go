@@ -2,23 +2,11 @@ package window
 
 import (
 	"math"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct{ t atomic.Int64 }
-
-func newFakeClock(t time.Time) *fakeClock {
-	c := &fakeClock{}
-	c.t.Store(t.UnixNano())
-	return c
-}
-
-func (c *fakeClock) now() int64              { return c.t.Load() }
-func (c *fakeClock) set(t time.Time)         { c.t.Store(t.UnixNano()) }
-func (c *fakeClock) advance(d time.Duration) { c.t.Add(int64(d)) }
 
 // base is a minute boundary: every window size used here divides it.
 var base = time.Unix(1_700_000_040, 0)
@@ -65,11 +53,11 @@ func TestValidateSize(t *testing.T) {
 // TestKongExample is the reference's worked example: 10 hits in the current
 // minute, 40 in the previous one, 30 seconds in: 10 + 40*0.5 = 30.
 func TestKongExample(t *testing.T) {
-	clock := newFakeClock(base.Add(-30 * time.Second))
+	clock := fakeclock.New(base.Add(-30 * time.Second))
 	z := mustZone(t, 100, clock)
 	ns := mustNamespace(t, z, "kong")
 	ns.Increment("1.2.3.4", time.Minute, 40)
-	clock.set(base.Add(30 * time.Second))
+	clock.Set(base.Add(30 * time.Second))
 	s := ns.Increment("1.2.3.4", time.Minute, 10)
 	if s.Current != 10 || s.Previous != 40 || s.Weight != 0.5 {
 		t.Fatalf("sample = %+v, want current 10, previous 40, weight 0.5", s)
@@ -86,7 +74,7 @@ func TestKongExample(t *testing.T) {
 }
 
 func TestSlidingRateOverTime(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	ns := mustNamespace(t, z, "t")
 	for range 60 {
@@ -106,7 +94,7 @@ func TestSlidingRateOverTime(t *testing.T) {
 		{120 * time.Second, 0, 0}, // two windows later nothing is left
 		{10 * time.Minute, 0, 0},
 	} {
-		clock.set(base.Add(tc.at))
+		clock.Set(base.Add(tc.at))
 		s := ns.Read("k", time.Minute)
 		if math.Abs(s.Sliding()-tc.sliding) > 1e-9 || s.Rate(true) != tc.fixed {
 			t.Errorf("Test %d (+%v): sliding %v fixed %v, want %v and %v", i, tc.at, s.Sliding(), s.Rate(true), tc.sliding, tc.fixed)
@@ -115,7 +103,7 @@ func TestSlidingRateOverTime(t *testing.T) {
 }
 
 func TestFractionalValues(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	ns := mustNamespace(t, mustZone(t, 10, clock), "f")
 	var s Sample
 	for range 7 {
@@ -135,7 +123,7 @@ func TestFractionalValues(t *testing.T) {
 // of N admits exactly N hits in one window when rate > limit rejects.
 func TestExactlyNPerWindow(t *testing.T) {
 	for _, fixed := range []bool{false, true} {
-		clock := newFakeClock(base.Add(400 * time.Millisecond))
+		clock := fakeclock.New(base.Add(400 * time.Millisecond))
 		ns := mustNamespace(t, mustZone(t, 10, clock), "n")
 		admitted := 0
 		for range 25 {
@@ -150,7 +138,7 @@ func TestExactlyNPerWindow(t *testing.T) {
 }
 
 func TestWindowSizesAreSeparate(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	ns := mustNamespace(t, mustZone(t, 10, clock), "w")
 	ns.Increment("k", time.Second, 1)
 	ns.Increment("k", time.Minute, 2)
@@ -164,7 +152,7 @@ func TestWindowSizesAreSeparate(t *testing.T) {
 }
 
 func TestReadWithDiff(t *testing.T) {
-	clock := newFakeClock(base.Add(30 * time.Second))
+	clock := fakeclock.New(base.Add(30 * time.Second))
 	ns := mustNamespace(t, mustZone(t, 10, clock), "r")
 	ns.SetTracked(true)
 	ns.Increment("k", time.Minute, 5)
@@ -181,11 +169,11 @@ func TestReadWithDiff(t *testing.T) {
 	}
 }
 
-func mustZone(t testing.TB, maxKeys int, clock *fakeClock) *Zone {
+func mustZone(t testing.TB, maxKeys int, clock *fakeclock.Clock) *Zone {
 	t.Helper()
 	var c Clock
 	if clock != nil {
-		c = clock.now
+		c = clock.UnixNano
 	}
 	z, err := NewZone(maxKeys, c)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 )
 
 func TestNewZoneRejectsBadCapacity(t *testing.T) {
@@ -17,7 +19,7 @@ func TestNewZoneRejectsBadCapacity(t *testing.T) {
 }
 
 func TestNamespacesAreIsolated(t *testing.T) {
-	z := mustZone(t, 100, newFakeClock(base))
+	z := mustZone(t, 100, fakeclock.New(base))
 	a, b := mustNamespace(t, z, "a"), mustNamespace(t, z, "b")
 	if again := mustNamespace(t, z, "a"); again != a {
 		t.Fatal("the same name gave two handles")
@@ -36,7 +38,7 @@ func TestNamespacesAreIsolated(t *testing.T) {
 }
 
 func TestEvictionAtCapacity(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 10, clock)
 	ns := mustNamespace(t, z, "e")
 	for i := range 10 {
@@ -127,7 +129,7 @@ func TestCapacityUnderFlood(t *testing.T) {
 }
 
 func TestResize(t *testing.T) {
-	z := mustZone(t, 1000, newFakeClock(base))
+	z := mustZone(t, 1000, fakeclock.New(base))
 	ns := mustNamespace(t, z, "r")
 	for i := range 1000 {
 		ns.Increment(strconv.Itoa(i), time.Minute, 1)
@@ -153,17 +155,17 @@ func TestResize(t *testing.T) {
 }
 
 func TestSweepForgetsIdleKeys(t *testing.T) {
-	clock := newFakeClock(base)
+	clock := fakeclock.New(base)
 	z := mustZone(t, 100, clock)
 	ns := mustNamespace(t, z, "s")
 	ns.Increment("idle", time.Second, 1)
 	ns.Increment("busy", time.Minute, 1)
-	clock.advance(1500 * time.Millisecond)
+	clock.Advance(1500 * time.Millisecond)
 	z.Sweep()
 	if z.Len() != 2 {
 		t.Fatalf("swept a key whose previous window still counts: %d keys", z.Len())
 	}
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	z.Sweep()
 	if z.Len() != 1 {
 		t.Fatalf("after two windows: %d keys, want 1", z.Len())
@@ -193,7 +195,7 @@ func TestMemoryPerKey(t *testing.T) {
 // hits and syncs go on: the shard count follows the capacity, and no hit
 // is lost or counted twice.
 func TestResizeReshards(t *testing.T) {
-	z := mustZone(t, 20, newFakeClock(base))
+	z := mustZone(t, 20, fakeclock.New(base))
 	ns := mustNamespace(t, z, "r")
 	ns.SetTracked(true)
 	if n := len(z.current()); n != 1 {

@@ -23,23 +23,23 @@ func acquire(t *testing.T, s *Store, key, id string, max int, lease time.Duratio
 func TestSlotLeaseByTheStoreClock(t *testing.T) {
 	s, clock := newTestStore()
 	acquire(t, s, "k", "a", 1, time.Second+time.Microsecond, 1, true) // counts as 1s
-	clock.advance(time.Second - 1)
+	clock.Advance(time.Second - 1)
 	acquire(t, s, "k", "b", 1, time.Second, 1, false)
-	clock.advance(1)
+	clock.Advance(1)
 	acquire(t, s, "k", "b", 1, time.Second, 1, true)
 
 	// Renewed at 500ms for a second: held until 1.5s.
-	clock.advance(500 * time.Millisecond)
+	clock.Advance(500 * time.Millisecond)
 	if err := s.RenewSlots(t.Context(), "ns", []strategy.Slot{{Key: "k", ID: "b"}}, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	clock.advance(time.Second - 1)
+	clock.Advance(time.Second - 1)
 	acquire(t, s, "k", "c", 1, time.Second, 1, false)
 	// Acquired again under its id for 2s: held until 2s from now.
 	acquire(t, s, "k", "b", 1, 2*time.Second, 1, true)
-	clock.advance(2*time.Second - 1)
+	clock.Advance(2*time.Second - 1)
 	acquire(t, s, "k", "c", 1, time.Second, 1, false)
-	clock.advance(1)
+	clock.Advance(1)
 	// Expired: a renewal does not take it again.
 	if err := s.RenewSlots(t.Context(), "ns", []strategy.Slot{{Key: "k", ID: "b"}}, time.Minute); err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func TestSlotsLeaveNothingBehind(t *testing.T) {
 	}
 	// Renewals add expiry entries, which the sweep drops too.
 	for range 5 {
-		clock.advance(500 * time.Millisecond)
+		clock.Advance(500 * time.Millisecond)
 		if err := s.RenewSlots(t.Context(), "ns", rest, time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestSlotsLeaveNothingBehind(t *testing.T) {
 	if n := s.Slots("ns"); n != 50 {
 		t.Fatalf("after renewals past the first lease, %d held, want 50", n)
 	}
-	clock.advance(time.Second)
+	clock.Advance(time.Second)
 	if n := s.Slots("ns"); n != 0 {
 		t.Fatalf("after every lease ended, %d slots held, want 0", n)
 	}

@@ -5,21 +5,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// fakeClock is a clock a test moves by hand.
-type fakeClock struct{ now time.Time }
-
-func (c *fakeClock) Now() time.Time          { return c.now }
-func (c *fakeClock) advance(d time.Duration) { c.now = c.now.Add(d) }
-
 // newTestStore returns a store of a private data set on a fake clock that
 // starts at the beginning of an hour.
-func newTestStore() (*Store, *fakeClock) {
+func newTestStore() (*Store, *fakeclock.Clock) {
 	s := newStore(newData())
-	c := &fakeClock{now: time.Unix(0, window.Start(time.Now().UnixNano(), time.Hour))}
+	c := fakeclock.New(time.Unix(0, window.Start(time.Now().UnixNano(), time.Hour)))
 	s.now = c.Now
 	return s, c
 }
@@ -28,7 +23,7 @@ func TestCountersExpireAtStartPlusTwiceTheSize(t *testing.T) {
 	s, clock := newTestStore()
 	ctx := t.Context()
 	const size = time.Second
-	start := clock.now.UnixNano()
+	start := clock.UnixNano()
 	d := window.Diff{Key: "k", Size: size, Start: start, Value: 1}
 	if err := s.PushDiffs(ctx, strategy.Batch{ID: "1", Namespace: "ns", Diffs: []window.Diff{d}}); err != nil {
 		t.Fatal(err)
@@ -41,11 +36,11 @@ func TestCountersExpireAtStartPlusTwiceTheSize(t *testing.T) {
 		}
 		return len(counts)
 	}
-	clock.advance(2*size - 1)
+	clock.Advance(2*size - 1)
 	if n, m := fetch(), s.Counters("ns"); n != 1 || m != 1 {
 		t.Fatalf("a nanosecond before expiry: fetched %d counters and held %d, want 1 and 1", n, m)
 	}
-	clock.advance(1)
+	clock.Advance(1)
 	if n := fetch(); n != 0 {
 		t.Fatalf("at expiry, before a sweep: fetched %d counters, want 0", n)
 	}
@@ -59,7 +54,7 @@ func TestCountersExpireAtStartPlusTwiceTheSize(t *testing.T) {
 	if err := s.PushDiffs(ctx, strategy.Batch{ID: "2", Namespace: "ns", Diffs: []window.Diff{d}}); err != nil {
 		t.Fatal(err)
 	}
-	if n, marked := s.Counters("ns"), s.data.marked(marker{"ns", "2"}, clock.now.UnixNano()); n != 0 || marked {
+	if n, marked := s.Counters("ns"), s.data.marked(marker{"ns", "2"}, clock.UnixNano()); n != 0 || marked {
 		t.Errorf("after a push of an expired window: %d counters, ID recorded: %v; want none", n, marked)
 	}
 }
@@ -69,12 +64,12 @@ func TestSweepsKeepMemoryBounded(t *testing.T) {
 	ctx := t.Context()
 	const size = 10 * time.Millisecond
 	ws := func() []strategy.WindowHit {
-		return []strategy.WindowHit{{Size: size, Start: window.Start(clock.now.UnixNano(), size), Value: 1, Max: 5}}
+		return []strategy.WindowHit{{Size: size, Start: window.Start(clock.UnixNano(), size), Value: 1, Max: 5}}
 	}
 	// Ten minutes of traffic: a batch and a hit with an ID every 10ms, each
 	// on new keys.
 	for i := range 60_000 {
-		start := window.Start(clock.now.UnixNano(), size)
+		start := window.Start(clock.UnixNano(), size)
 		diffs := []window.Diff{{Key: fmt.Sprintf("b%d", i), Size: size, Start: start, Value: 1}}
 		if err := s.PushDiffs(ctx, strategy.Batch{ID: fmt.Sprint("b", i), Namespace: "ns", Diffs: diffs}); err != nil {
 			t.Fatal(err)
@@ -82,7 +77,7 @@ func TestSweepsKeepMemoryBounded(t *testing.T) {
 		if _, _, err := s.Hit(ctx, "ns", fmt.Sprintf("h%d", i), fmt.Sprint("h", i), ws(), false); err != nil {
 			t.Fatal(err)
 		}
-		clock.advance(size)
+		clock.Advance(size)
 	}
 	d := s.data
 	// Counters live 20ms, batch markers 5s, hit markers a minute (at least).
@@ -97,8 +92,8 @@ func TestSweepsKeepMemoryBounded(t *testing.T) {
 	}
 	// Once all has expired, nothing is left, and the heap gave back its
 	// memory.
-	clock.advance(strategy.MaxHitIDLife)
-	s.Reset(ctx, "other", "k", nil, clock.now) // any write sweeps
+	clock.Advance(strategy.MaxHitIDLife)
+	s.Reset(ctx, "other", "k", nil, clock.Now()) // any write sweeps
 	if len(d.markers) != 0 || len(d.spaces) != 0 || len(d.expiries) != 0 {
 		t.Errorf("after everything expired: %d markers, %d namespaces, %d heap entries", len(d.markers), len(d.spaces), len(d.expiries))
 	}
@@ -124,10 +119,10 @@ func TestMarkerLives(t *testing.T) {
 	// A batch's marker lives as long as its counters: a retry is never
 	// applied while they live.
 	s, clock := newTestStore()
-	start := clock.now.UnixNano()
+	start := clock.UnixNano()
 	d := window.Diff{Key: "k", Size: time.Hour, Start: start, Value: 1}
 	push(s, "b", d)
-	clock.advance(2*time.Hour - 1)
+	clock.Advance(2*time.Hour - 1)
 	push(s, "b", d)
 	if v := value(s, time.Hour, start); v != 1 {
 		t.Errorf("a batch retried just before its counters expire counted to %v, want 1", v)
@@ -135,16 +130,16 @@ func TestMarkerLives(t *testing.T) {
 
 	// ... and at least five seconds, for the shortest windows.
 	s, clock = newTestStore()
-	start = clock.now.UnixNano()
+	start = clock.UnixNano()
 	short := window.Diff{Key: "k", Size: time.Millisecond, Start: start, Value: 1}
 	long := window.Diff{Key: "k", Size: time.Minute, Start: start, Value: 1}
 	push(s, "b", short)
-	clock.advance(strategy.MinBatchIDLife - 1)
+	clock.Advance(strategy.MinBatchIDLife - 1)
 	push(s, "b", long) // a retry, though its diffs differ
 	if v := value(s, time.Minute, start); v != 0 {
 		t.Errorf("a retry within five seconds counted %v, want nothing", v)
 	}
-	clock.advance(1)
+	clock.Advance(1)
 	push(s, "b", long)
 	if v := value(s, time.Minute, start); v != 1 {
 		t.Errorf("a push of the ID after its marker expired counted %v, want 1", v)
@@ -160,17 +155,17 @@ func TestMarkerLives(t *testing.T) {
 		{time.Hour, strategy.MaxHitIDLife},
 	} {
 		s, clock = newTestStore()
-		start = clock.now.UnixNano()
+		start = clock.UnixNano()
 		ws := []strategy.WindowHit{{Size: tc.size, Start: start, Value: 1, Max: 10}}
 		if _, _, err := s.Hit(ctx, "ns", "k", "h", ws, false); err != nil {
 			t.Fatal(err)
 		}
-		clock.advance(tc.life - 1)
-		if !s.data.marked(marker{"ns", "h"}, clock.now.UnixNano()) {
+		clock.Advance(tc.life - 1)
+		if !s.data.marked(marker{"ns", "h"}, clock.UnixNano()) {
 			t.Errorf("size %v: the hit's marker expired before %v", tc.size, tc.life)
 		}
-		clock.advance(1)
-		if s.data.marked(marker{"ns", "h"}, clock.now.UnixNano()) {
+		clock.Advance(1)
+		if s.data.marked(marker{"ns", "h"}, clock.UnixNano()) {
 			t.Errorf("size %v: the hit's marker lived longer than %v", tc.size, tc.life)
 		}
 	}
@@ -178,8 +173,8 @@ func TestMarkerLives(t *testing.T) {
 
 func TestHitOnExpiredWindowStoresNothing(t *testing.T) {
 	s, clock := newTestStore()
-	start := clock.now.UnixNano()
-	clock.advance(time.Hour)
+	start := clock.UnixNano()
+	clock.Advance(time.Hour)
 	ws := []strategy.WindowHit{{Size: time.Second, Start: start, Value: 1, Max: 10}}
 	counts, rejected, err := s.Hit(t.Context(), "ns", "k", "", ws, false)
 	if err != nil {

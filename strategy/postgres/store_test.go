@@ -15,23 +15,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
-
-// fakeClock is a store clock that tests move by hand.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock(t time.Time) *fakeClock {
-	c := new(fakeClock)
-	c.ns.Store(t.UnixNano())
-	return c
-}
-
-func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // diffs returns n diffs of distinct keys, of one window.
 func diffs(n int, prefix string, size time.Duration, start int64, value float64) []window.Diff {
@@ -410,9 +399,9 @@ func TestOneStatementPerCall(t *testing.T) {
 func TestPurge(t *testing.T) {
 	srv, dsn := startServer(t)
 	s := open(t, &Postgres{DSN: dsn})
-	clock := newFakeClock(time.Now())
-	s.now = clock.now
-	at := clock.now().UnixNano()
+	clock := fakeclock.New(time.Now())
+	s.now = clock.Now
+	at := clock.Now().UnixNano()
 	short, long := time.Second, time.Hour
 	ctx := ctxT(t)
 	old := diffs(25000, "old-", short, window.Start(at, short), 1)
@@ -426,7 +415,7 @@ func TestPurge(t *testing.T) {
 	if n, err := s.Purge(ctx); err != nil || n != 0 {
 		t.Fatalf("purging before anything expired: %d rows, %v", n, err)
 	}
-	clock.advance(10 * time.Second) // the short windows and the "old" ID expired
+	clock.Advance(10 * time.Second) // the short windows and the "old" ID expired
 	n, err := s.Purge(ctx)
 	if err != nil || n != 25001 {
 		t.Fatalf("purging: %d rows, %v; want the 25,000 old counters and the old batch's ID", n, err)
@@ -442,7 +431,7 @@ func TestPurge(t *testing.T) {
 	if err := s.PushDiffs(ctx, strategy.Batch{ID: "live", Namespace: "ns", Diffs: live}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := fetchOne(t, s, "ns", "live", long, clock.now()); v != 1 {
+	if v, _ := fetchOne(t, s, "ns", "live", long, clock.Now()); v != 1 {
 		t.Errorf("live count %v, want 1", v)
 	}
 }
@@ -452,11 +441,11 @@ func TestPurge(t *testing.T) {
 func TestPurgeLoop(t *testing.T) {
 	srv, dsn := startServer(t)
 	s := open(t, &Postgres{DSN: dsn})
-	clock := newFakeClock(time.Now())
-	s.now, s.purgeEvery = clock.now, 20*time.Millisecond
+	clock := fakeclock.New(time.Now())
+	s.now, s.purgeEvery = clock.Now, 20*time.Millisecond
 	push := func(id string) {
 		t.Helper()
-		at := clock.now().UnixNano()
+		at := clock.Now().UnixNano()
 		ds := diffs(100, id, time.Second, window.Start(at, time.Second), 1)
 		if err := s.PushDiffs(ctxT(t), strategy.Batch{ID: id, Namespace: "ns", Diffs: ds}); err != nil {
 			t.Fatal(err)
@@ -465,7 +454,7 @@ func TestPurgeLoop(t *testing.T) {
 	rows := func() int { return count(t, srv, "SELECT count(*) FROM rate_limit_counters") }
 
 	push("first")
-	clock.advance(10 * time.Second)
+	clock.Advance(10 * time.Second)
 	poll.Until(t, 10*time.Second, "the expired counters to be purged", func() bool { return rows() == 0 })
 
 	// Another node is purging: this one skips its turns.
@@ -474,7 +463,7 @@ func TestPurgeLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	push("second")
-	clock.advance(10 * time.Second)
+	clock.Advance(10 * time.Second)
 	time.Sleep(200 * time.Millisecond) // ten turns
 	if n := rows(); n != 100 {
 		t.Errorf("%d counters while another node holds the purge lock, want 100", n)
