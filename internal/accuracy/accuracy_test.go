@@ -1,16 +1,12 @@
 package accuracy
 
 import (
-	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
-
 	"bytes"
-	"context"
-	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
 
@@ -31,49 +27,6 @@ const (
 // load that is 27 hits, far below the 200 that a fleet which does not
 // sync at all would admit too many.
 func quickSlack(o Outcome) float64 { return o.Claim.Others }
-
-var (
-	caddyOnce sync.Once
-	caddyBin  string
-	caddyErr  error
-)
-
-// buildCaddy builds Caddy with the plugin once per test binary, into the
-// user's cache, where go build finds it up to date when nothing changed.
-// ACCURACY_CADDY names a binary to use instead (scripts/bench-accuracy.sh
-// builds one from a commit with REV).
-func buildCaddy(t *testing.T) string {
-	t.Helper()
-	caddyOnce.Do(func() {
-		if bin := os.Getenv("ACCURACY_CADDY"); bin != "" {
-			caddyBin = bin
-			return
-		}
-		ctx := context.Background()
-		wd, err := os.Getwd()
-		if err != nil {
-			caddyErr = err
-			return
-		}
-		root, err := caddyproc.ModuleRoot(ctx, wd)
-		if err != nil {
-			caddyErr = err
-			return
-		}
-		caddyBin, err = caddyproc.BinaryPath(root)
-		if err != nil {
-			caddyErr = err
-			return
-		}
-		start := time.Now()
-		caddyErr = caddyproc.Build(ctx, root, caddyBin)
-		t.Logf("go build ./cmd/caddy: %v", time.Since(start).Round(time.Millisecond))
-	})
-	if caddyErr != nil {
-		t.Fatal(caddyErr)
-	}
-	return caddyBin
-}
 
 // supportsSyncAbove reports whether the plugin knows sync_above.
 func supportsSyncAbove(t *testing.T, bin string, st Store) bool {
@@ -98,7 +51,7 @@ func supportsSyncAbove(t *testing.T, bin string, st Store) bool {
 // row's Redis commands.
 func TestAccuracyQuick(t *testing.T) {
 	srv := redistest.Start(t)
-	bin := buildCaddy(t)
+	bin := caddyproc.TestBinary(t, "ACCURACY_CADDY")
 	st := NewRedisStore(srv.Addr)
 	defer st.Close()
 

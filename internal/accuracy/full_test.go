@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/machine"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
@@ -30,7 +31,7 @@ func TestAccuracyFull(t *testing.T) {
 	if nodes < 2 || limit < 10 || duration < Window || duration%Window != 0 {
 		t.Fatalf("want ACCURACY_NODES ≥ 2, ACCURACY_LIMIT ≥ 10 and ACCURACY_DURATION a whole number of %v windows", Window)
 	}
-	storeNames := strings.Split(envString("ACCURACY_STORES", "redis,postgres"), ",")
+	storeNames := strings.Split(caddyproc.Env("ACCURACY_STORES", "redis,postgres"), ",")
 	var filter *regexp.Regexp
 	if f := os.Getenv("ACCURACY_ROWS"); f != "" {
 		var err error
@@ -39,7 +40,7 @@ func TestAccuracyFull(t *testing.T) {
 		}
 	}
 
-	bin := buildCaddy(t)
+	bin := caddyproc.TestBinary(t, "ACCURACY_CADDY")
 	stores := map[string]Store{}
 	versions := []string{"Caddy: " + machine.Version(bin, "version")}
 	for _, name := range storeNames {
@@ -99,8 +100,8 @@ func TestAccuracyFull(t *testing.T) {
 	rep := Report{
 		Date:     time.Now().UTC(),
 		Machine:  machine.Describe(),
-		Command:  envString("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
-		Source:   envString("ACCURACY_SOURCE", "the working tree"),
+		Command:  caddyproc.Env("ACCURACY_COMMAND", "ACCURACY_FULL=1 go test -run TestAccuracyFull ./internal/accuracy"),
+		Source:   caddyproc.Env("ACCURACY_SOURCE", "the working tree"),
 		Go:       runtime.Version(),
 		Versions: versions,
 		Nodes:    nodes,
@@ -123,13 +124,6 @@ func TestAccuracyFull(t *testing.T) {
 		}
 		fmt.Fprintf(os.Stderr, "accuracy: wrote %s and its plots in %s\n", out, filepath.Dir(out))
 	}
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func envInt(t *testing.T, name string, def int) int {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/internal/proc"
@@ -78,6 +79,41 @@ func BuildHere(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	return bin, Build(ctx, root, bin)
+}
+
+var testBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// TestBinary returns the Caddy binary a test runs: the file that the
+// environment variable env names, when it is set, or else Caddy with the
+// plugin of the module the test runs in, built once per test binary at
+// its BinaryPath (go build finds it up to date when nothing changed).
+func TestBinary(t testing.TB, env string) string {
+	t.Helper()
+	if bin := os.Getenv(env); bin != "" {
+		return bin
+	}
+	testBuild.once.Do(func() {
+		start := time.Now()
+		testBuild.bin, testBuild.err = BuildHere(context.Background(), ".")
+		t.Logf("go build ./cmd/caddy: %v", time.Since(start).Round(time.Millisecond))
+	})
+	if testBuild.err != nil {
+		t.Fatal(testBuild.err)
+	}
+	return testBuild.bin
+}
+
+// Env returns the value of the environment variable name, or def when it
+// is unset or empty: the settings of a harness run.
+func Env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // withoutRace drops -race from a GOFLAGS value.

@@ -16,19 +16,6 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
 
-// buildCaddy builds Caddy with the plugin, or uses FAULTS_CADDY.
-func buildCaddy(t *testing.T) string {
-	t.Helper()
-	if bin := os.Getenv("FAULTS_CADDY"); bin != "" {
-		return bin
-	}
-	bin, err := caddyproc.BuildHere(t.Context(), ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
-
 // TestFaultsQuick runs short versions of a few faults on every go test
 // run: Redis paused 2 s with periodic syncs, Redis killed and restarted
 // with synchronous hits, and a node killed with kill -9. It checks the
@@ -44,7 +31,7 @@ func TestFaultsQuick(t *testing.T) {
 	}
 	redistest.Require(t)
 	r := &Runner{
-		T: t, Caddy: buildCaddy(t), Dir: t.TempDir(), Nodes: 3, Scale: 0.2, Quick: true,
+		T: t, Caddy: caddyproc.TestBinary(t, "FAULTS_CADDY"), Dir: t.TempDir(), Nodes: 3, Scale: 0.2, Quick: true,
 		Rates: Rates{Count: 60, Limit: 30, Conc: 20},
 	}
 	t.Cleanup(r.Close)
@@ -141,7 +128,7 @@ func TestFaultsFull(t *testing.T) {
 			rates[i] *= f
 		}
 	}
-	bin := buildCaddy(t)
+	bin := caddyproc.TestBinary(t, "FAULTS_CADDY")
 	versions := []string{"Redis: " + machine.Version("redis-server", "--version")}
 	if b, err := pgtest.Find(); err == nil {
 		versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
@@ -152,8 +139,8 @@ func TestFaultsFull(t *testing.T) {
 	rep := Report{
 		Date:      time.Now().UTC(),
 		MachineAt: machine.Describe(),
-		Command:   envString("FAULTS_COMMAND", "FAULTS_FULL=1 go test -run TestFaultsFull ./internal/faults"),
-		Source:    envString("FAULTS_SOURCE", "the working tree"),
+		Command:   caddyproc.Env("FAULTS_COMMAND", "FAULTS_FULL=1 go test -run TestFaultsFull ./internal/faults"),
+		Source:    caddyproc.Env("FAULTS_SOURCE", "the working tree"),
 		Go:        runtime.Version(),
 		Versions:  versions,
 		Scale:     scale,
@@ -179,11 +166,4 @@ func TestFaultsFull(t *testing.T) {
 		}
 		fmt.Fprintf(os.Stderr, "faults: wrote %s\n", out)
 	}
-}
-
-func envString(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 )
 
 // TestStartNodeOwnsItsPorts starts one node and checks that no other
@@ -25,7 +27,7 @@ func TestStartNodeOwnsItsPorts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts Caddy: not under -short")
 	}
-	bin := buildCaddy(t)
+	bin := caddyproc.TestBinary(t, "FAULTS_CADDY")
 	up, err := StartUpstream(0)
 	if err != nil {
 		t.Fatal(err)
