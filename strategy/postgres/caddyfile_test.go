@@ -1,54 +1,35 @@
 package postgres
 
 import (
-	"bytes"
-	"encoding/json"
-	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  string // JSON of the result
-	}{
+	strategytest.UnmarshalCaddyfile[Postgres](t, []strategytest.CaddyfileCase{
 		{
-			name: "everything",
-			input: `postgres {
+			Name: "everything",
+			Input: `postgres {
 				dsn postgres://rl:secret@127.0.0.1:5432/ratelimit?sslmode=disable
 				table rl.counters
 				max_conns 10
 			}`,
-			want: `{"dsn":"postgres://rl:secret@127.0.0.1:5432/ratelimit?sslmode=disable","table":"rl.counters","max_conns":10}`,
+			Want: `{"dsn":"postgres://rl:secret@127.0.0.1:5432/ratelimit?sslmode=disable","table":"rl.counters","max_conns":10}`,
 		},
-		{name: "placeholder", input: `postgres {
+		{Name: "placeholder", Input: `postgres {
 				dsn {env.DATABASE_URL}
-			}`, want: `{"dsn":"{env.DATABASE_URL}"}`},
-		{name: "keyword/value dsn, quoted", input: `postgres {
+			}`, Want: `{"dsn":"{env.DATABASE_URL}"}`},
+		{Name: "keyword/value dsn, quoted", Input: `postgres {
 				dsn "host=db.internal dbname=ratelimit sslmode=verify-full"
-			}`, want: `{"dsn":"host=db.internal dbname=ratelimit sslmode=verify-full"}`},
-		{name: "max_conns 0 is the default", input: `postgres {
+			}`, Want: `{"dsn":"host=db.internal dbname=ratelimit sslmode=verify-full"}`},
+		{Name: "max_conns 0 is the default", Input: `postgres {
 				max_conns 0
-			}`, want: `{}`},
-		{name: "empty", input: `postgres`, want: `{}`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var p Postgres
-			if err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-				t.Fatal(err)
-			}
-			got, err := json.Marshal(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := compact(t, tc.want); string(got) != want {
-				t.Errorf("got  %s\nwant %s", got, want)
-			}
-		})
-	}
+			}`, Want: `{}`},
+		{Name: "empty", Input: `postgres`, Want: `{}`},
+	})
 }
 
 // The app's global option parser hands the strategy over this way.
@@ -73,60 +54,35 @@ func TestUnmarshalModule(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  string // in the error
-	}{
-		{"unknown subdirective", `postgres {
+	strategytest.UnmarshalCaddyfileErrors[Postgres](t, "S3cretPW", []strategytest.CaddyfileError{
+		{Name: "unknown subdirective", Input: `postgres {
 				host 127.0.0.1
-			}`, "unrecognized subdirective 'host'"},
-		{"an argument", `postgres postgres://localhost/db`, "wrong argument count"},
-		{"dsn without a value", `postgres {
+			}`, Want: []string{"unrecognized subdirective 'host'"}},
+		{Name: "an argument", Input: `postgres postgres://localhost/db`, Want: []string{"wrong argument count"}},
+		{Name: "dsn without a value", Input: `postgres {
 				dsn
-			}`, "wrong argument count"},
-		{"dsn with two values", `postgres {
+			}`, Want: []string{"wrong argument count"}},
+		{Name: "dsn with two values", Input: `postgres {
 				dsn host=a dbname=b
-			}`, "wrong argument count"},
-		{"an unquoted keyword/value dsn", `postgres {
+			}`, Want: []string{"wrong argument count"}},
+		{Name: "an unquoted keyword/value dsn", Input: `postgres {
 				dsn host=127.0.0.1 password=S3cretPW sslmode=bogus
-			}`, "so quote it"},
-		{"duplicate", `postgres {
+			}`, Want: []string{"so quote it"}},
+		{Name: "duplicate", Input: `postgres {
 				table a
 				table b
-			}`, "duplicate subdirective 'table'"},
-		{"negative max_conns", `postgres {
+			}`, Want: []string{"duplicate subdirective 'table'"}},
+		{Name: "negative max_conns", Input: `postgres {
 				max_conns -1
-			}`, `max_conns: want a whole number from 0 to 2147483647, got "-1"`},
-		{"max_conns not a number", `postgres {
+			}`, Want: []string{`max_conns: want a whole number from 0 to 2147483647, got "-1"`}},
+		{Name: "max_conns not a number", Input: `postgres {
 				max_conns ten
-			}`, `max_conns: want a whole number from 0 to 2147483647, got "ten"`},
-		{"max_conns too large", `postgres {
+			}`, Want: []string{`max_conns: want a whole number from 0 to 2147483647, got "ten"`}},
+		{Name: "max_conns too large", Input: `postgres {
 				max_conns 3000000000
-			}`, `max_conns: want a whole number from 0 to 2147483647, got "3000000000"`},
-		{"max_conns twice", `postgres {
+			}`, Want: []string{`max_conns: want a whole number from 0 to 2147483647, got "3000000000"`}},
+		{Name: "max_conns twice", Input: `postgres {
 				max_conns 1 2
-			}`, "wrong argument count"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var p Postgres
-			err := p.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got error %v, want one containing %q", err, tc.want)
-			}
-			if err != nil && strings.Contains(err.Error(), "S3cretPW") {
-				t.Errorf("the error shows the password: %v", err)
-			}
-		})
-	}
-}
-
-// compact removes the insignificant space of a JSON text.
-func compact(t *testing.T, s string) string {
-	t.Helper()
-	var b bytes.Buffer
-	if err := json.Compact(&b, []byte(s)); err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
+			}`, Want: []string{"wrong argument count"}},
+	})
 }

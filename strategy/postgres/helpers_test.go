@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
 
 // testDB is the database the tests' stores use on their servers.
@@ -24,16 +25,7 @@ func startServer(t testing.TB) (*pgtest.Server, string) {
 // open opens a store of p's settings and closes it when the test ends.
 func open(t testing.TB, p *Postgres) *Store {
 	t.Helper()
-	s, err := p.Open()
-	if err != nil {
-		t.Fatalf("opening the store: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("closing the store: %v", err)
-		}
-	})
-	return s
+	return strategytest.Open(t, p.Open)
 }
 
 // counters purges s's expired rows and returns how many counters of a

@@ -10,17 +10,8 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
-
-// acquireOK takes a slot and fails the test unless it was taken with the
-// given number held.
-func acquireOK(t *testing.T, s *Store, ns, key, id string, max int, lease time.Duration, wantHeld int) {
-	t.Helper()
-	held, ok, err := s.AcquireSlot(ctxT(t), ns, key, id, max, lease)
-	if err != nil || !ok || held != wantHeld {
-		t.Fatalf("acquiring slot %s of key %q: got held %d, ok %v and error %v, want %d, true and none", id, key, held, ok, err, wantHeld)
-	}
-}
 
 // A slot expires by the server's clock: the node's clock (s.now, which
 // dates counters and ID records) plays no part.
@@ -31,7 +22,7 @@ func TestSlotsIgnoreTheNodeClock(t *testing.T) {
 		s.now = func() time.Time { return time.Now().Add(skew) }
 		ns := fmt.Sprint("skew", skew)
 		start := time.Now()
-		acquireOK(t, s, ns, "k", "a", 1, 2*time.Second, 1)
+		strategytest.AcquireOK(t, s, ns, "k", "a", 1, 2*time.Second, 1)
 		held, ok, err := s.AcquireSlot(ctxT(t), ns, "k", "b", 1, time.Minute)
 		if err != nil || (ok && time.Since(start) < 2*time.Second) {
 			t.Errorf("node clock %v off: acquiring a second slot of max 1: got held %d, ok %v and error %v, want it refused", skew, held, ok, err)
@@ -94,7 +85,7 @@ func TestSlotsNeedReadCommitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := open(t, &Postgres{DSN: dsn})
-	acquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
+	strategytest.AcquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
 
 	// A DSN that asks for another level gets an error, never a slot
 	// counted on a stale snapshot.
@@ -116,7 +107,7 @@ func TestSlotWritersNeverDeadlock(t *testing.T) {
 	for i := range keys {
 		key := fmt.Sprint("k", i)
 		for _, id := range []string{"a", "b"} {
-			acquireOK(t, s, "ns", key, id, 2, time.Minute, len(all)%2+1)
+			strategytest.AcquireOK(t, s, "ns", key, id, 2, time.Minute, len(all)%2+1)
 			all = append(all, strategy.Slot{Key: key, ID: id})
 		}
 	}
@@ -176,11 +167,11 @@ func TestSlotSchemaApart(t *testing.T) {
 		t.Fatalf("purging as that role: %v", err)
 	}
 
-	acquireOK(t, owner, "ns", "k", "a", 2, time.Minute, 1) // creates the slots' objects
+	strategytest.AcquireOK(t, owner, "ns", "k", "a", 2, time.Minute, 1) // creates the slots' objects
 	if _, err := srv.Conn(t, testDB).Exec(ctxT(t), `GRANT SELECT, INSERT, UPDATE, DELETE ON rate_limit_counters_slots TO app`); err != nil {
 		t.Fatal(err)
 	}
-	acquireOK(t, app, "ns", "k", "b", 2, time.Minute, 2)
+	strategytest.AcquireOK(t, app, "ns", "k", "b", 2, time.Minute, 2)
 	if err := app.RenewSlots(ctxT(t), "ns", []strategy.Slot{{Key: "k", ID: "b"}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +188,7 @@ func TestSlotSchemaApart(t *testing.T) {
 func TestSlotSchemaRecreated(t *testing.T) {
 	srv, dsn := startServer(t)
 	s := open(t, &Postgres{DSN: dsn})
-	acquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
+	strategytest.AcquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
 	conn := srv.Conn(t, testDB)
 	if _, err := conn.Exec(ctxT(t), `DROP TABLE rate_limit_counters_slots;
 		DROP FUNCTION rate_limit_counters_acquire, rate_limit_counters_renew, rate_limit_counters_release`); err != nil {
@@ -206,7 +197,7 @@ func TestSlotSchemaRecreated(t *testing.T) {
 	if _, _, err := s.AcquireSlot(ctxT(t), "ns", "k", "a", 1, time.Minute); err == nil {
 		t.Fatal("an acquisition succeeded with the slots' objects dropped")
 	}
-	acquireOK(t, s, "ns", "k", "b", 1, time.Minute, 1)
+	strategytest.AcquireOK(t, s, "ns", "k", "b", 1, time.Minute, 1)
 }
 
 // The longest table name leaves room for the slots' objects' names.
@@ -214,7 +205,7 @@ func TestSlotsOfTheLongestTable(t *testing.T) {
 	srv, dsn := startServer(t)
 	table := strings.Repeat("t", 55)
 	s := open(t, &Postgres{DSN: dsn, Table: table})
-	acquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
+	strategytest.AcquireOK(t, s, "ns", "k", "a", 1, time.Minute, 1)
 	if err := s.RenewSlots(ctxT(t), "ns", []strategy.Slot{{Key: "k", ID: "a"}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -248,5 +239,5 @@ func TestSlotsServerDown(t *testing.T) {
 		}
 	}
 	srv.Start()
-	acquireOK(t, s, "ns", "k", "b", 2, time.Minute, 1)
+	strategytest.AcquireOK(t, s, "ns", "k", "b", 2, time.Minute, 1)
 }

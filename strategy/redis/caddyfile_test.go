@@ -1,22 +1,18 @@
 package redis
 
 import (
-	"encoding/json"
-	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  string // JSON of the result
-	}{
+	strategytest.UnmarshalCaddyfile[Redis](t, []strategytest.CaddyfileCase{
 		{
-			name: "everything",
-			input: `redis {
+			Name: "everything",
+			Input: `redis {
 				addresses 127.0.0.1:6379 127.0.0.1:6380
 				addresses 127.0.0.1:6381
 				master_name mymaster
@@ -38,40 +34,26 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 					insecure_skip_verify
 				}
 			}`,
-			want: `{"addresses":["127.0.0.1:6379","127.0.0.1:6380","127.0.0.1:6381"],"master_name":"mymaster",
+			Want: `{"addresses":["127.0.0.1:6379","127.0.0.1:6380","127.0.0.1:6381"],"master_name":"mymaster",
 				"username":"u","password":"{env.REDIS_PASSWORD}","sentinel_username":"su","sentinel_password":"sp",
 				"db":3,"tls":{"ca":"/path/ca.pem","cert":"/path/c.pem","key":"/path/k.pem","server_name":"redis.internal",
 				"insecure_skip_verify":true},"dial_timeout":2000000000,"read_timeout":1000000000,
 				"write_timeout":500000000,"pool_size":20,"key_prefix":"rl"}`,
 		},
-		{name: "empty", input: `redis`, want: `{}`},
-		{name: "empty block", input: `redis {
-			}`, want: `{}`},
-		{name: "tls alone", input: `redis {
+		{Name: "empty", Input: `redis`, Want: `{}`},
+		{Name: "empty block", Input: `redis {
+			}`, Want: `{}`},
+		{Name: "tls alone", Input: `redis {
 				tls
-			}`, want: `{"tls":{}}`},
-		{name: "tls alone, then more", input: `redis {
+			}`, Want: `{"tls":{}}`},
+		{Name: "tls alone, then more", Input: `redis {
 				tls
 				db 1
-			}`, want: `{"db":1,"tls":{}}`},
-		{name: "day durations", input: `redis {
+			}`, Want: `{"db":1,"tls":{}}`},
+		{Name: "day durations", Input: `redis {
 				dial_timeout 1d
-			}`, want: `{"dial_timeout":86400000000000}`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var r Redis
-			if err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
-				t.Fatal(err)
-			}
-			got, err := json.Marshal(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := compact(t, tc.want); string(got) != want {
-				t.Errorf("got  %s\nwant %s", got, want)
-			}
-		})
-	}
+			}`, Want: `{"dial_timeout":86400000000000}`},
+	})
 }
 
 // The app's global option parser hands the strategy over this way.
@@ -100,60 +82,23 @@ func TestUnmarshalModule(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		input string
-		want  []string
-	}{
-		{"unknown subdirective", "redis {\n hosts a:1\n}", []string{"unrecognized subdirective 'hosts'", "Testfile:2"}},
-		{"unknown tls subdirective", "redis {\n tls {\n  ciphers x\n }\n}", []string{"unrecognized tls subdirective 'ciphers'"}},
-		{"argument on the module line", "redis extra", []string{"wrong argument count"}},
-		{"bad db", "redis {\n db zero\n}", []string{"db", `"zero"`}},
-		{"negative db", "redis {\n db -1\n}", []string{"db", `"-1"`}},
-		{"negative pool_size", "redis {\n pool_size -5\n}", []string{"pool_size", `"-5"`}},
-		{"bad duration", "redis {\n dial_timeout soon\n}", []string{"dial_timeout", `"soon"`}},
-		{"negative duration", "redis {\n read_timeout -1s\n}", []string{"read_timeout", `"-1s"`}},
-		{"duplicate subdirective", "redis {\n db 1\n db 2\n}", []string{"duplicate subdirective 'db'"}},
-		{"duplicate tls", "redis {\n tls\n tls\n}", []string{"duplicate subdirective 'tls'"}},
-		{"missing argument", "redis {\n password\n}", []string{"wrong argument count"}},
-		{"a password with a space, unquoted", "redis {\n password my S3cret\n}", []string{"password: wrong argument count", "quoted"}},
-		{"a sentinel password with a space, unquoted", "redis {\n sentinel_password my S3cret\n}", []string{"sentinel_password: wrong argument count"}},
-		{"extra argument", "redis {\n username a b\n}", []string{"wrong argument count"}},
-		{"addresses without any", "redis {\n addresses\n}", []string{"wrong argument count"}},
-		{"insecure_skip_verify with a value", "redis {\n tls {\n  insecure_skip_verify yes\n }\n}", []string{"wrong argument count"}},
-		{"tls with an argument", "redis {\n tls on\n}", []string{"wrong argument count"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var r Redis
-			err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
-			if err == nil {
-				t.Fatal("no error")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("err = %q, want it to contain %q", err, w)
-				}
-			}
-			if strings.Contains(err.Error(), "S3cret") {
-				t.Errorf("err = %q shows the password", err)
-			}
-		})
-	}
-}
-
-// compact returns s as json.Marshal writes a Redis: fields in struct
-// order, no spaces. A field the struct does not have fails the test.
-func compact(t *testing.T, s string) string {
-	t.Helper()
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	var r Redis
-	if err := dec.Decode(&r); err != nil {
-		t.Fatalf("bad JSON in test: %v", err)
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	strategytest.UnmarshalCaddyfileErrors[Redis](t, "S3cret", []strategytest.CaddyfileError{
+		{Name: "unknown subdirective", Input: "redis {\n hosts a:1\n}", Want: []string{"unrecognized subdirective 'hosts'", "Testfile:2"}},
+		{Name: "unknown tls subdirective", Input: "redis {\n tls {\n  ciphers x\n }\n}", Want: []string{"unrecognized tls subdirective 'ciphers'"}},
+		{Name: "argument on the module line", Input: "redis extra", Want: []string{"wrong argument count"}},
+		{Name: "bad db", Input: "redis {\n db zero\n}", Want: []string{"db", `"zero"`}},
+		{Name: "negative db", Input: "redis {\n db -1\n}", Want: []string{"db", `"-1"`}},
+		{Name: "negative pool_size", Input: "redis {\n pool_size -5\n}", Want: []string{"pool_size", `"-5"`}},
+		{Name: "bad duration", Input: "redis {\n dial_timeout soon\n}", Want: []string{"dial_timeout", `"soon"`}},
+		{Name: "negative duration", Input: "redis {\n read_timeout -1s\n}", Want: []string{"read_timeout", `"-1s"`}},
+		{Name: "duplicate subdirective", Input: "redis {\n db 1\n db 2\n}", Want: []string{"duplicate subdirective 'db'"}},
+		{Name: "duplicate tls", Input: "redis {\n tls\n tls\n}", Want: []string{"duplicate subdirective 'tls'"}},
+		{Name: "missing argument", Input: "redis {\n password\n}", Want: []string{"wrong argument count"}},
+		{Name: "a password with a space, unquoted", Input: "redis {\n password my S3cret\n}", Want: []string{"password: wrong argument count", "quoted"}},
+		{Name: "a sentinel password with a space, unquoted", Input: "redis {\n sentinel_password my S3cret\n}", Want: []string{"sentinel_password: wrong argument count"}},
+		{Name: "extra argument", Input: "redis {\n username a b\n}", Want: []string{"wrong argument count"}},
+		{Name: "addresses without any", Input: "redis {\n addresses\n}", Want: []string{"wrong argument count"}},
+		{Name: "insecure_skip_verify with a value", Input: "redis {\n tls {\n  insecure_skip_verify yes\n }\n}", Want: []string{"wrong argument count"}},
+		{Name: "tls with an argument", Input: "redis {\n tls on\n}", Want: []string{"wrong argument count"}},
+	})
 }

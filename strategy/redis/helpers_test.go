@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -32,16 +33,7 @@ func testCtx(t testing.TB) context.Context {
 // test ends.
 func open(t testing.TB, r *Redis) *Store {
 	t.Helper()
-	s, err := r.Open()
-	if err != nil {
-		t.Fatalf("opening the store: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("closing the store: %v", err)
-		}
-	})
-	return s
+	return strategytest.Open(t, r.Open)
 }
 
 // startStandalone starts a redis-server and returns a store using it.

@@ -14,17 +14,8 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 )
-
-// acquireOK takes a slot and fails the test unless it was taken with the
-// given number held.
-func acquireOK(t *testing.T, r *Store, ns, key, id string, max int, lease time.Duration, wantHeld int) {
-	t.Helper()
-	held, ok, err := r.AcquireSlot(testCtx(t), ns, key, id, max, lease)
-	if err != nil || !ok || held != wantHeld {
-		t.Fatalf("acquiring slot %s of key %q: got held %d, ok %v and error %v, want %d, true and none", id, key, held, ok, err, wantHeld)
-	}
-}
 
 // The slots of a key are one sorted set in the key's bucket, scored by
 // expiry in the server's microseconds, which lives as long as its latest
@@ -34,7 +25,7 @@ func TestSlotLayout(t *testing.T) {
 	c := srv.Client("")
 	ctx := testCtx(t)
 	const ns, key, lease = "api", "{x}:y", 30 * time.Second
-	acquireOK(t, r, ns, key, "node-1", 2, lease, 1)
+	strategytest.AcquireOK(t, r, ns, key, "node-1", 2, lease, 1)
 
 	set := fmt.Sprintf("rl:{%d}:slots:3:api:{x}:y", bucketOf(ns, key))
 	tm, err := c.Time(ctx).Result()
@@ -58,8 +49,8 @@ func TestSlotLayout(t *testing.T) {
 	}
 	// A longer lease makes the set live longer; a shorter one after it
 	// does not shorten it.
-	acquireOK(t, r, ns, key, "node-2", 2, 2*lease, 2)
-	acquireOK(t, r, ns, key, "node-1", 2, time.Second, 2)
+	strategytest.AcquireOK(t, r, ns, key, "node-2", 2, 2*lease, 2)
+	strategytest.AcquireOK(t, r, ns, key, "node-1", 2, time.Second, 2)
 	if ttl, err := c.PTTL(ctx, set).Result(); err != nil || ttl <= lease {
 		t.Errorf("after a lease of %v: the set lives %v (error %v), want more than %v", 2*lease, ttl, err, lease)
 	}
@@ -78,7 +69,7 @@ func TestSlotsIgnoreTheNodeClock(t *testing.T) {
 		r.now = func() time.Time { return time.Now().Add(skew) }
 		ns := fmt.Sprint("skew", skew)
 		start := time.Now()
-		acquireOK(t, r, ns, "k", "a", 1, 2*time.Second, 1)
+		strategytest.AcquireOK(t, r, ns, "k", "a", 1, 2*time.Second, 1)
 		held, ok, err := r.AcquireSlot(testCtx(t), ns, "k", "b", 1, time.Minute)
 		if err != nil || (ok && time.Since(start) < 2*time.Second) {
 			t.Errorf("node clock %v off: acquiring a second slot of max 1: got held %d, ok %v and error %v, want it refused", skew, held, ok, err)
@@ -96,7 +87,7 @@ func TestSlotCommands(t *testing.T) {
 	h := new(hookCounts)
 	r.client.AddHook(h)
 	const n, lease = 100, 30 * time.Second
-	acquireOK(t, r, "cmds", "warm", "w", 1, lease, 1) // loads the script
+	strategytest.AcquireOK(t, r, "cmds", "warm", "w", 1, lease, 1) // loads the script
 	if err := r.RenewSlots(ctx, "cmds", []strategy.Slot{{Key: "warm", ID: "w"}}, lease); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +121,7 @@ func TestSlotCommands(t *testing.T) {
 	var slots []strategy.Slot
 	for i := range n {
 		id := fmt.Sprint("req-", i)
-		acquireOK(t, r, "cmds", "k", id, n, lease, i+1)
+		strategytest.AcquireOK(t, r, "cmds", "k", id, n, lease, i+1)
 		slots = append(slots, strategy.Slot{Key: "k", ID: id})
 	}
 	// PEXPIRE runs unless the set's life is longer than the lease already:
@@ -157,8 +148,8 @@ func TestSlotCommands(t *testing.T) {
 	var spread []strategy.Slot
 	for i := range n {
 		key := fmt.Sprint("key-", i)
-		acquireOK(t, r, "cmds", key, "a", 2, lease, 1)
-		acquireOK(t, r, "cmds", key, "b", 2, lease, 2)
+		strategytest.AcquireOK(t, r, "cmds", key, "a", 2, lease, 1)
+		strategytest.AcquireOK(t, r, "cmds", key, "b", 2, lease, 2)
 		spread = append(spread, strategy.Slot{Key: key, ID: "a"}, strategy.Slot{Key: key, ID: "b"})
 	}
 	resetStats(t, c)
@@ -184,12 +175,12 @@ func TestSlotScriptsReloaded(t *testing.T) {
 	c := srv.Client("")
 	ctx := testCtx(t)
 	a := []strategy.Slot{{Key: "k", ID: "a"}}
-	acquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
+	strategytest.AcquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
 	for range 2 {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		acquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
+		strategytest.AcquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +196,7 @@ func TestAcquireSlotNotSent(t *testing.T) {
 	t.Run("killed server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		r := open(t, &Redis{Addresses: []string{srv.Addr}, DialTimeout: caddy.Duration(500 * time.Millisecond)})
-		acquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1) // a pooled connection that the kill breaks
+		strategytest.AcquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1) // a pooled connection that the kill breaks
 		srv.Kill()
 		_, ok, err := r.AcquireSlot(testCtx(t), "ns", "k", "b", 2, time.Minute)
 		var op *net.OpError
@@ -222,7 +213,7 @@ func TestAcquireSlotNotSent(t *testing.T) {
 	t.Run("paused server", func(t *testing.T) {
 		srv := redistest.Start(t)
 		r := open(t, &Redis{Addresses: []string{srv.Addr}, ReadTimeout: caddy.Duration(5 * time.Second)})
-		acquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
+		strategytest.AcquireOK(t, r, "ns", "k", "a", 2, time.Minute, 1)
 		srv.Pause()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, ok, err := r.AcquireSlot(ctx, "ns", "k", "b", 2, time.Minute)
@@ -233,7 +224,7 @@ func TestAcquireSlotNotSent(t *testing.T) {
 		}
 		// Rightly so: the server takes the slot once it runs again, and it
 		// was sent once. Acquiring it again renews it.
-		acquireOK(t, r, "ns", "k", "b", 2, time.Minute, 2)
+		strategytest.AcquireOK(t, r, "ns", "k", "b", 2, time.Minute, 2)
 		c := srv.Client("")
 		set := r.layout.slotsKey(bucketOf("ns", "k"), nsPart("ns"), "k")
 		if n, err := c.ZCard(testCtx(t), set).Result(); err != nil || n != 2 {
@@ -255,7 +246,7 @@ func TestSlotsCluster(t *testing.T) {
 	var slots []strategy.Slot
 	for i := range n {
 		key := "client-{" + strconv.Itoa(i) + "}"
-		acquireOK(t, r, ns, key, "a", 1, time.Minute, 1)
+		strategytest.AcquireOK(t, r, ns, key, "a", 1, time.Minute, 1)
 		slots = append(slots, strategy.Slot{Key: key, ID: "a"})
 		if i < 20 {
 			sizeMs := int64(time.Hour / time.Millisecond)
@@ -296,6 +287,6 @@ func TestSlotsCluster(t *testing.T) {
 		t.Errorf("a renewal and a release of %d keys sent %d commands and %d pipelines of %d, want 0, 2 and %d", n, process, pipelines, piped, 2*n)
 	}
 	for i := range n {
-		acquireOK(t, r, ns, slots[i].Key, "b", 1, time.Minute, 1)
+		strategytest.AcquireOK(t, r, ns, slots[i].Key, "b", 1, time.Minute, 1)
 	}
 }
