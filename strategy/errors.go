@@ -139,6 +139,18 @@ func (e Errors) HitOne(ctx context.Context, namespace, id string, hits []HitRequ
 	results[i] = HitResult{Counts: counts, Rejected: rejected}
 }
 
+// CheckedHit is a store's Hitter.Hit around hit, the store's Hit of
+// checked input: it refuses input that CheckHit refuses before anything
+// is sent, calls hit with the rest, and wraps the error as Hit does.
+func (e Errors) CheckedHit(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool,
+	hit func(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error)) (_ []WindowCounts, _ int, err error) {
+	defer e.Hit(&err, namespace)
+	if err := CheckHit(id, windows); err != nil {
+		return nil, -1, err
+	}
+	return hit(ctx, namespace, key, id, windows, undo)
+}
+
 // AcquireSlot wraps the error of Slotter.AcquireSlot.
 func (e Errors) AcquireSlot(errp *error, namespace string) {
 	e.wrap(errp, "acquiring a slot of namespace %q", namespace)

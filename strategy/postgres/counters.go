@@ -272,12 +272,8 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 // connection could be made or had, or the store is closed); any other
 // error leaves the caller not knowing whether it was applied, which a
 // batch of the hit's ID settles.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
-	defer errs.Hit(&err, namespace)
-	if err := strategy.CheckHit(id, windows); err != nil {
-		return nil, -1, err
-	}
-	return s.hit(ctx, namespace, key, id, windows, undo)
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	return errs.CheckedHit(ctx, namespace, key, id, windows, undo, s.hit)
 }
 
 // hit is Hit of checked input, with errors that do not name the namespace.

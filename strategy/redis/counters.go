@@ -503,12 +503,8 @@ func (s *Store) getWindow(ctx context.Context, namespace, key string, size time.
 // connection freed up in time (go-redis's ErrPoolTimeout), or the strategy
 // was closed (ErrClosed). Replies that refuse the command unapplied, such as
 // LOADING or TRYAGAIN, are not retried either: the caller decides.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
-	defer errs.Hit(&err, namespace)
-	if err := strategy.CheckHit(id, windows); err != nil {
-		return nil, -1, err
-	}
-	return s.hit(ctx, namespace, key, id, windows, undo)
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	return errs.CheckedHit(ctx, namespace, key, id, windows, undo, s.hit)
 }
 
 // hit is Hit of checked input, with errors that do not name the namespace.
