@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 )
 
 func TestTakeMovesDiffsIntoSynced(t *testing.T) {
@@ -223,9 +224,7 @@ func TestSyncRace(t *testing.T) {
 			ns.Apply(counts)
 		}
 	}()
-	for hits.Load() < 80000 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 2*time.Minute, "80000 hits", func() bool { return hits.Load() >= 80000 })
 	close(done)
 	wg.Wait()
 	<-syncDone

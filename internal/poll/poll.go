@@ -9,18 +9,27 @@ import (
 	"time"
 )
 
-// Interval is how often Until checks its condition.
+// Interval is how often Until and For check their condition.
 const Interval = 20 * time.Millisecond
 
 // Until checks cond until it holds, and fails the test if it still does
 // not after timeout; what names the awaited state in the failure.
 func Until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !For(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// For checks cond until it holds or timeout has passed, and reports
+// whether it held, for a test that says itself what it waited for.
+func For(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(Interval)
 	}
+	return true
 }

@@ -259,7 +259,15 @@ func TestProvisionDoesNotConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	s1, s2 := openStore(t, p), openStore(t, p)
-	time.Sleep(100 * time.Millisecond) // what would connect in the background has had time to
+	// No pool exists, so nothing can connect in the background.
+	for _, s := range []*Store{s1, s2} {
+		s.mu.Lock()
+		pool := s.pool
+		s.mu.Unlock()
+		if pool != nil {
+			t.Error("opening a store made its connection pool")
+		}
+	}
 	if n := srv.Connections(t, testDB); n != before {
 		t.Errorf("%d connections after loading and opening stores, %d before", n, before)
 	}

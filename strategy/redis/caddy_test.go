@@ -7,8 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
@@ -112,14 +114,20 @@ func TestProvisionDoesNotDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	var accepted atomic.Int32
+	// The remote addresses of the connections accepted, in order.
+	var accepted struct {
+		sync.Mutex
+		from []string
+	}
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
+			accepted.Lock()
+			accepted.from = append(accepted.from, c.RemoteAddr().String())
+			accepted.Unlock()
 			c.Close()
 		}
 	}()
@@ -148,22 +156,26 @@ func TestProvisionDoesNotDial(t *testing.T) {
 	if err := opened.Close(); err != nil {
 		t.Errorf("a second Close: %v", err)
 	}
-	time.Sleep(100 * time.Millisecond) // let a stray dial arrive
-	if n := accepted.Load(); n != 0 {
-		t.Errorf("provisioning or opening dialed the store %d times", n)
-	}
-	// The listener itself works, so the test could have seen a dial.
+	// The test dials the listener itself, which shows that it works, and
+	// waits until its own connection is accepted: the listener accepts in
+	// the order connections arrive, so a stray dial of the stores made
+	// before would be accepted first.
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	own := c.LocalAddr().String()
 	c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for accepted.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	from := func() []string {
+		accepted.Lock()
+		defer accepted.Unlock()
+		return slices.Clone(accepted.from)
 	}
-	if accepted.Load() == 0 {
-		t.Error("the listener never saw the test's own dial")
+	if !poll.For(10*time.Second, func() bool { return slices.Contains(from(), own) }) {
+		t.Fatal("the listener never saw the test's own dial")
+	}
+	if got := from(); len(got) != 1 {
+		t.Errorf("provisioning or opening dialed the store %d times (accepted %q, the test's own dial from %s)", len(got)-1, got, own)
 	}
 }
 

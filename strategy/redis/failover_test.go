@@ -164,8 +164,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	// Long enough to see go-redis's own minute-long reload, so that a
 	// failure says how long the store took.
-	deadline := promoted.Add(90 * time.Second)
-	for {
+	poll.For(time.Until(promoted.Add(90*time.Second)), func() bool {
 		done := true
 		for i := range ops {
 			o := &ops[i]
@@ -181,11 +180,8 @@ func TestClusterFailover(t *testing.T) {
 			}
 			o.ok = time.Since(promoted)
 		}
-		if done || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(poll.Interval)
-	}
+		return done
+	}) // the checks below say which operation never came back
 	if healthyErr != nil {
 		t.Errorf("a hit of a key of a healthy master failed: %v", healthyErr)
 	}

@@ -186,19 +186,16 @@ func TestPushReplyLost(t *testing.T) {
 		t.Fatal("a push to a frozen server succeeded")
 	}
 	// The server reads the push it was sent while frozen, and applies it.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		present, wrong := stored(t, c, r, batch)
+	var present int
+	if !poll.For(20*time.Second, func() bool {
+		var wrong []string
+		present, wrong = stored(t, c, r, batch)
 		if len(wrong) > 0 {
 			t.Fatalf("counters with wrong values: %v", wrong[:min(5, len(wrong))])
 		}
-		if present == len(batch.Diffs) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the frozen server applied %d of %d diffs after it resumed", present, len(batch.Diffs))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return present == len(batch.Diffs)
+	}) {
+		t.Fatalf("the frozen server applied %d of %d diffs after it resumed", present, len(batch.Diffs))
 	}
 	if err := r.PushDiffs(testCtx(t), batch); err != nil {
 		t.Fatalf("retrying the batch: %v", err)
@@ -385,12 +382,8 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 		t.Fatalf("pushing the hit as a batch: %v", err)
 	}
 	// Wait until the server ran both the hit and the batch.
-	deadline := time.Now().Add(20 * time.Second)
-	for serverCalls(t, c)["evalsha"] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server ran %v, want the hit's and the batch's EVALSHA", serverCalls(t, c))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.For(20*time.Second, func() bool { return serverCalls(t, c)["evalsha"] >= 2 }) {
+		t.Fatalf("the server ran %v, want the hit's and the batch's EVALSHA", serverCalls(t, c))
 	}
 	checkWindows(t, r, "paused", "k", windows, 1, 1)
 	if calls := serverCalls(t, c); calls["evalsha"] != 2 {
