@@ -319,12 +319,16 @@ func TestFleetResetThroughTheAdminAPI(t *testing.T) {
 		poll.Until(t, 10*time.Second, "both nodes to see the key at its limit", func() bool {
 			return seen(a) == limit && seen(b) == limit
 		})
-		for range 30 { // clients keep trying
+		// Clients keep trying, at least 30 times and across both nodes'
+		// sync runs.
+		tries, runs := 0, syncRuns(t, "api")
+		poll.Until(t, 20*time.Second, "30 tries and 4 sync runs", func() bool {
 			if try(a) || try(b) {
 				t.Fatal("a node admitted a key at its limit")
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			tries++
+			return tries >= 30 && syncRuns(t, "api") >= runs+4
+		})
 		for _, ns := range []*Namespace{a, b} {
 			if err := ns.Sync(ctx); err != nil {
 				t.Fatal(err)
@@ -348,6 +352,8 @@ func TestFleetResetThroughTheAdminAPI(t *testing.T) {
 		admitted := make([]time.Duration, 2)
 		for i, ns := range []*Namespace{a, b} {
 			wg.Go(func() {
+				// Not a wait of the test: a client's pace, the precision of the
+				// time it measures.
 				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 					if try(ns) {
 						admitted[i] = time.Since(reset)

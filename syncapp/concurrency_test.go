@@ -119,7 +119,7 @@ func TestFleetConcurrencyRenewsAndFreesDeadNodes(t *testing.T) {
 		if _, ok := a.Acquire(context.Background(), "k", 1); !ok {
 			t.Fatal("the first request got no place")
 		}
-		time.Sleep(2 * slotLease) // a renews its slot meanwhile
+		time.Sleep(2 * slotLease) // not a wait: the slot outlives its lease in real time, which the store's clock measures, while a renews it
 		if release, ok := b.Acquire(context.Background(), "k", 1); ok {
 			release()
 			t.Fatalf("a slot renewed by its live node was taken after %v", 2*slotLease)

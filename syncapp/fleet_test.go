@@ -248,9 +248,9 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 	})
 }
 
-// TestFleetOutageLosesNothing takes the store away for five seconds while
-// two nodes hit on, then brings it back: the store ends up with every
-// hit, once.
+// TestFleetOutageLosesNothing takes the store away while two nodes hit
+// on, until a sync run of each failed, then brings it back: the store ends
+// up with every hit, once.
 func TestFleetOutageLosesNothing(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
 		cfg := s.config("50ms", "1h")
@@ -266,15 +266,6 @@ func TestFleetOutageLosesNothing(t *testing.T) {
 				hits++
 			}
 		}
-		hit(100)
-		time.Sleep(200 * time.Millisecond)
-		s.down()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			hit(3)
-			time.Sleep(20 * time.Millisecond)
-		}
-		s.up()
-		hit(50)
 		total := func() float64 {
 			sum := 0.0
 			for i := range 7 {
@@ -282,10 +273,18 @@ func TestFleetOutageLosesNothing(t *testing.T) {
 			}
 			return sum
 		}
+		hit(100)
+		poll.Until(t, 10*time.Second, "the store to hold the first 100 hits", func() bool { return total() == 100 })
+		// The store stays away, while the nodes hit on, until a run of each
+		// node failed (a paused Redis takes a run's timeout, 5 s).
+		s.down()
+		awaitFailedRuns(t, 1, func() { hit(3) }, nodes...)
+		s.up()
+		hit(50)
 		poll.Until(t, 40*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
 			return total() == float64(hits)
 		})
-		time.Sleep(300 * time.Millisecond)
+		moreRuns(t, nodes...)
 		if got := total(); got != float64(hits) {
 			t.Fatalf("store holds %v, want %d: a hit was pushed twice", got, hits)
 		}

@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/strategy/memory"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -129,9 +131,7 @@ func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
 	alone := hitsAsync(q, 1, "k")
 	out := []gatedTrip{<-s.trips}
 	few := hitsAsync(q, secondTripHits-1, "k")
-	for queuedLen(q) < secondTripHits-1 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, fmt.Sprintf("%d hits to queue", secondTripHits-1), func() bool { return queuedLen(q) >= secondTripHits-1 })
 	select {
 	case trip := <-s.trips:
 		t.Fatalf("%d hits went in a second round trip, fewer than %d", len(trip.hits), secondTripHits)
@@ -145,9 +145,7 @@ func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
 	out = append(out, second)
 	waiting := hitsAsync(q, 50, "k")
 	// Every one of the 50 queues before a round trip ends.
-	for queuedLen(q) < 50 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "50 hits to queue", func() bool { return queuedLen(q) >= 50 })
 	out[0].answer <- nil // one round trip ends: the 50 go in the next
 	next := <-s.trips
 	if len(next.hits) != 50 {
@@ -254,9 +252,7 @@ func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
 			answers <- answer{res, retry}
 		}()
 	}
-	for queuedLen(q) < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "3 hits to queue", func() bool { return queuedLen(q) >= 3 })
 	out[0].answer <- nil
 	(<-s.trips).answer <- errors.New("i/o timeout") // may have been applied
 	var retry *batchRetry

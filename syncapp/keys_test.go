@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/strategy/memory"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -85,7 +86,7 @@ func states(ns *Namespace, key string, sizes ...time.Duration) []window.Sample {
 // fall in one window of each.
 func awayFromMinuteEnds() {
 	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 2*time.Second {
-		time.Sleep(left + 10*time.Millisecond)
+		time.Sleep(left + 10*time.Millisecond) // not an event: the nodes' wall clock must pass the minute's end
 	}
 }
 
@@ -101,7 +102,7 @@ func both(s window.Sample) float64 { return s.Current + s.Previous }
 // reading both windows would not help.
 func awayFromHourEnd(margin time.Duration) {
 	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < margin {
-		time.Sleep(left + 10*time.Millisecond)
+		time.Sleep(left + 10*time.Millisecond) // not an event: the nodes' wall clock must pass the hour's end
 	}
 }
 
@@ -375,7 +376,7 @@ func TestResetRacesWithHits(t *testing.T) {
 		var before, after int64 // hits ended before the last reset, begun by its end
 		resets := 0
 		for end := time.Now().Add(time.Second); time.Now().Before(end); {
-			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond) // not a wait: resets at random moments of the hits
 			b := done.Load()
 			if err := ns.Reset(ctx, "k"); err != nil {
 				t.Fatal(err)
@@ -383,7 +384,9 @@ func TestResetRacesWithHits(t *testing.T) {
 			before, after = b, started.Load()
 			resets++
 		}
-		time.Sleep(20 * time.Millisecond) // hits after the last reset, and syncs
+		// Hits after the last reset, and syncs.
+		poll.Until(t, 10*time.Second, "hits after the last reset", func() bool { return started.Load() > after+100 })
+		awaitRuns(t, "api", 2)
 		close(stop)
 		wg.Wait()
 		if err := ns.Sync(ctx); err != nil {

@@ -55,7 +55,7 @@ func (s *slowStore) use() {
 
 func (s *slowStore) PushDiffs(ctx context.Context, b strategy.Batch) error {
 	s.use()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // not a wait: the push is slow, as a far store's is
 	s.use()
 	for _, d := range b.Diffs {
 		slowStoreTotal.Add(int64(d.Value))

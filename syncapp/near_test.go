@@ -182,7 +182,7 @@ func TestFleetSyncAboveAdmitsExactlyTheLimit(t *testing.T) {
 					if ns.Hit(context.Background(), "k", limits, 1, true, true, out) < 0 {
 						admitted.Add(1)
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // not a wait: a client's pace, so that syncs fall between a node's hits
 				}
 			})
 		}
@@ -222,10 +222,9 @@ func TestFleetSyncAboveOutageLosesNothing(t *testing.T) {
 		}
 		hit(100)
 		s.down()
-		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-			hit(3)
-			time.Sleep(20 * time.Millisecond)
-		}
+		// The store stays away, while the nodes hit on, until a run of each
+		// node failed (a paused Redis takes a run's timeout, 5 s).
+		awaitFailedRuns(t, 1, func() { hit(3) }, nodes...)
 		s.up()
 		hit(50)
 		total := func() float64 {
@@ -238,7 +237,7 @@ func TestFleetSyncAboveOutageLosesNothing(t *testing.T) {
 		poll.Until(t, 40*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
 			return total() == float64(hits)
 		})
-		time.Sleep(300 * time.Millisecond)
+		moreRuns(t, nodes...)
 		if got := total(); got != float64(hits) {
 			t.Fatalf("store holds %v, want %d: a hit was pushed twice", got, hits)
 		}

@@ -76,7 +76,7 @@ func TestReloadKeepsCountersAndPendingDiffs(t *testing.T) {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 15
 	})
 	// A few more runs must not push anything twice.
-	time.Sleep(500 * time.Millisecond)
+	awaitRuns(t, "api", 3)
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 15 {
 		t.Fatalf("store holds %v after more runs, want 15", got)
 	}
@@ -101,19 +101,6 @@ func TestPausedStoreLosesNothing(t *testing.T) {
 			hits++
 		}
 	}
-	hit(100)
-	time.Sleep(200 * time.Millisecond)
-	// Paused past a run's timeout (minRunTimeout), so that a push times out
-	// after Redis has it in its socket, is applied on resume, and is retried
-	// as the same batch: the store must not count it twice.
-	srv.Pause()
-	deadline := time.Now().Add(minRunTimeout + time.Second)
-	for time.Now().Before(deadline) {
-		hit(3)
-		time.Sleep(50 * time.Millisecond)
-	}
-	srv.Resume()
-	hit(50)
 	total := func() float64 {
 		sum := 0.0
 		for i := range 7 {
@@ -121,10 +108,20 @@ func TestPausedStoreLosesNothing(t *testing.T) {
 		}
 		return sum
 	}
+	hit(100)
+	poll.Until(t, 10*time.Second, "the store to hold the first 100 hits", func() bool { return total() == 100 })
+	// Paused until a run fails, which takes a run's timeout (minRunTimeout),
+	// so that a push times out after Redis has it in its socket, is applied
+	// on resume, and is retried as the same batch: the store must not count
+	// it twice. Hits go on meanwhile.
+	srv.Pause()
+	awaitFailedRuns(t, 1, func() { hit(3) }, ns)
+	srv.Resume()
+	hit(50)
 	poll.Until(t, 30*time.Second, fmt.Sprintf("the store to hold all %d hits", hits), func() bool {
 		return total() == float64(hits)
 	})
-	time.Sleep(300 * time.Millisecond)
+	awaitRuns(t, "api", 3) // more runs must not push anything twice
 	if got := total(); got != float64(hits) {
 		t.Fatalf("store holds %v, want %d: a hit was pushed twice", got, hits)
 	}
@@ -143,9 +140,11 @@ func TestRestartedStoreGetsNewHits(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Kill()
-	for range 25 {
+	for i := range 25 {
 		ns.Increment(ctx, "k", time.Hour, 1)
-		time.Sleep(10 * time.Millisecond)
+		if i == 12 { // half the hits before a run finds the store gone, half after
+			awaitFailedRuns(t, 1, func() {}, ns)
+		}
 	}
 	if got := both(ns.SlidingWindow("k", time.Hour, nil)); got != 65 {
 		t.Fatalf("local count while the store is down: %v, want 65", got)
@@ -365,7 +364,8 @@ func TestSynchronousAnswersCountHitsOnTheirWay(t *testing.T) {
 		return ns.pendingDiffs() == 1 && ns.counters.Pending() == 0
 	})
 	srv.Restart()
-	time.Sleep(retryInterval) // hits try the store again
+	// Hits try the store again once a run found it back.
+	poll.Until(t, 10*time.Second, "the store to be in use again", func() bool { return !ns.health.down() })
 	s := ns.Increment(ctx, "k", time.Hour, 1)
 	if s.Current+s.Previous != 6 { // both windows: the hour may have ended
 		t.Fatalf("first answer after recovery: %v + %v, want 6 (5 on their way, 1 now)", s.Current, s.Previous)
@@ -395,7 +395,7 @@ func TestSynchronousPauseCountsOnce(t *testing.T) {
 	poll.Until(t, 15*time.Second, "the store to hold 7", func() bool {
 		return storeTotal(t, srv.Addr, "k", time.Hour) == 7
 	})
-	time.Sleep(2 * retryInterval)
+	awaitRuns(t, "api", 2) // a retry run must not push anything again
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 7 {
 		t.Fatalf("store holds %v, want 7", got)
 	}
@@ -489,7 +489,7 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 	srv.Pause()
 	for range 3 {
 		ns.Increment(ctx, "k", time.Hour, 1) // times out: maybe applied
-		time.Sleep(retryInterval + 200*time.Millisecond)
+		awaitRuns(t, "api", 2)               // an idle run ends after it
 	}
 	if got := logs.FilterMessageSnippet("reachable again").Len(); got != 0 {
 		t.Fatalf("the store was reported back %d times while paused", got)

@@ -106,9 +106,14 @@ func reloadUnderLoad(t *testing.T, pool *caddy.UsagePool, cfg string, reloads in
 			cur.ns("api").Increment(context.Background(), "k", time.Hour, 1)
 			hits++
 			mu.Unlock()
-			time.Sleep(200 * time.Microsecond)
+			time.Sleep(200 * time.Microsecond) // not a wait: a client's pace, which leaves the reloads room
 		}
 	}()
+	counted := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return hits
+	}
 	for range reloads {
 		next := start(t, pool, cfg)
 		mu.Lock()
@@ -119,7 +124,8 @@ func reloadUnderLoad(t *testing.T, pool *caddy.UsagePool, cfg string, reloads in
 		if afterReload != nil {
 			afterReload()
 		}
-		time.Sleep(5 * time.Millisecond)
+		before := counted()
+		poll.Until(t, 10*time.Second, "a hit on the new config", func() bool { return counted() > before })
 	}
 	close(stop)
 	<-done
