@@ -34,7 +34,7 @@ func TestBanAcrossNodes(t *testing.T) {
 	tripped := time.Now()
 	nodeGet(first, "control") // a key that was never banned
 
-	time.Sleep(time.Until(tripped.Add(2 * time.Second)))
+	time.Sleep(time.Until(tripped.Add(2 * time.Second))) // not an event: Retry-After is read 2 s into the ban by the nodes' wall clock
 	status, retryAfter := nodeGet(second, "k")
 	if status != http.StatusTooManyRequests {
 		t.Fatalf("second node, 2s after the ban: status %d, want 429; its log:\n%s", status, second.Log(20))
@@ -46,7 +46,7 @@ func TestBanAcrossNodes(t *testing.T) {
 		t.Errorf("second node, a key never banned: status %d, want 200", got)
 	}
 
-	time.Sleep(time.Until(tripped.Add(5500 * time.Millisecond)))
+	time.Sleep(time.Until(tripped.Add(5500 * time.Millisecond))) // not an event: the wall clock must pass the ban's end
 	for _, n := range nodes {
 		if got, _ := nodeGet(n, "k"); got != 200 {
 			t.Errorf("after the ban: status %d, want 200", got)

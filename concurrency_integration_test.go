@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,14 +16,6 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
-
-// slowUpstream serves every request after delay, on loopback.
-func slowUpstream(t *testing.T, delay time.Duration) string {
-	return slowUpstreamFunc(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(delay)
-		fmt.Fprint(w, "slow ok")
-	})
-}
 
 // slowUpstreamFunc serves every request with serve, on loopback, and
 // returns its address.
@@ -65,7 +58,13 @@ func simultaneous(t *testing.T, tester *caddytest.Tester, path, key string, n in
 // simultaneous requests of one key exactly 2 are served, the others are
 // rejected with Retry-After: 1, and another key is served meanwhile.
 func TestMaxConcurrent(t *testing.T) {
-	upstream := slowUpstream(t, 700*time.Millisecond)
+	var inFlight atomic.Int64 // requests the upstream is serving
+	upstream := slowUpstreamFunc(t, func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		time.Sleep(700 * time.Millisecond) // not a wait: a slow upstream, whose requests hold their slots that long
+		fmt.Fprint(w, "slow ok")
+	})
 	rdb := redistest.Start(t)
 	pg := pgtest.Start(t)
 	tester := loadWithOptions(t, fmt.Sprintf(`
@@ -112,7 +111,10 @@ func TestMaxConcurrent(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				time.Sleep(200 * time.Millisecond) // while key's requests run
+				// While key's requests run: both of its slots are taken.
+				if !poll.For(10*time.Second, func() bool { return inFlight.Load() >= 2 }) {
+					t.Error("the upstream never served two of key's requests at once")
+				}
 				other, _ = get(t, tester, path, "other-"+key)
 			}()
 			statuses, retryAfter := simultaneous(t, tester, path, key, 6)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/syncapp"
 )
@@ -62,12 +63,8 @@ func TestKilledNodeFreesItsSlots(t *testing.T) {
 	for range 2 {
 		go status(doomed)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for held.Load() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the upstream got %d of the doomed node's 2 requests; its log:\n%s", held.Load(), doomed.Log(20))
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.For(10*time.Second, func() bool { return held.Load() >= 2 }) {
+		t.Fatalf("the upstream got %d of the doomed node's 2 requests; its log:\n%s", held.Load(), doomed.Log(20))
 	}
 	if got := status(survivor); got != http.StatusTooManyRequests {
 		t.Fatalf("with both slots taken on the other node, the survivor answered %d, want 429", got)
@@ -80,16 +77,9 @@ func TestKilledNodeFreesItsSlots(t *testing.T) {
 	if got := status(survivor); got != http.StatusTooManyRequests {
 		t.Errorf("right after the kill the survivor answered %d, want 429: the dead node's slots were freed by no lease", got)
 	}
-	for {
-		got := status(survivor)
-		since := time.Since(killed)
-		if got == http.StatusOK {
-			t.Logf("the survivor served the key %v after the kill (lease %v)", since.Round(100*time.Millisecond), syncapp.SlotLease)
-			break
-		}
-		if since > 30*time.Second {
-			t.Fatalf("%v after the kill the survivor still answers %d; its log:\n%s", since.Round(time.Millisecond), got, survivor.Log(20))
-		}
-		time.Sleep(250 * time.Millisecond)
+	got := 0
+	if !poll.For(30*time.Second, func() bool { got = status(survivor); return got == http.StatusOK }) {
+		t.Fatalf("%v after the kill the survivor still answers %d; its log:\n%s", time.Since(killed).Round(time.Millisecond), got, survivor.Log(20))
 	}
+	t.Logf("the survivor served the key %v after the kill (lease %v)", time.Since(killed).Round(100*time.Millisecond), syncapp.SlotLease)
 }

@@ -206,7 +206,7 @@ func runConformanceCase(t *testing.T, tester *caddytest.Tester, c conformanceCas
 	}
 	if c.obey && last.StatusCode == c.errCode {
 		wait := time.Duration(retryAfter(t, last)) * time.Second
-		time.Sleep(wait)
+		time.Sleep(wait) // not a wait for an event: the client obeys Retry-After, which the test checks
 		resp, _ := get(t, tester, "/"+c.name, key)
 		checked++
 		if resp.StatusCode != c.status {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,20 +99,31 @@ func loadWithOptions(t *testing.T, options, sites string) *caddytest.Tester {
 	t.Helper()
 	tester := caddytest.NewTester(t)
 	tester.InitServer(withOptions(options)+sites, "caddyfile")
-	awaitOldServers()
+	awaitOldServers(t)
 	return tester
 }
 
-// oldServersGone is how long to wait after a config load for the previous
-// config's HTTP servers to be gone. Caddy answers /load once the new
-// servers run, and shuts the old ones down in the background; until then
-// an old server may still accept a connection on the shared listener, and
-// with the preamble's grace_period of 1ns it closes it unanswered (EOF).
-// On an idle machine they are gone about 3ms after the load.
-const oldServersGone = 100 * time.Millisecond
-
 // awaitOldServers waits until a load's previous HTTP servers are gone.
-func awaitOldServers() { time.Sleep(oldServersGone) }
+// Caddy answers /load once the new servers run, and shuts the old ones
+// down in goroutines of the http app's Stop; until they end an old server
+// may still accept a connection on the shared listener, and with the
+// preamble's grace_period of 1ns it closes it unanswered (EOF). On an idle
+// machine they are gone about 3ms after the load.
+func awaitOldServers(t *testing.T) {
+	t.Helper()
+	poll.Until(t, 10*time.Second, "the old config's HTTP servers to shut down", func() bool {
+		return !bytes.Contains(allStacks(), []byte("caddyhttp.(*App).Stop"))
+	})
+}
+
+// allStacks returns the stack traces of every goroutine.
+func allStacks() []byte {
+	for buf := make([]byte, 1<<20); ; buf = make([]byte, 2*len(buf)) {
+		if n := runtime.Stack(buf, true); n < len(buf) {
+			return buf[:n]
+		}
+	}
+}
 
 func withOptions(options string) string {
 	return strings.TrimSuffix(preamble, "}\n") + options + "\n}\n"
@@ -270,7 +282,7 @@ func TestFixedAndSliding(t *testing.T) {
 	windowOf := func(at time.Time) int64 { return at.UnixNano() / int64(size) }
 	sleepUntil := func(offset time.Duration) {
 		next := time.Now().Truncate(size).Add(size + offset)
-		time.Sleep(time.Until(next))
+		time.Sleep(time.Until(next)) // not an event: the server's wall clock must reach that moment of a window
 	}
 	for round := 1; ; round++ {
 		if round > 5 {
@@ -324,7 +336,7 @@ func clearOfWindowEnds(sizes ...time.Duration) {
 		if wait == 0 {
 			return
 		}
-		time.Sleep(wait + 10*time.Millisecond)
+		time.Sleep(wait + 10*time.Millisecond) // not an event: the server's wall clock must pass the windows' ends
 	}
 }
 
@@ -444,7 +456,7 @@ func TestJSONThroughAdminAPI(t *testing.T) {
 	}`
 	tester := caddytest.NewTester(t)
 	tester.InitServer(config, "json")
-	awaitOldServers()
+	awaitOldServers(t)
 	if got := countAdmitted(t, tester, "/", uniqueKey(t), 4); got != 2 {
 		t.Fatalf("admitted %d of 4, want 2", got)
 	}
@@ -490,7 +502,7 @@ func TestReloadKeepsCounters(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("forced reload: %d", resp.StatusCode)
 	}
-	awaitOldServers()
+	awaitOldServers(t)
 	if resp, body := get(t, tester, "/", key); resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("after two reloads: %d %q, want 429 (the limit of 3 was used up before)", resp.StatusCode, body)
 	}

@@ -227,7 +227,7 @@ func TestBan(t *testing.T) {
 	trip("/ban", lifted)
 	trip("/noban", key)
 
-	time.Sleep(time.Until(tripped.Add(2 * time.Second)))
+	time.Sleep(time.Until(tripped.Add(2 * time.Second))) // not an event: the ban runs on the server's wall clock, read here 2 s in
 	if resp, _ := send(t, tester, http.MethodGet, "/noban", key); resp.StatusCode != 200 {
 		t.Fatalf("without a ban, 2s later: status %d, want 200", resp.StatusCode)
 	}
@@ -259,7 +259,7 @@ func TestBan(t *testing.T) {
 		t.Errorf("after a reset through the admin API: status %d, want 200", resp.StatusCode)
 	}
 
-	time.Sleep(time.Until(tripped.Add(5200 * time.Millisecond)))
+	time.Sleep(time.Until(tripped.Add(5200 * time.Millisecond))) // not an event: the wall clock must pass the ban's end
 	if resp, _ := send(t, tester, http.MethodGet, "/ban", key); resp.StatusCode != 200 {
 		t.Errorf("after the ban: status %d, want 200", resp.StatusCode)
 	}

@@ -93,7 +93,7 @@ func checkBurstThenPace(t *testing.T, send func(key string) int) {
 		if lastSend.Sub(burstEnd) >= time.Second {
 			break
 		}
-		time.Sleep(5 * time.Millisecond) // a poll, not a wait for the interval
+		time.Sleep(5 * time.Millisecond) // not a wait: a client trying every 5 ms for a second of the rate
 	}
 	most := rateAtOnce + int(lastRecv.Sub(burstStart)/rateInterval)
 	least := rateAtOnce + int(lastSend.Sub(burstEnd)/rateInterval)

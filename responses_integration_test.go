@@ -71,7 +71,7 @@ func obey(t *testing.T, tester *caddytest.Tester, path, key string, resp *http.R
 		}
 		wait := time.Duration(retryAfter(t, resp)) * time.Second
 		t.Logf("%s: %d, Retry-After %v; waiting it", path, resp.StatusCode, wait)
-		time.Sleep(wait)
+		time.Sleep(wait) // not a wait for an event: the client obeys Retry-After, which the test checks
 		resp, _ = get(t, tester, path, key)
 		if resp.StatusCode != http.StatusOK {
 			brokenPromises++
