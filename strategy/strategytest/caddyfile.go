@@ -11,7 +11,9 @@ import (
 // CaddyfileCase is a Caddyfile block of a store's module and the
 // configuration it unmarshals to.
 type CaddyfileCase struct {
-	Name  string
+	// Name names the case's subtest.
+	Name string
+	// Input is the block, starting with the module's name.
 	Input string
 	// Want is the JSON of the result, in any field order and spacing. A
 	// field the module does not have fails the test.
@@ -20,7 +22,9 @@ type CaddyfileCase struct {
 
 // CaddyfileError is a Caddyfile block that a store's module refuses.
 type CaddyfileError struct {
-	Name  string
+	// Name names the case's subtest.
+	Name string
+	// Input is the block, starting with the module's name.
 	Input string
 	// Want are strings that the error contains, each of them.
 	Want []string
