@@ -78,7 +78,9 @@ func TestKilledNodeFreesItsSlots(t *testing.T) {
 		t.Errorf("right after the kill the survivor answered %d, want 429: the dead node's slots were freed by no lease", got)
 	}
 	got := 0
-	if !poll.For(30*time.Second, func() bool { got = status(survivor); return got == http.StatusOK }) {
+	// Every 250 ms: tries every poll.Interval would pass the key's limit of
+	// 1000 a minute before the dead node's 25 s lease ends.
+	if !poll.ForEvery(30*time.Second, 250*time.Millisecond, func() bool { got = status(survivor); return got == http.StatusOK }) {
 		t.Fatalf("%v after the kill the survivor still answers %d; its log:\n%s", time.Since(killed).Round(time.Millisecond), got, survivor.Log(20))
 	}
 	t.Logf("the survivor served the key %v after the kill (lease %v)", time.Since(killed).Round(100*time.Millisecond), syncapp.SlotLease)

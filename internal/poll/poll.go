@@ -24,12 +24,18 @@ func Until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 // For checks cond until it holds or timeout has passed, and reports
 // whether it held, for a test that says itself what it waited for.
 func For(timeout time.Duration, cond func() bool) bool {
+	return ForEvery(timeout, Interval, cond)
+}
+
+// ForEvery is For checking cond every interval, for a check that must not
+// run often: a request that counts against a limit, say.
+func ForEvery(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(Interval)
+		time.Sleep(interval)
 	}
 	return true
 }
