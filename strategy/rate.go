@@ -18,7 +18,9 @@ import (
 // A request is one round trip (Rate). A request that the rate admits and
 // a limit checked after it then rejects gives its turn back (GiveBack),
 // as if the rate had never admitted it: the caller checks the rate
-// first, as the handler does, and the limits after it.
+// first, as the handler does, and the limits after it. A RateBatcher
+// does both in one hit of a batch, which is how the rate_limit app sends
+// every request under a rate.
 //
 // Every call is named by an ID, unique per request, which makes it
 // exactly once: the store records what an ID did (took a turn, was

@@ -16,8 +16,9 @@
 // applies several in one), max_concurrent across a fleet the optional
 // Slotter capability, which holds concurrency slots as leases that expire
 // by the store's clock, and a rate (GCRA) at sync_rate 0 the optional
-// Rater capability, which decides a request by the store's clock. Pinger
-// lets the app ask a failing store whether it is back.
+// RateBatcher capability, a Rater whose batches of hits decide rates by
+// the store's clock with the limits beside them. Pinger lets the app ask
+// a failing store whether it is back.
 package strategy
 
 import (

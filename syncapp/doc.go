@@ -58,19 +58,21 @@
 //
 // # One request and one run
 //
-//	request: Namespace.Hit(key)
+//	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0)
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
 //	    outbox.view ──► hitQueue: sent at once when no round trip is out,
 //	      else waits and goes with the others when one ends, or in a
 //	      second round trip once 8 wait
-//	      ──► store.HitBatch (one round trip; the store decides each hit)
+//	      ──► store.HitBatch (one round trip; the store decides each hit,
+//	          a rate first, its turn given back when a limit rejects)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
 //	      stalled (no answer 250 ms while hits wait) ──► health.stalled
 //	              ──► the waiting hits: window zone
 //	      failed  ──► health.failed ──► zone counts it ──► batchRetry
-//	              ──► (last hit of the round trip) outbox.retry
+//	              (its increments, and its rate's turn if the zone
+//	              admitted it) ──► (last hit of the round trip) outbox.retry
 //
 //	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
