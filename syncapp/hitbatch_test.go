@@ -122,3 +122,89 @@ func TestSynchronousBatchRetriedOnce(t *testing.T) {
 		}
 	})
 }
+
+// inDoubt is a store whose round trips of synchronous hits, while on is
+// set, fail as a timeout does, in turn after the store applied them (the
+// reply lost) and before it did (the request lost): either way the caller
+// cannot tell whether they were applied.
+type inDoubt struct {
+	strategy.BatchHitter
+	on                 atomic.Bool
+	trips, after, hits atomic.Int64
+}
+
+func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	if !d.on.Load() {
+		d.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+		return
+	}
+	d.hits.Add(int64(len(hits)))
+	if d.trips.Add(1)%2 == 0 {
+		d.after.Add(1)
+		d.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+	}
+	for i := range results {
+		results[i] = strategy.HitResult{Err: errors.New("read tcp 127.0.0.1:1: i/o timeout")}
+	}
+}
+
+// TestSynchronousRateRetriedOnce sends requests under a rate whose round
+// trips end in doubt, every other one applied by the store: the node
+// decides them, and the turns it admitted reach the store's TAT exactly
+// once, through the round trips' retries, whichever were applied.
+func TestSynchronousRateRetriedOnce(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		ns := rateFleet(t, s)[0]
+		doubt := &inDoubt{BatchHitter: ns.hits.store}
+		ns.hits.store = doubt
+		rater := ns.store.(strategy.Rater)
+		// A turn is a minute and the burst holds every request, so that
+		// a turn counted twice or lost moves the store's TAT by far more
+		// than the test's own time.
+		r := Rate{N: 1, Window: time.Minute, Burst: 1000}
+		tat := func() int64 {
+			rep, err := rater.Rate(context.Background(), ns.name, "k", "", strategy.RateRequest{Window: r.Window, Tolerance: time.Microsecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return max(rep.TAT, rep.Now)
+		}
+		began, before := time.Now(), tat()
+		doubt.on.Store(true)
+		// Rounds of requests together: the first failure of a round holds
+		// the store down, and the round's requests after it are decided by
+		// the node alone, never sent; a run then finds the store back.
+		for round := 0; doubt.trips.Load() < 6; round++ {
+			if round == 100 {
+				t.Fatalf("%d round trips in 100 rounds", doubt.trips.Load())
+			}
+			var wg sync.WaitGroup
+			begin := make(chan struct{})
+			for range 10 {
+				wg.Go(func() {
+					<-begin
+					var rs RateSample
+					if ok, rejected := ns.HitRate(context.Background(), "k", r, 1, nil, 1, false, false, nil, &rs); !ok || rejected >= 0 {
+						t.Errorf("a request within the burst was refused (rate %v, limit %d)", ok, rejected)
+					}
+				})
+			}
+			close(begin)
+			wg.Wait()
+			poll.Until(t, 10*time.Second, "the store to be found back", func() bool {
+				return ns.Sync(context.Background()) == nil && !ns.health.down()
+			})
+		}
+		doubt.on.Store(false)
+		poll.Until(t, 10*time.Second, "the retries to be pushed", func() bool {
+			return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+		})
+		moved, took := time.Duration(tat()-before), time.Since(began)
+		want := time.Duration(doubt.hits.Load()) * r.Window
+		t.Logf("%d requests in %d round trips in doubt (%d applied): the store's TAT moved %v in %v",
+			doubt.hits.Load(), doubt.trips.Load(), doubt.after.Load(), moved, took.Round(time.Millisecond))
+		if moved < want || moved > want+took {
+			t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v: a turn was lost or counted twice", moved, want, want+took)
+		}
+	})
+}
