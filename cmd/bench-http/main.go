@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
+	"github.com/ratesync/caddy-ratelimit/internal/docgen"
 	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
@@ -126,6 +127,8 @@ type config struct {
 	profile                   string // a case name (or "bare") to profile, or ""
 	profileOut                string
 	profileFor                time.Duration
+	doc                       string // the page whose generated part the results replace, or ""
+	source                    string // what Caddy was built from, for the report
 }
 
 func main() {
@@ -144,6 +147,8 @@ func main() {
 	flag.StringVar(&cfg.profile, "profile", "", "after the cases, write a CPU profile of Caddy under this case's load (a case name or bare)")
 	flag.StringVar(&cfg.profileOut, "profile-out", "", "where the profile goes (default: caddy-<case>.pprof)")
 	flag.DurationVar(&cfg.profileFor, "profile-seconds", 10*time.Second, "length of the CPU profile")
+	flag.StringVar(&cfg.source, "source", "", "what Caddy was built from, for the report (such as the working tree at a commit)")
+	flag.StringVar(&cfg.doc, "doc", "", "also write the results into this page (docs/performance.md), between its markers")
 	flag.Parse()
 
 	if err := cfg.check(caseList); err != nil {
@@ -228,7 +233,7 @@ func run(ctx context.Context, cfg config) error {
 		cfg.workdir = dir
 	}
 
-	printHeader(cfg)
+	info := printHeader(cfg)
 
 	redisSrv, redisAddr, err := startRedis(ctx, cfg.workdir)
 	if err != nil {
@@ -263,7 +268,9 @@ func run(ctx context.Context, cfg config) error {
 		results = append(results, res)
 	}
 	printTable(results)
-	fmt.Printf("\nload average at the end: %s\n", loadAvg())
+	end := loadAvg()
+	fmt.Printf("\nload average at the end: %s\n", end)
+	info.Machine += "; at the end " + end
 
 	if cfg.profile != "" {
 		if err := b.profile(ctx, admin); err != nil {
@@ -278,10 +285,36 @@ func run(ctx context.Context, cfg config) error {
 			return fmt.Errorf("case %s: %d responses were not 2xx: the numbers measure rejections or failures, not the limiter's cost", r.c.name, r.statusErrors)
 		}
 	}
+	var md strings.Builder
+	benchhttp.WriteMarkdown(&md, info, caseRows(results))
+	fmt.Printf("\nAs Markdown, the part of docs/performance.md between its markers:\n\n%s", md.String())
+	if cfg.doc != "" {
+		if err := docgen.ReplaceFile(cfg.doc, benchhttp.DocCommand, md.String()); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "bench-http: wrote the results into %s\n", cfg.doc)
+	}
 	return nil
 }
 
-func printHeader(cfg config) {
+// caseRows are the cases' figures for the Markdown report.
+func caseRows(results []caseResult) []benchhttp.CaseRow {
+	var rows []benchhttp.CaseRow
+	for _, r := range results {
+		row := benchhttp.CaseRow{Label: r.c.label, Summary: r.sum, Redis: r.c.redis}
+		if r.c.redis {
+			row.RanPer1k = benchhttp.PerThousand(r.cmds.Total(), r.cmdRequests)
+			row.SentPer1k = benchhttp.PerThousand(r.sent.Total(), r.monRequests)
+			row.RedisCPU = perRequestMicros(r.redisCPU, r.cmdRequests)
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// printHeader prints how the run goes, and returns it for the Markdown
+// report.
+func printHeader(cfg config) benchhttp.RunInfo {
 	fmt.Println("HTTP benchmark of the rate_limit handler: requests per second of each limited route over a bare route's, one Caddy process")
 	fmt.Printf("date:     %s\n", time.Now().UTC().Format(time.RFC3339))
 	if cfg.command != "" {
@@ -298,6 +331,24 @@ func printHeader(cfg config) {
 	if cfg.pairs < 5 {
 		fmt.Println("          (fewer than 5 pairs: a smoke test, not a measurement)")
 	}
+	info := benchhttp.RunInfo{
+		Date:    time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		Plugin:  cfg.source,
+		Machine: fmt.Sprintf("nproc %d, %s, load average %s at the start", runtime.NumCPU(), cpuModel(), loadAvg()),
+		Go:      fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH),
+		Caddy:   firstLine(output(cfg.caddy, "version")),
+		Redis:   firstLine(output("redis-server", "--version")),
+		Load: fmt.Sprintf("%s, %d connections, %d thread(s), keep-alive; %v per run, %v warm-up per route and case",
+			wrkVersion, cfg.connections, cfg.threads, cfg.duration, cfg.warmup),
+		Pairs: fmt.Sprintf("%d per case, a bare run and a limited run back to back, alternately bare first and limited first", cfg.pairs),
+	}
+	if cfg.command != "" {
+		info.Command = "`" + cfg.command + "`"
+	}
+	if cfg.pairs < 5 {
+		info.Pairs += " (fewer than 5: a smoke test, not a measurement)"
+	}
+	return info
 }
 
 // output runs a command for its version line; a failure is reported in
