@@ -40,9 +40,10 @@ type benchCase struct {
 	label  string // for the table
 	path   string
 	newKey bool // a new key per request: a counter in the query string
-	// hundredKeys spreads the requests over 100 keys, in the query string.
-	hundredKeys bool
-	redis       bool // count the Redis commands it sends
+	// keys, unless 0, spreads the requests over that many keys, in the
+	// query string, in turn.
+	keys  int
+	redis bool // count the Redis commands it sends
 	shows       int  // the rate limit headers its responses carry: draftShown, kongShown
 }
 
@@ -58,30 +59,30 @@ var cases = []benchCase{
 	{name: "local-newkey", label: "local, new key per request", path: "/local-newkey", newKey: true, shows: draftShown},
 	{name: "periodic", label: "periodic 100ms, one key, Redis", path: "/periodic", redis: true, shows: draftShown},
 	{name: "sync", label: "synchronous, one key, Redis", path: "/sync", redis: true, shows: draftShown},
-	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", hundredKeys: true, redis: true, shows: draftShown},
+	{name: "sync-rate", label: "synchronous, one key, rate only, Redis", path: "/sync-rate", redis: true, shows: draftShown},
+	{name: "sync-32", label: "synchronous, 32 keys, Redis", path: "/sync-32", keys: 32, redis: true, shows: draftShown},
+	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", keys: 100, redis: true, shows: draftShown},
+	{name: "sync-1000", label: "synchronous, 1,000 keys, Redis", path: "/sync-1000", keys: 1000, redis: true, shows: draftShown},
 	// The floors of the cases that show headers: what writing them costs
 	// net/http, with no limiter at all.
 	{name: "draft-only", label: "control: the draft's 2 fields, no limiter", path: "/draft-only", shows: draftShown},
 	{name: "headers-only", label: "control: kong's 7 headers, no limiter", path: "/headers-only", shows: kongShown},
 }
 
-// keying is how a run's requests vary their keys.
+// keying is how a run's requests vary their keys: oneKey, newKeys, or a
+// positive number of keys that they take in turn.
 type keying int
 
 const (
-	oneKey keying = iota
-	newKeys
-	hundredKeys
+	oneKey  keying = 0
+	newKeys keying = -1
 )
 
 func (c benchCase) keying() keying {
-	switch {
-	case c.newKey:
+	if c.newKey {
 		return newKeys
-	case c.hundredKeys:
-		return hundredKeys
 	}
-	return oneKey
+	return keying(c.keys)
 }
 
 // Which rate limit headers a route's responses carry.
@@ -517,7 +518,7 @@ type bencher struct {
 	redisAddr    string
 	staticScript string // prints the result only: wrk sends one fixed request
 	newKeyScript string // also puts a new counter in each request's query
-	keysScript   string // puts one of 100 keys in each request's query
+	keysScripts  map[keying]string // put one of so many keys in each request's query
 	runs         int    // wrk runs so far, for distinct keys across runs
 }
 
@@ -550,23 +551,31 @@ function request()
 end
 ` + doneLua
 
-// hundredKeysLua sends each request with one of 100 keys in its query,
-// in turn.
-const hundredKeysLua = `
+// keysLua sends each request with one of {keys} keys in its query, in
+// turn.
+const keysLua = `
 function init(args)
 	n = 0
 end
 function request()
 	n = n + 1
-	return wrk.format(nil, wrk.path .. "?k" .. (n % 100))
+	return wrk.format(nil, wrk.path .. "?k" .. (n % {keys}))
 end
 ` + doneLua
 
 func (b *bencher) writeScripts() error {
 	b.staticScript = filepath.Join(b.cfg.workdir, "static.lua")
 	b.newKeyScript = filepath.Join(b.cfg.workdir, "newkey.lua")
-	b.keysScript = filepath.Join(b.cfg.workdir, "keys.lua")
-	for path, script := range map[string]string{b.staticScript: doneLua, b.newKeyScript: newKeyLua, b.keysScript: hundredKeysLua} {
+	scripts := map[string]string{b.staticScript: doneLua, b.newKeyScript: newKeyLua}
+	b.keysScripts = make(map[keying]string)
+	for _, c := range cases {
+		if k := c.keying(); k > 0 {
+			path := filepath.Join(b.cfg.workdir, fmt.Sprintf("keys-%d.lua", k))
+			b.keysScripts[k] = path
+			scripts[path] = strings.ReplaceAll(keysLua, "{keys}", strconv.Itoa(int(k)))
+		}
+	}
+	for path, script := range scripts {
 		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 			return err
 		}
@@ -579,11 +588,11 @@ func (b *bencher) writeScripts() error {
 func (b *bencher) wrk(ctx context.Context, path string, keys keying, d time.Duration) (benchhttp.WrkResult, error) {
 	b.runs++
 	script := b.staticScript
-	switch keys {
-	case newKeys:
+	switch {
+	case keys == newKeys:
 		script = b.newKeyScript
-	case hundredKeys:
-		script = b.keysScript
+	case keys > 0:
+		script = b.keysScripts[keys]
 	}
 	url := urlOf(b.ports, path)
 	cmd := exec.CommandContext(ctx, "wrk",
