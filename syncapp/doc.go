@@ -20,7 +20,22 @@
 //
 // A Namespace holds the parts of its fleetState directly, and its own
 // config's store; a request goes from the Namespace to a part and on to
-// the store, and never comes back. TestOneOwnerPerState holds that shape.
+// the store, and never comes back. Only drivers call the Namespace: the
+// config (App), the admin API, the loop that starts its runs, and the
+// fleet state reading its pending diffs for the metrics.
+// TestOneOwnerPerState holds that shape.
+//
+// # Goroutines
+//
+// Each goroutine the app starts has one owner that stops it: a pooled
+// object's worker (worker.go: the zone's sweeper, the namespace's loop,
+// its slot holder), started when first needed and stopped when the
+// object is destructed; a worker recovers and logs a panic and runs its
+// function again. The loop also cancels a run in flight when it stops.
+// A config's Stop pushes its namespaces' diffs in goroutines it waits
+// for. The hit queue's stall check is a timer (time.AfterFunc) armed
+// while hits wait, which ends on its own. Requests start no goroutine:
+// a synchronous round trip runs on a request's own goroutine.
 //
 // # The parts, and what each lock guards
 //
@@ -33,7 +48,8 @@
 //	            always in the zone, on its way, or in the store.
 //	  .mu       the batch whose push failed.
 //	  retryQueue.mu   synchronous hits that failed after they may have
-//	            been applied, to push again under their round trip's ID.
+//	            been applied (their increments, and their rates' turns), to
+//	            push again under their round trip's ID.
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
 //	banTable.mu the bans this node knows of, those to push, the store's version.
@@ -50,11 +66,16 @@
 //	batchRetry.mu   the increments of a failed round trip's hits.
 //	loop.mu     the namespaces attached (the reload hand-off) and the store
 //	            references the loop holds.
+//	zoneHolder.mu   the capacities the configs that hold a zone want.
 //
 // Locks are taken in this order, and no other lock is taken while holding
 // one of the later ones: runLock, then outbox.taking, then the zone's shard
-// locks or outbox.mu and retryQueue.mu. Every other lock is a leaf: held
-// only for its own fields, never across a store's round trip.
+// locks or outbox.mu and retryQueue.mu. Two more orders: hitQueue.mu,
+// then health.mu (the stall check marks the store stalled under the
+// queue's lock, so that the hits that leave find it down); zoneHolder.mu,
+// then every shard lock of its zone (a capacity change resizes the zone).
+// Every other lock is a leaf: held only for its own fields, never across
+// a store's round trip.
 //
 // # One request and one run
 //
