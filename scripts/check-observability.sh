@@ -37,6 +37,7 @@ redis_pid=""
 load_pid=""
 cleanup() {
 	local pid
+	touch "$work/stop-load"
 	[ -n "$load_pid" ] && kill "$load_pid" 2>/dev/null
 	[ -n "$redis_pid" ] && kill -CONT "$redis_pid" 2>/dev/null
 	for pid in ${redis_pid:+"$redis_pid"} "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
