@@ -68,6 +68,9 @@ func (n *Namespace) use(s *fleetState) {
 	if n.hitter != nil {
 		n.hits = newHitQueue(n.hitter, n.name, s.health)
 	}
+	if n.store != nil {
+		initStoreMetrics(n.name)
+	}
 }
 
 // track has the zone keep track of the namespace's changes while it syncs:
