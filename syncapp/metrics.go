@@ -121,13 +121,13 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
 			// Only a namespace with a store has a store's health and a
 			// sync interval: those of the newest config attached.
-			if ns := o.loop.current(); ns != nil && ns.store != nil {
+			if interval, ok := o.syncInterval(); ok {
 				up := 0.0
 				if o.health.ok() {
 					up = 1
 				}
 				ch <- prometheus.MustNewConstMetric(storeUpDesc, prometheus.GaugeValue, up, o.name)
-				ch <- prometheus.MustNewConstMetric(syncIntervalDesc, prometheus.GaugeValue, ns.runInterval().Seconds(), o.name)
+				ch <- prometheus.MustNewConstMetric(syncIntervalDesc, prometheus.GaugeValue, interval.Seconds(), o.name)
 			}
 		}
 		return true

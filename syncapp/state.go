@@ -1,6 +1,8 @@
 package syncapp
 
 import (
+	"time"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -45,6 +47,15 @@ func (s *fleetState) pendingDiffs() int {
 		return ns.pendingDiffs()
 	}
 	return s.outbox.diffs()
+}
+
+// syncInterval returns the loop's interval for the namespace attached,
+// and false when none is attached or it has no store.
+func (s *fleetState) syncInterval() (time.Duration, bool) {
+	if ns := s.loop.current(); ns != nil && ns.store != nil {
+		return ns.runInterval(), true
+	}
+	return 0, false
 }
 
 // Destruct stops the loop and the slot holder when the last config that
