@@ -173,8 +173,13 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	ns.counters = counters
 
 	switch {
+	case cfg.SyncRate == nil && cfg.StrategyRaw != nil:
+		// Without sync_rate a namespace is local only, so the strategy
+		// would never be used: most likely sync_rate was forgotten.
+		return nil, fmt.Errorf("strategy: a namespace without sync_rate is local only and never uses its strategy: set sync_rate (0 or a duration such as 100ms), or remove the strategy")
 	case ns.mode == Local && cfg.StrategyRaw != nil:
-		a.logger.Warn("namespace is local only: its strategy is not used (set sync_rate to sync)", zap.String("namespace", name))
+		// sync_rate off, written out: the store is switched off on purpose.
+		a.logger.Warn("namespace is local only: its strategy is not used (sync_rate is off)", zap.String("namespace", name))
 	case ns.mode != Local && cfg.StrategyRaw == nil:
 		return nil, fmt.Errorf("sync_rate %v needs a strategy, such as redis", cfg.SyncRate)
 	case ns.mode != Local:
