@@ -30,12 +30,16 @@ type NamespaceConfig struct {
 
 	// How the namespace syncs with its store. Omitted, "off" or negative:
 	// local only, nothing leaves the node. 0: synchronous, every hit is
-	// applied to the store and answered with the store's count (one round
-	// trip per hit and limit). A duration of at least 1ms (e.g. "100ms",
-	// "10s"): periodic, hits count locally and every sync_rate the node
-	// pushes its diffs and fetches the merged counts. A namespace with a
-	// strategy needs a sync_rate: omitted, it is a load error; "off" keeps
-	// the strategy unused.
+	// applied to the store, to all its limits at once, and answered with
+	// the store's counts; a hit goes at once when no round trip is out,
+	// and the hits that arrive while one is out go together in the next
+	// (one Redis script run, per slot on a Cluster; one PostgreSQL
+	// function call), so a request waits for at most one round trip ahead
+	// of its own. A duration of at least 1ms (e.g. "100ms", "10s"):
+	// periodic, hits count locally and every sync_rate the node pushes its
+	// diffs and fetches the merged counts. A namespace with a strategy
+	// needs a sync_rate: omitted, it is a load error; "off" keeps the
+	// strategy unused.
 	SyncRate *SyncRate `json:"sync_rate,omitempty"`
 
 	// In a periodic namespace, the fraction of a limit, in (0, 1], from
@@ -67,7 +71,8 @@ type Mode int
 const (
 	// Local counts on this node only; no store is created.
 	Local Mode = iota
-	// Synchronous applies every hit to the store in one round trip.
+	// Synchronous applies every hit to the store; the hits that arrive
+	// together share one round trip.
 	Synchronous
 	// Periodic pushes diffs and fetches counts every sync_rate.
 	Periodic
