@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/promreg"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -78,6 +79,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.pool = defaultPool
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %v", err)
+	}
+	if err := promreg.Register(ctx.GetMetricsRegistry(), buildInfo); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 	if a.FlushTimeout < 0 {
@@ -226,6 +230,7 @@ func (a *App) Start() error {
 		}
 	}
 	a.register() // for the admin API
+	a.logger.Info("rate limiting started", zap.String("version", Version), zap.Int("namespaces", len(a.namespaces)))
 	return nil
 }
 
