@@ -33,3 +33,37 @@ func TestChangelogNamesVersion(t *testing.T) {
 		t.Errorf("CHANGELOG.md has no link reference [%s]: https://...", Version)
 	}
 }
+
+// TestSupportedVersions checks that the versions the README claims are
+// those that are built: the newest Caddy is the one go.mod requires (every
+// test runs against it), the oldest is the one scripts/test.sh builds
+// against, and Go's is go.mod's go line.
+func TestSupportedVersions(t *testing.T) {
+	read := func(name string) string {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	readme, gomod, script := read("README.md"), read("go.mod"), read("scripts/test.sh")
+	claim := regexp.MustCompile(`(?m)^\| Caddy \| (v2\.\d+\.\d+) to (v2\.\d+\.\d+) \|`).FindStringSubmatch(readme)
+	if claim == nil {
+		t.Fatal("README.md has no row | Caddy | <oldest> to <newest> | in its supported versions")
+	}
+	required := regexp.MustCompile(`(?m)^\s*github\.com/caddyserver/caddy/v2 (v\S+)$`).FindStringSubmatch(gomod)
+	if required == nil || required[1] != claim[2] {
+		t.Errorf("README.md claims Caddy up to %s, go.mod requires %v", claim[2], required)
+	}
+	oldest := regexp.MustCompile(`(?m)^oldest_caddy=(\S+)$`).FindStringSubmatch(script)
+	if oldest == nil || oldest[1] != claim[1] {
+		t.Errorf("README.md claims Caddy from %s, scripts/test.sh builds against %v", claim[1], oldest)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindStringSubmatch(gomod)
+	if goLine == nil {
+		t.Fatal("go.mod has no go line")
+	}
+	if !regexp.MustCompile(`(?m)^\| Go \| ` + regexp.QuoteMeta(goLine[1]) + ` or later `).MatchString(readme) {
+		t.Errorf("README.md does not claim Go %s or later, go.mod's go line", goLine[1])
+	}
+}
