@@ -218,7 +218,9 @@ for j = 1, nc do
 		else
 			v = string.format('%.17g', d)
 		end
-		if held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 2], 'NX') then
+		if held[j] and whole(d) and whole(val[j]) then
+			redis.call('SET', key, string.format('%d', val[j]), 'KEEPTTL')
+		elseif held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 2], 'NX') then
 			redis.call('INCRBYFLOAT', key, v)
 		end
 	end
@@ -544,11 +546,21 @@ func scriptLimit(v float64) any {
 // previous counts that the store remembers and may use (see prevCache).
 func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 	var markers []string
-	if id != "" {
+	switch {
+	case id == "":
+	case s.cluster:
 		for _, k := range slices.Sorted(maps.Keys(r.windows)) {
 			for n := range (r.windows[k] + maxScriptKeys - 1) / maxScriptKeys {
-				markers = append(markers, s.layout.dedupeKey(k, n, id))
+				markers = append(markers, s.dedupeKey(k, n, id))
 			}
+		}
+	default: // the batch's own groups, whatever their buckets
+		w := 0
+		for _, n := range r.windows {
+			w += n
+		}
+		for n := range (w + maxScriptKeys - 1) / maxScriptKeys {
+			markers = append(markers, s.dedupeKey(0, n, id))
 		}
 	}
 	nkeys := len(markers) + len(r.keys) + len(r.tats)

@@ -210,27 +210,17 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		if len(call.keys) == 1 {
 			return
 		}
-		call.keys[0] = s.layout.dedupeKey(k, n, b.ID)
+		call.keys[0] = s.dedupeKey(k, n, b.ID)
 		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		calls = append(calls, call)
 	}
 	if !s.cluster {
-		// A run's marker is that of group j of the bucket of its first
-		// diff, j counting the runs before it that start in that bucket
-		// (they come just before it: the diffs are sorted by bucket), as
-		// on a Cluster: a batch of one key's diffs is one run, marked as a
-		// hit of its ID marks it (see Hit), and at most ceil(d/256) runs
-		// start in a bucket of d diffs, which HitBatch relies on.
-		j, last := 0, -1
+		// Run n's marker is the batch's group n (see Store.dedupeKey): a
+		// batch of d diffs runs in ceil(d/256) groups, which HitBatch
+		// relies on, and a batch of one key's diffs is group 0, marked as
+		// a hit of its ID marks it (see Hit).
 		for n := 0; n*maxScriptKeys < len(order); n++ {
-			part := order[n*maxScriptKeys : min(len(order), (n+1)*maxScriptKeys)]
-			k := int(bucket[part[0]])
-			if k == last {
-				j++
-			} else {
-				j, last = 0, k
-			}
-			addRun(part, k, j)
+			addRun(order[n*maxScriptKeys:min(len(order), (n+1)*maxScriptKeys)], 0, n)
 		}
 		return calls, nil
 	}
@@ -627,7 +617,7 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 		cmdArgs[readFirstAt] = "1"
 	}
 	if id != "" {
-		cmdArgs[3+2*n] = s.layout.dedupeKey(k, 0, id)
+		cmdArgs[3+2*n] = s.dedupeKey(k, 0, id)
 		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 
