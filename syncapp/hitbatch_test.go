@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -125,12 +126,14 @@ func TestSynchronousBatchRetriedOnce(t *testing.T) {
 
 // inDoubt is a store whose round trips of synchronous hits, while on is
 // set, fail as a timeout does, in turn after the store applied them (the
-// reply lost) and before it did (the request lost): either way the caller
-// cannot tell whether they were applied.
+// reply lost: the even round trips) and before it did (the request lost):
+// either way the caller cannot tell whether they were applied.
 type inDoubt struct {
 	strategy.BatchHitter
 	on                 atomic.Bool
 	trips, after, hits atomic.Int64
+	// applied, unless nil, chooses the round trips applied instead.
+	applied func(trip int64) bool
 }
 
 func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
@@ -139,7 +142,7 @@ func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []str
 		return
 	}
 	d.hits.Add(int64(len(hits)))
-	if d.trips.Add(1)%2 == 0 {
+	if n := d.trips.Add(1); d.applied != nil && d.applied(n) || d.applied == nil && n%2 == 0 {
 		d.after.Add(1)
 		d.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
 	}
@@ -207,4 +210,70 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 			t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v: a turn was lost or counted twice", moved, want, want+took)
 		}
 	})
+}
+
+// TestRateInDoubtOutlivesAReload decides requests under a rate whose
+// round trip ends in doubt, then reloads the config while the store is
+// away, so that the old config's stop cannot push the turns: the new
+// config pushes them once the store is back, and the store's TAT counts
+// each exactly once, whether the round trip was applied or not.
+func TestRateInDoubtOutlivesAReload(t *testing.T) {
+	for _, applied := range []bool{false, true} {
+		t.Run(fmt.Sprintf("applied=%v", applied), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, s fleetStore) {
+				pool := caddy.NewUsagePool()
+				cfg := s.config("0", "1h")
+				old := start(t, pool, cfg)
+				ns := old.ns("api")
+				if err := ns.CheckRate(time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
+				doubt := &inDoubt{BatchHitter: ns.hits.store, applied: func(int64) bool { return applied }}
+				ns.hits.store = doubt
+				rater := ns.store.(strategy.Rater)
+				r := Rate{N: 1, Window: time.Minute, Burst: 1000}
+				tat := func() int64 {
+					rep, err := rater.Rate(context.Background(), ns.name, "k", "", strategy.RateRequest{Window: r.Window, Tolerance: time.Microsecond})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return max(rep.TAT, rep.Now)
+				}
+				began, before := time.Now(), tat()
+				doubt.on.Store(true)
+				var wg sync.WaitGroup
+				for range 10 {
+					wg.Go(func() {
+						var rs RateSample
+						if ok, rejected := ns.HitRate(context.Background(), "k", r, 1, nil, 1, false, false, nil, &rs); !ok || rejected >= 0 {
+							t.Errorf("a request within the burst was refused (rate %v, limit %d)", ok, rejected)
+						}
+					})
+				}
+				wg.Wait()
+				if doubt.trips.Load() == 0 {
+					t.Fatal("no round trip in doubt")
+				}
+				if ns.pendingDiffs() == 0 {
+					t.Fatal("no turn waits to be pushed")
+				}
+				s.down()
+				next := start(t, pool, cfg)
+				old.stop() // its push fails: the store is away
+				s.up()
+				ns = next.ns("api")
+				poll.Until(t, 20*time.Second, "the new config to push the turns", func() bool {
+					return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+				})
+				moved, took := time.Duration(tat()-before), time.Since(began)
+				want := time.Duration(doubt.hits.Load()) * r.Window
+				t.Logf("%d requests in %d round trips in doubt: the store's TAT moved %v in %v",
+					doubt.hits.Load(), doubt.trips.Load(), moved, took.Round(time.Millisecond))
+				if moved < want || moved > want+took {
+					t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v", moved, want, want+took)
+				}
+			})
+		})
+	}
 }
