@@ -151,6 +151,65 @@ func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []str
 	}
 }
 
+// turnsCase checks that the turns of a rate reach the store's TAT once
+// each: a turn is a minute and the burst holds every request, so that a
+// turn counted twice or lost moves the TAT by far more than a test's own
+// time.
+type turnsCase struct {
+	t      *testing.T
+	rater  strategy.Rater
+	ns     string
+	rate   Rate
+	began  time.Time
+	before int64
+}
+
+func newTurnsCase(t *testing.T, ns *Namespace) *turnsCase {
+	c := &turnsCase{t: t, rater: ns.store.(strategy.Rater), ns: ns.name, rate: Rate{N: 1, Window: time.Minute, Burst: 1000}}
+	c.began, c.before = time.Now(), c.tat()
+	return c
+}
+
+// tat reads key k's TAT in the store, without taking a turn.
+func (c *turnsCase) tat() int64 {
+	rep, err := c.rater.Rate(context.Background(), c.ns, "k", "", strategy.RateRequest{Window: c.rate.Window, Tolerance: time.Microsecond})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return max(rep.TAT, rep.Now)
+}
+
+// requests sends n requests of key k together through ns, each of which
+// the burst admits.
+func (c *turnsCase) requests(ns *Namespace, n int) {
+	var wg sync.WaitGroup
+	begin := make(chan struct{})
+	for range n {
+		wg.Go(func() {
+			<-begin
+			var rs RateSample
+			if ok, rejected := ns.HitRate(context.Background(), "k", c.rate, 1, nil, 1, false, false, nil, &rs); !ok || rejected >= 0 {
+				c.t.Errorf("a request within the burst was refused (rate %v, limit %d)", ok, rejected)
+			}
+		})
+	}
+	close(begin)
+	wg.Wait()
+}
+
+// check checks that the store's TAT moved by a turn for each of the
+// requests that went to the store in doubt.
+func (c *turnsCase) check(d *inDoubt) {
+	c.t.Helper()
+	moved, took := time.Duration(c.tat()-c.before), time.Since(c.began)
+	want := time.Duration(d.hits.Load()) * c.rate.Window
+	c.t.Logf("%d requests in %d round trips in doubt (%d applied): the store's TAT moved %v in %v",
+		d.hits.Load(), d.trips.Load(), d.after.Load(), moved, took.Round(time.Millisecond))
+	if moved < want || moved > want+took {
+		c.t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v: a turn was lost or counted twice", moved, want, want+took)
+	}
+}
+
 // TestSynchronousRateRetriedOnce sends requests under a rate whose round
 // trips end in doubt, every other one applied by the store: the node
 // decides them, and the turns it admitted reach the store's TAT exactly
@@ -160,19 +219,7 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 		ns := rateFleet(t, s)[0]
 		doubt := &inDoubt{BatchHitter: ns.hits.store}
 		ns.hits.store = doubt
-		rater := ns.store.(strategy.Rater)
-		// A turn is a minute and the burst holds every request, so that
-		// a turn counted twice or lost moves the store's TAT by far more
-		// than the test's own time.
-		r := Rate{N: 1, Window: time.Minute, Burst: 1000}
-		tat := func() int64 {
-			rep, err := rater.Rate(context.Background(), ns.name, "k", "", strategy.RateRequest{Window: r.Window, Tolerance: time.Microsecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return max(rep.TAT, rep.Now)
-		}
-		began, before := time.Now(), tat()
+		c := newTurnsCase(t, ns)
 		doubt.on.Store(true)
 		// Rounds of requests together: the first failure of a round holds
 		// the store down, and the round's requests after it are decided by
@@ -181,19 +228,7 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 			if round == 100 {
 				t.Fatalf("%d round trips in 100 rounds", doubt.trips.Load())
 			}
-			var wg sync.WaitGroup
-			begin := make(chan struct{})
-			for range 10 {
-				wg.Go(func() {
-					<-begin
-					var rs RateSample
-					if ok, rejected := ns.HitRate(context.Background(), "k", r, 1, nil, 1, false, false, nil, &rs); !ok || rejected >= 0 {
-						t.Errorf("a request within the burst was refused (rate %v, limit %d)", ok, rejected)
-					}
-				})
-			}
-			close(begin)
-			wg.Wait()
+			c.requests(ns, 10)
 			poll.Until(t, 10*time.Second, "the store to be found back", func() bool {
 				return ns.Sync(context.Background()) == nil && !ns.health.down()
 			})
@@ -202,13 +237,7 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 		poll.Until(t, 10*time.Second, "the retries to be pushed", func() bool {
 			return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
 		})
-		moved, took := time.Duration(tat()-before), time.Since(began)
-		want := time.Duration(doubt.hits.Load()) * r.Window
-		t.Logf("%d requests in %d round trips in doubt (%d applied): the store's TAT moved %v in %v",
-			doubt.hits.Load(), doubt.trips.Load(), doubt.after.Load(), moved, took.Round(time.Millisecond))
-		if moved < want || moved > want+took {
-			t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v: a turn was lost or counted twice", moved, want, want+took)
-		}
+		c.check(doubt)
 	})
 }
 
@@ -231,32 +260,11 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 				ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
 				doubt := &inDoubt{BatchHitter: ns.hits.store, applied: func(int64) bool { return applied }}
 				ns.hits.store = doubt
-				rater := ns.store.(strategy.Rater)
-				r := Rate{N: 1, Window: time.Minute, Burst: 1000}
-				tat := func() int64 {
-					rep, err := rater.Rate(context.Background(), ns.name, "k", "", strategy.RateRequest{Window: r.Window, Tolerance: time.Microsecond})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return max(rep.TAT, rep.Now)
-				}
-				began, before := time.Now(), tat()
+				c := newTurnsCase(t, ns)
 				doubt.on.Store(true)
-				var wg sync.WaitGroup
-				for range 10 {
-					wg.Go(func() {
-						var rs RateSample
-						if ok, rejected := ns.HitRate(context.Background(), "k", r, 1, nil, 1, false, false, nil, &rs); !ok || rejected >= 0 {
-							t.Errorf("a request within the burst was refused (rate %v, limit %d)", ok, rejected)
-						}
-					})
-				}
-				wg.Wait()
-				if doubt.trips.Load() == 0 {
-					t.Fatal("no round trip in doubt")
-				}
-				if ns.pendingDiffs() == 0 {
-					t.Fatal("no turn waits to be pushed")
+				c.requests(ns, 10)
+				if doubt.trips.Load() == 0 || ns.pendingDiffs() == 0 {
+					t.Fatalf("%d round trips in doubt, %d diffs pending: want turns waiting", doubt.trips.Load(), ns.pendingDiffs())
 				}
 				s.down()
 				next := start(t, pool, cfg)
@@ -266,13 +274,7 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 				poll.Until(t, 20*time.Second, "the new config to push the turns", func() bool {
 					return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
 				})
-				moved, took := time.Duration(tat()-before), time.Since(began)
-				want := time.Duration(doubt.hits.Load()) * r.Window
-				t.Logf("%d requests in %d round trips in doubt: the store's TAT moved %v in %v",
-					doubt.hits.Load(), doubt.trips.Load(), moved, took.Round(time.Millisecond))
-				if moved < want || moved > want+took {
-					t.Fatalf("the store's TAT moved %v, want %v (a turn each) to %v", moved, want, want+took)
-				}
+				c.check(doubt)
 			})
 		})
 	}
