@@ -33,7 +33,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    rate <n|placeholders>/<window> [burst <m|placeholders>]
 //	    window_type sliding|fixed
 //	    disable_penalty
-//	    headers draft|kong|none...
+//	    headers draft|kong|both|none
 //	    retry_after_jitter <duration>
 //	    error_code <status>
 //	    dry_run
@@ -103,6 +103,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Headers = d.RemainingArgs()
 			if len(h.Headers) == 0 {
 				return d.Errf("headers: want draft, kong, both (draft kong), or none")
+			}
+			if len(h.Headers) == 1 && h.Headers[0] == "both" {
+				// The JSON spells both out, as the handler's docs do.
+				h.Headers = []string{"draft", "kong"}
 			}
 			if err := h.parseHeaders(); err != nil {
 				return d.Err(err.Error())

@@ -102,8 +102,8 @@ type Handler struct {
 	// structured fields RateLimit-Policy and RateLimit
 	// (draft-ietf-httpapi-ratelimit-headers-11); "kong", Kong's
 	// X-RateLimit-Limit-<Window>, X-RateLimit-Remaining-<Window>,
-	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset; both
-	// ["draft", "kong"]; or ["none"]. Retry-After is sent on every
+	// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset; both:
+	// ["draft", "kong"], or ["both"]; or ["none"]. Retry-After is sent on every
 	// rejection whatever this says. Policy names are the namespace and
 	// the window's name joined by "-" (such as "api-Minute"), with every
 	// byte that is not printable ASCII, and %, " and \, percent-encoded

@@ -40,10 +40,15 @@ func (h *Handler) parseHeaders() error {
 			h.draft = true
 		case "kong":
 			h.kong = true
+		case "both":
+			if len(h.Headers) > 1 {
+				return fmt.Errorf("headers: both means draft kong and takes no other choice, got %q", h.Headers)
+			}
+			h.draft, h.kong = true, true
 		case "none":
 			none = true
 		default:
-			return fmt.Errorf("headers: unknown choice %q: want draft, kong, both, or none", v)
+			return fmt.Errorf("headers: unknown choice %q: want draft, kong, both (draft kong), or none", v)
 		}
 	}
 	if none && len(h.Headers) > 1 {

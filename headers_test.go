@@ -125,6 +125,7 @@ func TestParseHeaders(t *testing.T) {
 		{headers: []string{"draft"}, wantDraft: true},
 		{headers: []string{"kong"}, wantKong: true},
 		{headers: []string{"kong", "draft"}, wantDraft: true, wantKong: true},
+		{headers: []string{"both"}, wantDraft: true, wantKong: true},
 		{headers: []string{"none"}},
 		{hide: true},
 		{hide: true, draft: true},
@@ -134,6 +135,8 @@ func TestParseHeaders(t *testing.T) {
 		{headers: []string{"ietf"}, err: `headers: unknown choice "ietf"`},
 		{headers: []string{"draft", "draft"}, err: `headers: "draft" given twice`},
 		{headers: []string{"none", "kong"}, err: `headers: none cannot be combined with other choices, got ["none" "kong"]`},
+		{headers: []string{"both", "kong"}, err: `headers: both means draft kong and takes no other choice, got ["both" "kong"]`},
+		{headers: []string{"none", "both"}, err: `headers: both means draft kong`},
 		{hide: true, headers: []string{"kong"}, err: `hide_client_headers: contradicts headers ["kong"]`},
 		{draft: true, headers: []string{"none"}, err: `draft_headers: contradicts headers ["none"]`},
 	} {

@@ -94,7 +94,7 @@ func (e Errors) HitBatch(errp *error, namespace string, i int) {
 }
 
 // CheckBatch readies the results of a BatchHitter.HitBatch: it checks
-// every hit as CheckHit does (with the batch's id), sets the Err of each
+// every hit as CheckHitRequest does (with the batch's id), sets the Err of each
 // bad one, worded as HitBatch does, and the others to no error, no counts
 // and Rejected -1. It returns the indexes of the good hits, in order. It
 // panics if results and hits differ in length, a caller's bug.
@@ -104,7 +104,7 @@ func (e Errors) CheckBatch(namespace, id string, hits []HitRequest, results []Hi
 	}
 	good := make([]int, 0, len(hits))
 	for i := range hits {
-		err := CheckHit(id, hits[i].Windows)
+		err := CheckHitRequest(id, &hits[i])
 		if err != nil {
 			e.HitBatch(&err, namespace, i)
 		} else {

@@ -18,7 +18,9 @@ import (
 // A request is one round trip (Rate). A request that the rate admits and
 // a limit checked after it then rejects gives its turn back (GiveBack),
 // as if the rate had never admitted it: the caller checks the rate
-// first, as the handler does, and the limits after it.
+// first, as the handler does, and the limits after it. A RateBatcher
+// does both in one hit of a batch, which is how the rate_limit app sends
+// every request under a rate.
 //
 // Every call is named by an ID, unique per request, which makes it
 // exactly once: the store records what an ID did (took a turn, was
@@ -154,4 +156,83 @@ func (e Errors) Rate(errp *error, namespace string) {
 // GiveBack wraps the error of Rater.GiveBack.
 func (e Errors) GiveBack(errp *error, namespace string) {
 	e.wrap(errp, "giving back a rate's turn of namespace %q", namespace)
+}
+
+// RateBatcher is a Rater that decides rates within its batches of hits,
+// so that a request under a rate and limits is one hit of one round trip,
+// the rate's give-back included, with the batch's exactly-once ID and its
+// retry: the one road of a synchronous namespace's requests to its store.
+//
+// HitBatch takes hits with a Rate (whose Force must be false), and
+// decides each, in the batch's order, by the store's clock: the rate
+// first, as Rate decides it, then the hit's windows. A hit the rate
+// refuses is applied to no window: its windows are only read, and its
+// Rejected is -1. A hit the rate admits is applied to its windows as any
+// hit; if one rejects it, the rate's turn is given back at once (the TAT
+// stays as it was). The hits of one key see the TAT moves of the hits of
+// that key before them. HitResult.Rate holds each rate's answer. A batch
+// whose ID was applied before moves no TAT: it decides every rate on the
+// TAT as it is.
+//
+// PushDiffs takes a Batch's Rates with its Diffs, under the same ID rule:
+// the Batch that carries a failed HitBatch's hits (see BatchHitter) holds,
+// besides their windows' diffs, a RateDiff for each of its hits with a
+// rate that the caller admitted, and the store counts it as one window
+// more of the hit when it applies the rule, so that the RateDiffs move
+// the TATs only where the HitBatch did not.
+type RateBatcher interface {
+	Rater
+	BatchHitter
+
+	// DecidesRatesInBatches marks a store whose HitBatch and PushDiffs
+	// take rates as described above.
+	DecidesRatesInBatches()
+}
+
+// RateDiff is a turn of a key's rate of one window that a node took on
+// its own, while the store did not answer: pushed, it moves the key's
+// TAT as a forced Rate does, to max(TAT, now) + Increment by the store's
+// clock.
+type RateDiff struct {
+	// Key is the client key.
+	Key string
+	// Window is the rate's window, as RateRequest.Window.
+	Window time.Duration
+	// Increment is how far the turn moves the TAT, as
+	// RateRequest.Increment.
+	Increment time.Duration
+}
+
+// CheckHitRequest checks one hit of a HitBatch: as CheckHit does, or,
+// for a hit with a Rate, its rate as CheckRate does (not forced) and 0
+// to MaxHitWindows windows. The error names the field at fault and wraps
+// ErrRejected.
+func CheckHitRequest(id string, h *HitRequest) error {
+	if h.Rate == nil {
+		return CheckHit(id, h.Windows)
+	}
+	if err := CheckRate(id, false, *h.Rate); err != nil {
+		return err
+	}
+	if h.Rate.Force {
+		return fmt.Errorf("%w: a hit's rate cannot be forced", ErrRejected)
+	}
+	if len(h.Windows) == 0 {
+		return nil
+	}
+	return CheckHit(id, h.Windows)
+}
+
+// CheckRateDiffs checks the Rates of a Batch: each a window valid for
+// CheckSize and an Increment of whole microseconds within [0,
+// MaxRateSpan]. The error names the first bad one by its index and wraps
+// ErrRejected.
+func CheckRateDiffs(rates []RateDiff) error {
+	for i, r := range rates {
+		req := RateRequest{Window: r.Window, Increment: r.Increment, Tolerance: time.Microsecond}
+		if err := CheckRate("", false, req); err != nil {
+			return fmt.Errorf("rates[%d]: %w", i, err)
+		}
+	}
+	return nil
 }

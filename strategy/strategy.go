@@ -16,8 +16,9 @@
 // applies several in one), max_concurrent across a fleet the optional
 // Slotter capability, which holds concurrency slots as leases that expire
 // by the store's clock, and a rate (GCRA) at sync_rate 0 the optional
-// Rater capability, which decides a request by the store's clock. Pinger
-// lets the app ask a failing store whether it is back.
+// RateBatcher capability, a Rater whose batches of hits decide rates by
+// the store's clock with the limits beside them. Pinger lets the app ask
+// a failing store whether it is back.
 package strategy
 
 import (
@@ -167,6 +168,11 @@ type HitRequest struct {
 	Windows []WindowHit
 	// Undo takes the increments of a rejected hit back (disable_penalty).
 	Undo bool
+	// Rate, when not nil, is a rate (GCRA) that decides the hit before
+	// its windows, by the store's clock, as RateBatcher describes. Only a
+	// RateBatcher's HitBatch takes it; a hit with a Rate may have no
+	// windows.
+	Rate *RateRequest
 }
 
 // HitResult is the answer to one hit of a HitBatch.
@@ -176,6 +182,11 @@ type HitResult struct {
 	// Rejected is the index of the window that rejected the hit, or -1,
 	// as Hit returns it.
 	Rejected int
+	// Rate is the answer of the hit's rate, for a hit with one: OK says
+	// whether the rate admitted the hit (a window may still have rejected
+	// it, and then the rate's turn was given back), TAT is the key's TAT
+	// after the hit, and Now the store's clock when it decided.
+	Rate RateReply
 	// Err, when not nil, says that the hit was refused or failed: Counts
 	// and Rejected then mean nothing.
 	Err error
@@ -214,6 +225,9 @@ type Batch struct {
 	Namespace string
 	// Diffs are the changes to push.
 	Diffs []window.Diff
+	// Rates are turns of rates to take (see RateBatcher): only a
+	// RateBatcher's PushDiffs takes a batch with any.
+	Rates []RateDiff
 }
 
 // ErrRejected is wrapped by the errors a store returns for input it can

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/promreg"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -78,6 +79,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.pool = defaultPool
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %v", err)
+	}
+	if err := promreg.Register(ctx.GetMetricsRegistry(), buildInfo); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 	if a.FlushTimeout < 0 {
@@ -173,8 +177,13 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	ns.counters = counters
 
 	switch {
+	case cfg.SyncRate == nil && cfg.StrategyRaw != nil:
+		// Without sync_rate a namespace is local only, so the strategy
+		// would never be used: most likely sync_rate was forgotten.
+		return nil, fmt.Errorf("strategy: a namespace without sync_rate is local only and never uses its strategy: set sync_rate (0 or a duration such as 100ms), or remove the strategy")
 	case ns.mode == Local && cfg.StrategyRaw != nil:
-		a.logger.Warn("namespace is local only: its strategy is not used (set sync_rate to sync)", zap.String("namespace", name))
+		// sync_rate off, written out: the store is switched off on purpose.
+		a.logger.Warn("namespace is local only: its strategy is not used (sync_rate is off)", zap.String("namespace", name))
 	case ns.mode != Local && cfg.StrategyRaw == nil:
 		return nil, fmt.Errorf("sync_rate %v needs a strategy, such as redis", cfg.SyncRate)
 	case ns.mode != Local:
@@ -221,6 +230,7 @@ func (a *App) Start() error {
 		}
 	}
 	a.register() // for the admin API
+	a.logger.Info("rate limiting started", zap.String("version", Version), zap.Int("namespaces", len(a.namespaces)))
 	return nil
 }
 

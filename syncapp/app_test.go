@@ -122,6 +122,8 @@ func TestBadConfig(t *testing.T) {
 		{`{"namespaces": {"api": {"sync_rate": "500us", "strategy": {"module": "redis"}}}}`, `namespace "api": sync_rate: 500µs is too short`},
 		{`{"namespaces": {"api": {"sync_rate": "100ms"}}}`, `namespace "api": sync_rate 100ms needs a strategy`},
 		{`{"namespaces": {"api": {"sync_rate": "0"}}}`, `namespace "api": sync_rate 0 needs a strategy`},
+		{`{"namespaces": {"api": {"strategy": {"module": "redis"}}}}`,
+			`namespace "api": strategy: a namespace without sync_rate is local only and never uses its strategy: set sync_rate (0 or a duration such as 100ms), or remove the strategy`},
 		{`{"namespaces": {"api": {"sync_rate": "1s", "strategy": {"module": "nosuch"}}}}`, `namespace "api": strategy: loading module 'nosuch': unknown module: rate_limit.strategies.nosuch`},
 		{`{"namespaces": {"api": {"window_sizes": [-1000000000]}}}`, `namespace "api": window_sizes: window size must be positive, got -1s`},
 		{`{"flush_timeout": -1}`, `flush_timeout: must not be negative`},

@@ -30,10 +30,16 @@ type NamespaceConfig struct {
 
 	// How the namespace syncs with its store. Omitted, "off" or negative:
 	// local only, nothing leaves the node. 0: synchronous, every hit is
-	// applied to the store and answered with the store's count (one round
-	// trip per hit and limit). A duration of at least 1ms (e.g. "100ms",
-	// "10s"): periodic, hits count locally and every sync_rate the node
-	// pushes its diffs and fetches the merged counts.
+	// applied to the store, to all its limits at once, and answered with
+	// the store's counts; a hit goes at once when no round trip is out,
+	// and the hits that arrive while one is out go together in the next
+	// (one Redis script run, per slot on a Cluster; one PostgreSQL
+	// function call), so a request waits for at most one round trip ahead
+	// of its own. A duration of at least 1ms (e.g. "100ms", "10s"):
+	// periodic, hits count locally and every sync_rate the node pushes its
+	// diffs and fetches the merged counts. A namespace with a strategy
+	// needs a sync_rate: omitted, it is a load error; "off" keeps the
+	// strategy unused.
 	SyncRate *SyncRate `json:"sync_rate,omitempty"`
 
 	// In a periodic namespace, the fraction of a limit, in (0, 1], from
@@ -52,8 +58,9 @@ type NamespaceConfig struct {
 	// automatically). Durations such as "1s" or "1m".
 	WindowSizes []caddy.Duration `json:"window_sizes,omitempty"`
 
-	// The store to sync with, required unless the namespace is local only:
-	// a module in the rate_limit.strategies namespace, such as
+	// The store to sync with, required when sync_rate is 0 or a duration,
+	// and refused when sync_rate is omitted (it would never be used): a
+	// module in the rate_limit.strategies namespace, such as
 	// {"module": "redis", "addresses": ["127.0.0.1:6379"]}.
 	StrategyRaw json.RawMessage `json:"strategy,omitempty" caddy:"namespace=rate_limit.strategies inline_key=module"`
 }
@@ -64,7 +71,8 @@ type Mode int
 const (
 	// Local counts on this node only; no store is created.
 	Local Mode = iota
-	// Synchronous applies every hit to the store in one round trip.
+	// Synchronous applies every hit to the store; the hits that arrive
+	// together share one round trip.
 	Synchronous
 	// Periodic pushes diffs and fetches counts every sync_rate.
 	Periodic

@@ -20,7 +20,22 @@
 //
 // A Namespace holds the parts of its fleetState directly, and its own
 // config's store; a request goes from the Namespace to a part and on to
-// the store, and never comes back. TestOneOwnerPerState holds that shape.
+// the store, and never comes back. Only drivers call the Namespace: the
+// config (App), the admin API, the loop that starts its runs, and the
+// fleet state reading its pending diffs for the metrics.
+// TestOneOwnerPerState holds that shape.
+//
+// # Goroutines
+//
+// Each goroutine the app starts has one owner that stops it: a pooled
+// object's worker (worker.go: the zone's sweeper, the namespace's loop,
+// its slot holder), started when first needed and stopped when the
+// object is destructed; a worker recovers and logs a panic and runs its
+// function again. The loop also cancels a run in flight when it stops.
+// A config's Stop pushes its namespaces' diffs in goroutines it waits
+// for. The hit queue's stall check is a timer (time.AfterFunc) armed
+// while hits wait, which ends on its own. Requests start no goroutine:
+// a synchronous round trip runs on a request's own goroutine.
 //
 // # The parts, and what each lock guards
 //
@@ -33,7 +48,8 @@
 //	            always in the zone, on its way, or in the store.
 //	  .mu       the batch whose push failed.
 //	  retryQueue.mu   synchronous hits that failed after they may have
-//	            been applied, to push again under their round trip's ID.
+//	            been applied (their increments, and their rates' turns), to
+//	            push again under their round trip's ID.
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
 //	banTable.mu the bans this node knows of, those to push, the store's version.
@@ -50,27 +66,34 @@
 //	batchRetry.mu   the increments of a failed round trip's hits.
 //	loop.mu     the namespaces attached (the reload hand-off) and the store
 //	            references the loop holds.
+//	zoneHolder.mu   the capacities the configs that hold a zone want.
 //
 // Locks are taken in this order, and no other lock is taken while holding
 // one of the later ones: runLock, then outbox.taking, then the zone's shard
-// locks or outbox.mu and retryQueue.mu. Every other lock is a leaf: held
-// only for its own fields, never across a store's round trip.
+// locks or outbox.mu and retryQueue.mu. Two more orders: hitQueue.mu,
+// then health.mu (the stall check marks the store stalled under the
+// queue's lock, so that the hits that leave find it down); zoneHolder.mu,
+// then every shard lock of its zone (a capacity change resizes the zone).
+// Every other lock is a leaf: held only for its own fields, never across
+// a store's round trip.
 //
 // # One request and one run
 //
-//	request: Namespace.Hit(key)
+//	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0)
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
 //	    outbox.view ──► hitQueue: sent at once when no round trip is out,
 //	      else waits and goes with the others when one ends, or in a
 //	      second round trip once 8 wait
-//	      ──► store.HitBatch (one round trip; the store decides each hit)
+//	      ──► store.HitBatch (one round trip; the store decides each hit,
+//	          a rate first, its turn given back when a limit rejects)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
 //	      stalled (no answer 250 ms while hits wait) ──► health.stalled
 //	              ──► the waiting hits: window zone
 //	      failed  ──► health.failed ──► zone counts it ──► batchRetry
-//	              ──► (last hit of the round trip) outbox.retry
+//	              (its increments, and its rate's turn if the zone
+//	              admitted it) ──► (last hit of the round trip) outbox.retry
 //
 //	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch

@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,7 +79,8 @@ func (h *health) failedRun(err error, logInterval time.Duration) {
 	h.failed(err, logInterval)
 }
 
-// failed counts a failure of a run or a request, marks the store down
+// failed counts a failure of a run or a request (and, in
+// store_timeouts_total, whether it was a timeout), marks the store down
 // until a success, and logs, at most once per logInterval (or logEvery if
 // longer), however often the store comes back in between. A cancelled
 // call says nothing of the store.
@@ -86,6 +88,9 @@ func (h *health) failed(err error, logInterval time.Duration) {
 	metrics.syncErrors.WithLabelValues(h.name).Inc()
 	if errors.Is(err, context.Canceled) {
 		return
+	}
+	if isTimeout(err) {
+		metrics.timeouts.WithLabelValues(h.name).Inc()
 	}
 	now := h.now()
 	h.markDown()
@@ -103,6 +108,14 @@ func (h *health) failed(err error, logInterval time.Duration) {
 	h.lastLog = now
 	h.unlogged = 0
 	h.logged = true
+}
+
+// isTimeout reports whether err is the store not answering in time: a
+// deadline that passed, a network timeout, or a stall (see hitQueue).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errStalled) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // stalled marks the store down because it has not answered for a while

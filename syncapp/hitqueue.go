@@ -279,12 +279,16 @@ type batchRetry struct {
 	pending int // hits still to add theirs
 }
 
-// add adds a hit's increments, and returns the batch to retry once every
-// hit of the round trip added its own, or false.
-func (r *batchRetry) add(diffs []window.Diff) (strategy.Batch, bool) {
+// add adds a hit's increments and its rate's turn, if it took one, and
+// returns the batch to retry once every hit of the round trip added its
+// own, or false.
+func (r *batchRetry) add(diffs []window.Diff, rate *strategy.RateDiff) (strategy.Batch, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.batch.Diffs = append(r.batch.Diffs, diffs...)
+	if rate != nil {
+		r.batch.Rates = append(r.batch.Rates, *rate)
+	}
 	r.pending--
 	return r.batch, r.pending == 0
 }

@@ -264,7 +264,7 @@ func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
 		retry = a.retry
 	}
 	for i, k := range []string{"x", "y", "z"} {
-		b, last := retry.add([]window.Diff{{Key: k, Size: time.Hour, Value: 1}})
+		b, last := retry.add([]window.Diff{{Key: k, Size: time.Hour, Value: 1}}, nil)
 		if last != (i == 2) {
 			t.Fatalf("after %d of 3 hits added theirs, last is %v", i+1, last)
 		}

@@ -55,7 +55,7 @@ func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, 
 		health: h,
 		runs:   runs,
 		wake:   make(chan struct{}, 1),
-		worker: newWorker(),
+		worker: newWorker("syncing namespace"),
 	}
 }
 
@@ -72,7 +72,7 @@ func (l *loop) attach(ns *Namespace) {
 	}
 	l.mu.Unlock()
 	if ns.mode != Local {
-		l.worker.start(l.loop)
+		l.worker.start(l.logger, l.loop)
 	}
 	signal(l.wake)
 }

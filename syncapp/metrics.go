@@ -17,6 +17,7 @@ var metrics = struct {
 	syncDuration *prometheus.HistogramVec
 	syncErrors   *prometheus.CounterVec
 	hitBatch     *prometheus.HistogramVec
+	timeouts     *prometheus.CounterVec
 	pool         prometheus.Collector
 }{}
 
@@ -42,15 +43,31 @@ func initMetrics() {
 			Help:      "Synchronous hits of a namespace sent to its store in one round trip.",
 			Buckets:   prometheus.ExponentialBuckets(1, 2, 9),
 		}, []string{"namespace"})
+		metrics.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "caddy",
+			Subsystem: "rate_limit",
+			Name:      "store_timeouts_total",
+			Help:      "Failures of a namespace's store that were timeouts: sync runs, synchronous hits (each hit of a round trip) and stalls.",
+		}, []string{"namespace"})
 		metrics.pool = poolCollector{}
 	})
+}
+
+// initStoreMetrics gives a namespace that syncs with a store a series at
+// 0 in each of its counters and its sync duration, so that a query or an
+// alert on them finds the namespace before its first failure or run.
+func initStoreMetrics(namespace string) {
+	initMetrics()
+	metrics.syncErrors.WithLabelValues(namespace)
+	metrics.timeouts.WithLabelValues(namespace)
+	metrics.syncDuration.WithLabelValues(namespace)
 }
 
 // registerMetrics registers the app's collectors into reg, which may
 // already hold them.
 func registerMetrics(reg prometheus.Registerer) error {
 	initMetrics()
-	return promreg.Register(reg, metrics.syncDuration, metrics.syncErrors, metrics.hitBatch, metrics.pool)
+	return promreg.Register(reg, metrics.syncDuration, metrics.syncErrors, metrics.hitBatch, metrics.timeouts, metrics.pool)
 }
 
 var (
@@ -68,6 +85,12 @@ var (
 		"Keys of a namespace this node holds as banned whose ban has not ended.", []string{"namespace"}, nil)
 	droppedBansDesc = prometheus.NewDesc("caddy_rate_limit_dropped_bans_total",
 		"Bans a node dropped to make room when it held as many as its zone holds keys.", []string{"namespace"}, nil)
+	storeUpDesc = prometheus.NewDesc("caddy_rate_limit_store_up",
+		"1 when a namespace's store worked the last time this node asked it, 0 while the node counts locally (from a failure to the next success).",
+		[]string{"namespace"}, nil)
+	syncIntervalDesc = prometheus.NewDesc("caddy_rate_limit_sync_interval_seconds",
+		"How often a namespace's sync loop runs when its store works: sync_rate, or the retry interval of a synchronous namespace.",
+		[]string{"namespace"}, nil)
 )
 
 // poolCollector reports the pooled zones and namespaces when scraped, so
@@ -75,7 +98,9 @@ var (
 type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc} {
+	for _, d := range []*prometheus.Desc{
+		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, storeUpDesc, syncIntervalDesc,
+	} {
 		ch <- d
 	}
 }
@@ -94,6 +119,16 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
 			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
+			// Only a namespace with a store has a store's health and a
+			// sync interval: those of the newest config attached.
+			if interval, ok := o.syncInterval(); ok {
+				up := 0.0
+				if o.health.ok() {
+					up = 1
+				}
+				ch <- prometheus.MustNewConstMetric(storeUpDesc, prometheus.GaugeValue, up, o.name)
+				ch <- prometheus.MustNewConstMetric(syncIntervalDesc, prometheus.GaugeValue, interval.Seconds(), o.name)
+			}
 		}
 		return true
 	})

@@ -2,6 +2,10 @@ package syncapp
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -101,4 +105,63 @@ func gathered(t *testing.T, reg *prometheus.Registry, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestStoreUpAndTimeouts reads store_up and sync_interval_seconds from the
+// pooled state of a namespace whose store refuses connections, and
+// store_timeouts_total from the failures its health counts: a timeout
+// counts, another failure does not. A local namespace has neither gauge.
+func TestStoreUpAndTimeouts(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := l.Addr().String() // nobody listens there once closed
+	l.Close()
+	cfg := `{"namespaces": {"up-ns": {"sync_rate": "1h", "window_sizes": ["1m"],
+			"strategy": {"module": "redis", "addresses": ["` + refused + `"], "dial_timeout": "100ms"}},
+		"up-local": {}}}`
+	n := start(t, defaultPool, cfg)
+	defer n.stop()
+	ns := n.ns("up-ns")
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	up := `caddy_rate_limit_store_up{namespace="up-ns"}`
+	timeouts := `caddy_rate_limit_store_timeouts_total{namespace="up-ns"}`
+	errs := `caddy_rate_limit_sync_errors_total{namespace="up-ns"}`
+	for series, want := range map[string]float64{
+		up: 1, // nothing asked the store yet
+		`caddy_rate_limit_sync_interval_seconds{namespace="up-ns"}`:    3600,
+		`caddy_rate_limit_store_up{namespace="up-local"}`:              -1,
+		`caddy_rate_limit_sync_interval_seconds{namespace="up-local"}`: -1,
+		`caddy_rate_limit_sync_errors_total{namespace="up-local"}`:     -1,
+	} {
+		if got := gathered(t, reg, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	// Counters are process-wide (-count=2 runs this twice): compare deltas.
+	// They have a series before any failure, so alerts and panels find it.
+	timeoutsBefore, errsBefore := gathered(t, reg, timeouts), gathered(t, reg, errs)
+	if timeoutsBefore < 0 || errsBefore < 0 {
+		t.Fatalf("%s = %v and %s = %v before any failure, want series", timeouts, timeoutsBefore, errs, errsBefore)
+	}
+
+	ns.health.failed(fmt.Errorf("hitting: %w", context.DeadlineExceeded), 0)
+	ns.health.failed(fmt.Errorf("reading: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), 0)
+	ns.health.stalled()
+	ns.health.failed(errors.New("connection refused"), 0) // a failure, not a timeout
+	ns.health.failed(context.Canceled, 0)                 // says nothing of the store
+	if got := gathered(t, reg, timeouts) - timeoutsBefore; got != 3 {
+		t.Errorf("%s rose by %v, want 3", timeouts, got)
+	}
+	if got := gathered(t, reg, errs) - errsBefore; got < 5 {
+		t.Errorf("%s rose by %v, want at least 5", errs, got)
+	}
+	// The loop probes the store at once and keeps failing: it stays down.
+	if got := gathered(t, reg, up); got != 0 {
+		t.Errorf("%s = %v after failures, want 0", up, got)
+	}
 }

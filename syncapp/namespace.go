@@ -46,8 +46,6 @@ type Namespace struct {
 	bans     *banTable
 	slots    *slotHolder
 	inFlight *inFlight
-	// rateRetries are rate decisions waiting for the store (gcra.go).
-	rateRetries rateRetries
 
 	// The store, unless the namespace is local: shared through the pool
 	// by storeKey; hitter is the same store when it can apply synchronous

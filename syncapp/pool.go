@@ -44,7 +44,7 @@ func newZoneHolder(name string, maxKeys int) (*zoneHolder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &zoneHolder{name: name, zone: z, claims: make(map[*App]int), sweeper: newWorker()}, nil
+	return &zoneHolder{name: name, zone: z, claims: make(map[*App]int), sweeper: newWorker("sweeping zone")}, nil
 }
 
 // claim records the capacity a started config wants. While configs
@@ -79,7 +79,7 @@ func (h *zoneHolder) resize() {
 // start arms the sweeper once. It is called from App.Start, so that
 // validating a config never starts a goroutine.
 func (h *zoneHolder) start(logger *zap.Logger) {
-	h.sweeper.start(func() {
+	h.sweeper.start(logger, func() {
 		t := time.NewTicker(sweepInterval)
 		defer t.Stop()
 		for {
@@ -104,7 +104,8 @@ func (h *zoneHolder) Destruct() error {
 }
 
 // recoverAndLog keeps a panic in a background loop from taking the server
-// down; it is deferred at the top of every goroutine the app starts.
+// down: a worker defers it around its function, and the loop and the
+// sweeper around each run, so that a panic in one run spares the next.
 func recoverAndLog(logger *zap.Logger, what string) {
 	if r := recover(); r != nil {
 		logger.Error("panic "+what, zap.Any("panic", r), zap.Stack("stack"))

@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -20,7 +21,7 @@ type retryQueue struct {
 
 // add queues a batch, dropping the oldest past maxRetries.
 func (q *retryQueue) add(b strategy.Batch) {
-	if len(b.Diffs) == 0 {
+	if len(b.Diffs) == 0 && len(b.Rates) == 0 {
 		return
 	}
 	q.mu.Lock()
@@ -58,14 +59,16 @@ func (q *retryQueue) queued() []strategy.Batch {
 	return q.items
 }
 
-// dropKey drops key's diffs from the queued batches, and the batches left
-// with none.
+// dropKey drops key's diffs and rates from the queued batches, and the
+// batches left with none.
 func (q *retryQueue) dropKey(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	kept := q.items[:0:0]
 	for _, b := range q.items {
-		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs) > 0 {
+		b.Diffs = withoutKey(b.Diffs, key)
+		b.Rates = slices.DeleteFunc(slices.Clone(b.Rates), func(r strategy.RateDiff) bool { return r.Key == key })
+		if len(b.Diffs) > 0 || len(b.Rates) > 0 {
 			kept = append(kept, b)
 		}
 	}
@@ -79,13 +82,14 @@ func (q *retryQueue) len() int {
 	return len(q.items)
 }
 
-// diffs returns how many diffs wait in the queue.
+// diffs returns how many diffs wait in the queue, a rate's turn counting
+// as one.
 func (q *retryQueue) diffs() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
 	for _, b := range q.items {
-		n += len(b.Diffs)
+		n += len(b.Diffs) + len(b.Rates)
 	}
 	return n
 }

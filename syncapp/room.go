@@ -31,14 +31,23 @@ func (n *Namespace) HitIfRoom(ctx context.Context, key string, limits []Limit, v
 	if rejected = n.Hit(ctx, key, limits, value, fixed, true, out); rejected < 0 {
 		return -1, 0
 	}
+	return rejected, roomWait(limits, value, fixed, out)
+}
+
+// roomWait returns how long until a hit of value that the store rejected
+// may fit every limit, from their windows' states in out, if no other hit
+// comes: when the store's rate (sliding or fixed) admits it, as
+// Retry-After says; negative when it never fits.
+func roomWait(limits []Limit, value float64, fixed bool, out []window.Sample) time.Duration {
 	now := window.SystemClock()
+	var wait time.Duration
 	for i, l := range limits {
 		if l.Max < value {
-			return rejected, -1
+			return -1
 		}
 		wait = max(wait, out[i].Until(l.Max-value, now, fixed))
 	}
 	// A rounding of the rate can leave the hit just short of fitting when
 	// the wait ends: the caller then waits again.
-	return rejected, max(wait, time.Millisecond)
+	return max(wait, time.Millisecond)
 }

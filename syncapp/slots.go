@@ -86,7 +86,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 		unreleased: make(map[heldSlot]unreleased),
 		local:      make(map[heldSlot]bool),
 		releases:   make(chan heldSlot, 4096),
-		worker:     newWorker(),
+		worker:     newWorker("holding concurrency slots"),
 	}
 }
 
@@ -94,7 +94,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 // when the store could not answer, and the caller must count on this
 // node.
 func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
-	h.worker.start(h.loop)
+	h.worker.start(h.logger, h.loop)
 	slot = newHeldSlot(store, namespace, key)
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
@@ -126,7 +126,7 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namesp
 // store could not be asked, and returns its slot, to give to endLocal
 // when the request ends.
 func (h *slotHolder) admitLocal(store strategy.Slotter, namespace, key string) heldSlot {
-	h.worker.start(h.loop)
+	h.worker.start(h.logger, h.loop)
 	slot := newHeldSlot(store, namespace, key)
 	h.mu.Lock()
 	h.local[slot] = false

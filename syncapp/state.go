@@ -1,6 +1,8 @@
 package syncapp
 
 import (
+	"time"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 )
@@ -47,6 +49,15 @@ func (s *fleetState) pendingDiffs() int {
 	return s.outbox.diffs()
 }
 
+// syncInterval returns the loop's interval for the namespace attached,
+// and false when none is attached or it has no store.
+func (s *fleetState) syncInterval() (time.Duration, bool) {
+	if ns := s.loop.current(); ns != nil && ns.store != nil {
+		return ns.runInterval(), true
+	}
+	return 0, false
+}
+
 // Destruct stops the loop and the slot holder when the last config that
 // names the namespace is gone (that config's cleanup already pushed what
 // was pending).
@@ -67,6 +78,9 @@ func (n *Namespace) use(s *fleetState) {
 	n.inFlight = s.inFlight
 	if n.hitter != nil {
 		n.hits = newHitQueue(n.hitter, n.name, s.health)
+	}
+	if n.store != nil {
+		initStoreMetrics(n.name)
 	}
 }
 

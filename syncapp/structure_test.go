@@ -47,6 +47,7 @@ func TestOneOwnerPerState(t *testing.T) {
 		Error:    func(error) {}, // the imports are empty: their names do not resolve
 	}
 	pkg, _ := conf.Check("syncapp", fset, parsed, info)
+	checkCallsIntoNamespace(t, fset, parsed, info)
 
 	for _, f := range parsed {
 		for _, decl := range f.Decls {
@@ -77,6 +78,50 @@ func TestOneOwnerPerState(t *testing.T) {
 				owner := ownerName(pkg, info.Selections[sel].Recv())
 				if owner != "" && owner != recv {
 					t.Errorf("%s: %s reaches through two fields into the state of %s", fset.Position(sel.Pos()), types.ExprString(sel), owner)
+				}
+				return true
+			})
+		}
+	}
+}
+
+// drivers are the types whose methods may call the Namespace, and why: the
+// loop drives the runs of the namespace attached (it is where a run
+// starts, as a request is where a hit starts), and the fleet state reads
+// the attached namespace's pending diffs for the metrics. Every other
+// part of the fleet state (health, outbox, fetchSet, banTable, slotHolder,
+// inFlight, hitQueue, ...) is called by the Namespace and never calls it,
+// whether it holds a *Namespace as a parameter, a field, or the result
+// of a call.
+var drivers = map[string]string{
+	"Namespace":  "itself",
+	"App":        "the config that made its namespaces",
+	"AdminAPI":   "the admin API, above the namespaces",
+	"loop":       "drives the runs of the namespace attached",
+	"fleetState": "reads the attached namespace's pending diffs for the metrics",
+}
+
+// checkCallsIntoNamespace fails t for every call of a method of Namespace
+// made in a method of a type that is not a driver.
+func checkCallsIntoNamespace(t *testing.T, fset *token.FileSet, files []*ast.File, info *types.Info) {
+	t.Helper()
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			recv := receiverName(fn)
+			if _, ok := drivers[recv]; ok || recv == "" {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if s, ok := info.Selections[sel]; ok && s.Kind() == types.MethodVal && ownerName(s.Obj().Pkg(), s.Recv()) == "Namespace" {
+					t.Errorf("%s: %s.%s calls back into the Namespace (%s)", fset.Position(sel.Pos()), recv, fn.Name.Name, types.ExprString(sel))
 				}
 				return true
 			})

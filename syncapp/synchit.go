@@ -24,19 +24,14 @@ import (
 // instead. The diffs taken of windows the hit did not increment go back
 // to the zone.
 func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
-	now := window.SystemClock()
-	windows := make([]strategy.WindowHit, len(limits))
-	// A run's diffs taken from the zone are in the view: a near hit's
-	// unsynced diffs and the view never both miss them. Some may be in
-	// both, which only lowers the limits it sends.
-	v := n.outbox.view()
-	for i, l := range limits {
-		w := strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
-		if !fixed {
-			w.Weight = window.Weight(now, l.Size)
-		}
-		if unsynced != nil {
-			u := unsynced[i]
+	windows := syncWindows(limits, value, fixed, window.SystemClock())
+	if unsynced != nil {
+		// A run's diffs taken from the zone are in the view: a near hit's
+		// unsynced diffs and the view never both miss them. Some may be in
+		// both, which only lowers the limits it sends.
+		v := n.outbox.view()
+		for i := range windows {
+			w, u := &windows[i], unsynced[i]
 			w.Start = out[i].Start
 			if !fixed {
 				w.Weight = out[i].Weight
@@ -44,9 +39,8 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 			w.Value += u.Taken
 			w.Max -= v.of(key, w.Size, w.Start) + (u.Previous+v.of(key, w.Size, w.Start-int64(w.Size)))*w.Weight
 		}
-		windows[i] = w
+		v.close()
 	}
-	v.close()
 	// No timeout of its own: a round trip ends within hitTimeout, a hit
 	// waits for at most the one ahead of it, and a stall sends it local.
 	res, retry := n.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
@@ -66,7 +60,7 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	default:
 		n.health.failed(err, 0)
 		rejected := n.counters.Hit(key, limits, value, fixed, undo, true, out)
-		if b, last := retry.add(hitDiffs(key, windows, rejected, undo)); last {
+		if b, last := retry.add(hitDiffs(key, windows, rejected, undo), nil); last {
 			n.outbox.retry(b)
 		}
 		n.giveBack(key, windows, unsynced, rejected, undo)
@@ -74,17 +68,37 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	}
 	n.health.succeeded()
 	n.giveBack(key, windows, unsynced, rejected, undo)
+	n.observe(key, windows, counts, out)
+	return rejected, true
+}
+
+// observe sets key's windows in the zone to the counts the store
+// answered, and out to their states.
+func (n *Namespace) observe(key string, windows []strategy.WindowHit, counts []strategy.WindowCounts, out []window.Sample) {
 	// Diffs on their way to the store are not in its counts yet; no run
 	// takes the zone's diffs while the view is open, so none is counted
 	// both in the view and in the zone the counts are observed into.
-	v = n.outbox.view()
+	v := n.outbox.view()
 	defer v.close()
 	for i, w := range windows {
 		cur := counts[i].Current + v.of(key, w.Size, w.Start)
 		prev := counts[i].Previous + v.of(key, w.Size, w.Start-int64(w.Size))
 		out[i] = n.counters.Observe(key, w.Size, w.Start, cur, prev)
 	}
-	return rejected, true
+}
+
+// syncWindows returns the windows of a synchronous hit of value against
+// limits at now (Unix nanoseconds).
+func syncWindows(limits []Limit, value float64, fixed bool, now int64) []strategy.WindowHit {
+	windows := make([]strategy.WindowHit, len(limits))
+	for i, l := range limits {
+		w := strategy.WindowHit{Size: l.Size, Start: window.Start(now, l.Size), Value: value, Max: l.Max}
+		if !fixed {
+			w.Weight = window.Weight(now, l.Size)
+		}
+		windows[i] = w
+	}
+	return windows
 }
 
 // hitDiffs returns the diffs that carry a failed synchronous hit: the

@@ -164,7 +164,11 @@ func rateSize(window time.Duration) int64 { return -int64(window) }
 //
 // It returns whether the rate admitted the request and the index of the
 // limit that rejected it, or -1 (always -1 when the rate rejected).
-func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []Sample, rs *RateSample) (rateOK bool, rejected int) {
+//
+// synced counts the hits as already in the store, as Hit's synced does:
+// a synchronous request whose round trip failed after it may have been
+// applied, whose increments go to the store under its round trip's ID.
+func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo, synced bool, out []Sample, rs *RateSample) (rateOK bool, rejected int) {
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
@@ -176,7 +180,7 @@ func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit,
 	}
 	// Counts never move while the lock is held (extras live in chunks
 	// that stay put), so c is still the rate's.
-	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, false, out); rejected < 0 {
+	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, synced, out); rejected < 0 {
 		c.index = next
 		rs.TAT = next
 	}

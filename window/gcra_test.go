@@ -144,7 +144,7 @@ func TestHitRate(t *testing.T) {
 	var rs RateSample
 	admitted := 0
 	for range 20 {
-		ok, rejected := ns.HitRate("k", tenPerSecond, 1, limits, 1, false, false, out, &rs)
+		ok, rejected := ns.HitRate("k", tenPerSecond, 1, limits, 1, false, false, false, out, &rs)
 		if ok && rejected < 0 {
 			admitted++
 		}
@@ -162,7 +162,7 @@ func TestHitRate(t *testing.T) {
 	// counts in the minute (the penalty) and leaves the TAT.
 	for step := 1; step <= 3; step++ {
 		clock.Advance(100 * time.Millisecond)
-		ok, rejected := ns.HitRate("k", tenPerSecond, 1, limits, 1, false, false, out, &rs)
+		ok, rejected := ns.HitRate("k", tenPerSecond, 1, limits, 1, false, false, false, out, &rs)
 		switch {
 		case step <= 2 && (!ok || rejected >= 0):
 			t.Fatalf("step %d: rate %v, limit %d: want admitted", step, ok, rejected)
@@ -228,9 +228,9 @@ func TestRateLeavesTheZone(t *testing.T) {
 	ns := mustNamespace(t, z, "r")
 	var rs RateSample
 	for range 6 {
-		ns.HitRate("busy", tenPerSecond, 1, nil, 1, false, false, nil, &rs)
+		ns.HitRate("busy", tenPerSecond, 1, nil, 1, false, false, false, nil, &rs)
 	}
-	ns.HitRate("idle", tenPerSecond, 1, nil, 1, false, false, nil, &rs)
+	ns.HitRate("idle", tenPerSecond, 1, nil, 1, false, false, false, nil, &rs)
 	clock.Advance(200 * time.Millisecond)
 	z.Sweep()
 	if z.Len() != 1 || ns.ReadRate("busy", time.Second).TAT == 0 {
@@ -248,7 +248,7 @@ func TestRateLeavesTheZone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 100 {
-		ns.HitRate("k"+strconv.Itoa(i), tenPerSecond, 1, nil, 1, false, false, nil, &rs)
+		ns.HitRate("k"+strconv.Itoa(i), tenPerSecond, 1, nil, 1, false, false, false, nil, &rs)
 	}
 	if z.Len() != 20 {
 		t.Fatalf("zone of 20 holds %d keys", z.Len())
@@ -280,7 +280,7 @@ func TestRateMemoryPerKey(t *testing.T) {
 	var rs RateSample
 	for i := range n {
 		buf = strconv.AppendInt(append(buf[:0], "10.0."...), int64(i), 10)
-		ns.HitRate(string(buf), tenPerSecond, 1, nil, 1, false, false, nil, &rs)
+		ns.HitRate(string(buf), tenPerSecond, 1, nil, 1, false, false, false, nil, &rs)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -303,7 +303,7 @@ func BenchmarkHitRate(b *testing.B) {
 	var rs RateSample
 	b.ReportAllocs()
 	for b.Loop() {
-		ns.HitRate("10.0.0.1", r, 1, nil, 1, false, false, nil, &rs)
+		ns.HitRate("10.0.0.1", r, 1, nil, 1, false, false, false, nil, &rs)
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
+	"github.com/ratesync/caddy-ratelimit/internal/docgen"
 	"github.com/ratesync/caddy-ratelimit/internal/proc"
 )
 
@@ -39,9 +40,10 @@ type benchCase struct {
 	label  string // for the table
 	path   string
 	newKey bool // a new key per request: a counter in the query string
-	// hundredKeys spreads the requests over 100 keys, in the query string.
-	hundredKeys bool
-	redis       bool // count the Redis commands it sends
+	// keys, unless 0, spreads the requests over that many keys, in the
+	// query string, in turn.
+	keys  int
+	redis bool // count the Redis commands it sends
 	shows       int  // the rate limit headers its responses carry: draftShown, kongShown
 }
 
@@ -57,30 +59,30 @@ var cases = []benchCase{
 	{name: "local-newkey", label: "local, new key per request", path: "/local-newkey", newKey: true, shows: draftShown},
 	{name: "periodic", label: "periodic 100ms, one key, Redis", path: "/periodic", redis: true, shows: draftShown},
 	{name: "sync", label: "synchronous, one key, Redis", path: "/sync", redis: true, shows: draftShown},
-	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", hundredKeys: true, redis: true, shows: draftShown},
+	{name: "sync-rate", label: "synchronous, one key, rate only, Redis", path: "/sync-rate", redis: true, shows: draftShown},
+	{name: "sync-32", label: "synchronous, 32 keys, Redis", path: "/sync-32", keys: 32, redis: true, shows: draftShown},
+	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", keys: 100, redis: true, shows: draftShown},
+	{name: "sync-1000", label: "synchronous, 1,000 keys, Redis", path: "/sync-1000", keys: 1000, redis: true, shows: draftShown},
 	// The floors of the cases that show headers: what writing them costs
 	// net/http, with no limiter at all.
 	{name: "draft-only", label: "control: the draft's 2 fields, no limiter", path: "/draft-only", shows: draftShown},
 	{name: "headers-only", label: "control: kong's 7 headers, no limiter", path: "/headers-only", shows: kongShown},
 }
 
-// keying is how a run's requests vary their keys.
+// keying is how a run's requests vary their keys: oneKey, newKeys, or a
+// positive number of keys that they take in turn.
 type keying int
 
 const (
-	oneKey keying = iota
-	newKeys
-	hundredKeys
+	oneKey  keying = 0
+	newKeys keying = -1
 )
 
 func (c benchCase) keying() keying {
-	switch {
-	case c.newKey:
+	if c.newKey {
 		return newKeys
-	case c.hundredKeys:
-		return hundredKeys
 	}
-	return oneKey
+	return keying(c.keys)
 }
 
 // Which rate limit headers a route's responses carry.
@@ -126,6 +128,8 @@ type config struct {
 	profile                   string // a case name (or "bare") to profile, or ""
 	profileOut                string
 	profileFor                time.Duration
+	doc                       string // the page whose generated part the results replace, or ""
+	source                    string // what Caddy was built from, for the report
 }
 
 func main() {
@@ -144,6 +148,8 @@ func main() {
 	flag.StringVar(&cfg.profile, "profile", "", "after the cases, write a CPU profile of Caddy under this case's load (a case name or bare)")
 	flag.StringVar(&cfg.profileOut, "profile-out", "", "where the profile goes (default: caddy-<case>.pprof)")
 	flag.DurationVar(&cfg.profileFor, "profile-seconds", 10*time.Second, "length of the CPU profile")
+	flag.StringVar(&cfg.source, "source", "", "what Caddy was built from, for the report (such as the working tree at a commit)")
+	flag.StringVar(&cfg.doc, "doc", "", "also write the results into this page (docs/performance.md), between its markers")
 	flag.Parse()
 
 	if err := cfg.check(caseList); err != nil {
@@ -228,7 +234,7 @@ func run(ctx context.Context, cfg config) error {
 		cfg.workdir = dir
 	}
 
-	printHeader(cfg)
+	info := printHeader(cfg)
 
 	redisSrv, redisAddr, err := startRedis(ctx, cfg.workdir)
 	if err != nil {
@@ -263,7 +269,9 @@ func run(ctx context.Context, cfg config) error {
 		results = append(results, res)
 	}
 	printTable(results)
-	fmt.Printf("\nload average at the end: %s\n", loadAvg())
+	end := loadAvg()
+	fmt.Printf("\nload average at the end: %s\n", end)
+	info.Machine += "; at the end " + end
 
 	if cfg.profile != "" {
 		if err := b.profile(ctx, admin); err != nil {
@@ -278,10 +286,36 @@ func run(ctx context.Context, cfg config) error {
 			return fmt.Errorf("case %s: %d responses were not 2xx: the numbers measure rejections or failures, not the limiter's cost", r.c.name, r.statusErrors)
 		}
 	}
+	var md strings.Builder
+	benchhttp.WriteMarkdown(&md, info, caseRows(results))
+	fmt.Printf("\nAs Markdown, the part of docs/performance.md between its markers:\n\n%s", md.String())
+	if cfg.doc != "" {
+		if err := docgen.ReplaceFile(cfg.doc, benchhttp.DocCommand, md.String()); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "bench-http: wrote the results into %s\n", cfg.doc)
+	}
 	return nil
 }
 
-func printHeader(cfg config) {
+// caseRows are the cases' figures for the Markdown report.
+func caseRows(results []caseResult) []benchhttp.CaseRow {
+	var rows []benchhttp.CaseRow
+	for _, r := range results {
+		row := benchhttp.CaseRow{Label: r.c.label, Summary: r.sum, Redis: r.c.redis}
+		if r.c.redis {
+			row.RanPer1k = benchhttp.PerThousand(r.cmds.Total(), r.cmdRequests)
+			row.SentPer1k = benchhttp.PerThousand(r.sent.Total(), r.monRequests)
+			row.RedisCPU = perRequestMicros(r.redisCPU, r.cmdRequests)
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// printHeader prints how the run goes, and returns it for the Markdown
+// report.
+func printHeader(cfg config) benchhttp.RunInfo {
 	fmt.Println("HTTP benchmark of the rate_limit handler: requests per second of each limited route over a bare route's, one Caddy process")
 	fmt.Printf("date:     %s\n", time.Now().UTC().Format(time.RFC3339))
 	if cfg.command != "" {
@@ -298,6 +332,24 @@ func printHeader(cfg config) {
 	if cfg.pairs < 5 {
 		fmt.Println("          (fewer than 5 pairs: a smoke test, not a measurement)")
 	}
+	info := benchhttp.RunInfo{
+		Date:    time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		Plugin:  cfg.source,
+		Machine: fmt.Sprintf("nproc %d, %s, load average %s at the start", runtime.NumCPU(), cpuModel(), loadAvg()),
+		Go:      fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH),
+		Caddy:   firstLine(output(cfg.caddy, "version")),
+		Redis:   firstLine(output("redis-server", "--version")),
+		Load: fmt.Sprintf("%s, %d connections, %d thread(s), keep-alive; %v per run, %v warm-up per route and case",
+			wrkVersion, cfg.connections, cfg.threads, cfg.duration, cfg.warmup),
+		Pairs: fmt.Sprintf("%d per case, a bare run and a limited run back to back, alternately bare first and limited first", cfg.pairs),
+	}
+	if cfg.command != "" {
+		info.Command = "`" + cfg.command + "`"
+	}
+	if cfg.pairs < 5 {
+		info.Pairs += " (fewer than 5: a smoke test, not a measurement)"
+	}
+	return info
 }
 
 // output runs a command for its version line; a failure is reported in
@@ -466,7 +518,7 @@ type bencher struct {
 	redisAddr    string
 	staticScript string // prints the result only: wrk sends one fixed request
 	newKeyScript string // also puts a new counter in each request's query
-	keysScript   string // puts one of 100 keys in each request's query
+	keysScripts  map[keying]string // put one of so many keys in each request's query
 	runs         int    // wrk runs so far, for distinct keys across runs
 }
 
@@ -499,23 +551,31 @@ function request()
 end
 ` + doneLua
 
-// hundredKeysLua sends each request with one of 100 keys in its query,
-// in turn.
-const hundredKeysLua = `
+// keysLua sends each request with one of {keys} keys in its query, in
+// turn.
+const keysLua = `
 function init(args)
 	n = 0
 end
 function request()
 	n = n + 1
-	return wrk.format(nil, wrk.path .. "?k" .. (n % 100))
+	return wrk.format(nil, wrk.path .. "?k" .. (n % {keys}))
 end
 ` + doneLua
 
 func (b *bencher) writeScripts() error {
 	b.staticScript = filepath.Join(b.cfg.workdir, "static.lua")
 	b.newKeyScript = filepath.Join(b.cfg.workdir, "newkey.lua")
-	b.keysScript = filepath.Join(b.cfg.workdir, "keys.lua")
-	for path, script := range map[string]string{b.staticScript: doneLua, b.newKeyScript: newKeyLua, b.keysScript: hundredKeysLua} {
+	scripts := map[string]string{b.staticScript: doneLua, b.newKeyScript: newKeyLua}
+	b.keysScripts = make(map[keying]string)
+	for _, c := range cases {
+		if k := c.keying(); k > 0 {
+			path := filepath.Join(b.cfg.workdir, fmt.Sprintf("keys-%d.lua", k))
+			b.keysScripts[k] = path
+			scripts[path] = strings.ReplaceAll(keysLua, "{keys}", strconv.Itoa(int(k)))
+		}
+	}
+	for path, script := range scripts {
 		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 			return err
 		}
@@ -528,11 +588,11 @@ func (b *bencher) writeScripts() error {
 func (b *bencher) wrk(ctx context.Context, path string, keys keying, d time.Duration) (benchhttp.WrkResult, error) {
 	b.runs++
 	script := b.staticScript
-	switch keys {
-	case newKeys:
+	switch {
+	case keys == newKeys:
 		script = b.newKeyScript
-	case hundredKeys:
-		script = b.keysScript
+	case keys > 0:
+		script = b.keysScripts[keys]
 	}
 	url := urlOf(b.ports, path)
 	cmd := exec.CommandContext(ctx, "wrk",

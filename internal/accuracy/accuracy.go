@@ -10,7 +10,8 @@
 // adds. Its tests start the stores (internal/redistest, internal/pgtest):
 // TestAccuracyQuick runs a few rows in every go test run, and
 // TestAccuracyFull, run by scripts/bench-accuracy.sh, the whole table,
-// which it can write to docs/accuracy.md with its plots.
+// which it prints as the Markdown of docs/accuracy.md and can write into
+// that page (between its markers), with its plots.
 package accuracy
 
 import (

@@ -12,7 +12,7 @@ import (
 )
 
 // ExactTolerance is how far over the limit a row that should be exact may
-// go and still count as exact: 1 %, the "at most 1.01". A
+// go and still count as exact: 1 %, the promise's "at most 1.01". A
 // synchronous row is measured at exactly 1.
 const ExactTolerance = 0.01
 

@@ -9,14 +9,21 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/docgen"
 )
 
-// docTemplate is docs/accuracy.md, around the measured figures.
+// resultsTemplate is the part of docs/accuracy.md the harness writes:
+// the latest run's figures.
 //
-//go:embed doc.md.tmpl
-var docTemplate string
+//go:embed results.md.tmpl
+var resultsTemplate string
 
-// Report is what docs/accuracy.md is made of.
+// DocCommand is the script that runs the harness; it names the markers
+// around the part of docs/accuracy.md it writes.
+const DocCommand = "./scripts/bench-accuracy.sh"
+
+// Report is the latest run, as docs/accuracy.md shows it.
 type Report struct {
 	Date     time.Time
 	Machine  string
@@ -64,12 +71,13 @@ func DocPlots() []PlotSpec {
 }
 
 // docPlot is a plot the doc embeds.
-type docPlot struct{ File, Title string }
+type docPlot struct {
+	File, Title string
+	plot        Plot
+}
 
-// WriteDoc writes the report as markdown to path, and its plots as SVG
-// files next to it. Plots of rows that did not run are left out.
-func (r Report) WriteDoc(path string) error {
-	dir := filepath.Dir(path)
+// plots returns the plots of the rows that ran.
+func (r Report) plots() []docPlot {
 	var plots []docPlot
 	for _, spec := range DocPlots() {
 		p := Plot{Title: spec.Title}
@@ -87,23 +95,44 @@ func (r Report) WriteDoc(path string) error {
 			p.Length = (length + Window - 1).Truncate(Window)
 			p.Series = append(p.Series, PlotSeries{Label: seriesLabel(o.Row), Points: o.Series})
 		}
-		if len(p.Series) == 0 {
-			continue
+		if len(p.Series) > 0 {
+			plots = append(plots, docPlot{File: spec.File, Title: spec.Title, plot: p})
 		}
-		if err := os.WriteFile(filepath.Join(dir, spec.File), p.SVG(), 0o644); err != nil {
+	}
+	return plots
+}
+
+// Markdown is the latest run as docs/accuracy.md holds it, between the
+// markers of DocCommand: the run, the promise's checks, the overshoot,
+// the design's check, the sync_above table, every row's figures and the
+// plots. The harness prints it, and WriteDoc writes it into the page.
+func (r Report) Markdown() (string, error) {
+	tmpl, err := template.New("results").Parse(resultsTemplate)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if err := tmpl.Execute(&b, docData{Report: r, Plots: r.plots()}); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// WriteDoc replaces the generated part of the page at path (see
+// Markdown) and writes the plots as SVG files next to it. Plots of rows
+// that did not run are left out.
+func (r Report) WriteDoc(path string) error {
+	dir := filepath.Dir(path)
+	for _, p := range r.plots() {
+		if err := os.WriteFile(filepath.Join(dir, p.File), p.plot.SVG(), 0o644); err != nil {
 			return err
 		}
-		plots = append(plots, docPlot{File: spec.File, Title: spec.Title})
 	}
-	tmpl, err := template.New("doc").Parse(docTemplate)
+	md, err := r.Markdown()
 	if err != nil {
 		return err
 	}
-	var b strings.Builder
-	if err := tmpl.Execute(&b, docData{Report: r, Plots: plots}); err != nil {
-		return err
-	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	return docgen.ReplaceFile(path, DocCommand, md)
 }
 
 // seriesLabel names a row's sync setting in a legend.
@@ -126,6 +155,32 @@ type docData struct {
 // DateString is the report's date.
 func (d docData) DateString() string { return d.Date.Format("2006-01-02 15:04 MST") }
 
+// RunLines describe the run, one wrapped item of a Markdown list each:
+// when, where, how, with what settings and versions.
+func (d docData) RunLines() []string {
+	items := []string{
+		"**Date:** " + d.DateString(),
+		"**Machine:** " + d.Machine + ". The nodes, the store and the load generator share it.",
+		fmt.Sprintf("**Command:** `%s` (took %v)", d.Command, d.Elapsed.Round(time.Second)),
+		fmt.Sprintf("**Settings:** %d nodes; a limit of %g per %v window; %v of traffic per row; "+
+			"one bare request for every %d limited ones; a fetch counts as back %v after it starts",
+			d.Nodes, d.Limit, Window, d.Duration, BareEvery, FetchAllowance),
+		"**Plugin:** " + d.Source,
+		"**Go:** " + d.Go,
+	}
+	items = append(items, d.Versions...)
+	return wrapItems(items)
+}
+
+// wrapItems wraps each line as an item of a Markdown list.
+func wrapItems(lines []string) []string {
+	items := make([]string, len(lines))
+	for i, l := range lines {
+		items[i] = docgen.WrapItem(l)
+	}
+	return items
+}
+
 // Tables is the markdown of the result tables.
 func (d docData) Tables() string {
 	var b strings.Builder
@@ -133,7 +188,8 @@ func (d docData) Tables() string {
 	return b.String()
 }
 
-// MustShowLines are the issue's checks, per store.
+// MustShowLines are the promise's checks, per store, as items of a
+// Markdown list.
 func (d docData) MustShowLines() []string {
 	var lines []string
 	for _, name := range d.storeOrder() {
@@ -142,7 +198,7 @@ func (d docData) MustShowLines() []string {
 			lines = append(lines, title+": "+l)
 		}
 	}
-	return lines
+	return wrapItems(lines)
 }
 
 // title is how the page names a store.
@@ -211,7 +267,8 @@ func (d docData) ExactTable() string {
 }
 
 // IntervalsLines sum up, per store and sync_rate, the overshoot in
-// intervals of the rows without sync_above whose traffic can show it.
+// intervals of the rows without sync_above whose traffic can show it, as
+// items of a Markdown list.
 func (d docData) IntervalsLines() []string {
 	var lines []string
 	for _, store := range d.storeOrder() {
@@ -225,19 +282,24 @@ func (d docData) IntervalsLines() []string {
 				}
 			}
 			if n > 0 {
-				parts = append(parts, fmt.Sprintf("%v: %.2f–%.2f (%d rows)", rate, lo, hi, n))
+				rows := "rows"
+				if n == 1 {
+					rows = "row"
+				}
+				parts = append(parts, fmt.Sprintf("%v: %.2f–%.2f (%d %s)", rate, lo, hi, n, rows))
 			}
 		}
 		if len(parts) > 0 {
 			lines = append(lines, title+": "+strings.Join(parts, "; "))
 		}
 	}
-	return lines
+	return wrapItems(lines)
 }
 
 // LagLines sum up, per store, the lag check of the periodic rows: how
 // many admissions past the limit there were, and which of them the other
-// nodes' unseen hits do not explain.
+// nodes' unseen hits do not explain, as items of a Markdown list, with a
+// nested item per row that had some.
 func (d docData) LagLines() []string {
 	var lines []string
 	for _, store := range d.storeOrder() {
@@ -260,23 +322,14 @@ func (d docData) LagLines() []string {
 		if rows == 0 {
 			continue
 		}
-		line := fmt.Sprintf("%s: %d admissions past the limit in %d periodic rows, %d of them unexplained", title, checked, rows, unexplained)
+		line := docgen.WrapItem(fmt.Sprintf("%s: %d admissions past the limit in %d periodic rows, %d of them unexplained", title, checked, rows, unexplained))
 		if len(bad) > 0 {
-			line += ", in " + strings.Join(bad, "; ")
+			line += ", in:"
+			for _, b := range bad {
+				line += "\n" + docgen.Wrap(b, docgen.Width, "  - ", "    ")
+			}
 		}
 		lines = append(lines, line)
 	}
 	return lines
 }
-
-// FetchAllowance is the lag check's allowance for a fetch, for the prose.
-func (d docData) FetchAllowance() time.Duration { return FetchAllowance }
-
-// BareEvery is the bare requests' share, for the prose.
-func (d docData) BareEvery() int { return BareEvery }
-
-// DurationString is each row's traffic length.
-func (d docData) DurationString() string { return d.Duration.String() }
-
-// ElapsedString is how long the run took.
-func (d docData) ElapsedString() string { return d.Elapsed.Round(time.Second).String() }

@@ -19,8 +19,9 @@ import (
 
 // TestAccuracyFull runs the whole table, on Redis and PostgreSQL, when
 // ACCURACY_FULL is set: scripts/bench-accuracy.sh sets it and documents
-// the other settings. It prints the tables on stdout, and with OUT set
-// writes that markdown file with its plots next to it.
+// the other settings. It prints the latest results on stdout as the
+// Markdown docs/accuracy.md holds, and with OUT set replaces that part of
+// the page (between its markers) and writes the plots next to it.
 func TestAccuracyFull(t *testing.T) {
 	if os.Getenv("ACCURACY_FULL") == "" {
 		t.Skip("the full accuracy table runs for minutes: ACCURACY_FULL=1, or scripts/bench-accuracy.sh")
@@ -111,18 +112,16 @@ func TestAccuracyFull(t *testing.T) {
 		Outcomes: outcomes,
 		Stores:   stores,
 	}
-	WriteTables(os.Stdout, outcomes, stores)
-	for _, name := range storeNames {
-		for _, line := range MustShow(outcomes, name) {
-			fmt.Printf("\n%s: %s", stores[name].Title(), line)
-		}
+	md, err := rep.Markdown()
+	if err != nil {
+		t.Fatal(err)
 	}
-	fmt.Println()
+	fmt.Print(md)
 	if out := os.Getenv("OUT"); out != "" {
 		if err := rep.WriteDoc(out); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(os.Stderr, "accuracy: wrote %s and its plots in %s\n", out, filepath.Dir(out))
+		fmt.Fprintf(os.Stderr, "accuracy: wrote the results into %s and its plots in %s\n", out, filepath.Dir(out))
 	}
 }
 

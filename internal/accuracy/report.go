@@ -87,14 +87,17 @@ func Find(outcomes []Outcome, store string, p Pattern, syncRate time.Duration, s
 	return Outcome{}, false
 }
 
-// Summary lines: the issue's must-show checks, as measured.
+// MustShow returns a store's checks of the promise, as measured: with
+// sync_above 0.8 at sync_rate 100ms and steady 2×, admitted / limit and
+// the store's work against sync_rate 0's; and how many periodic rows
+// without sync_above kept their bound.
 func MustShow(outcomes []Outcome, store string) []string {
 	var lines []string
 	ref, okRef := Find(outcomes, store, Steady2x, 0, 0)
 	above, okAbove := Find(outcomes, store, Steady2x, 100*time.Millisecond, 0.8)
 	if okRef && okAbove {
 		share := above.OpsPer1k() / ref.OpsPer1k()
-		// The issue counts commands: Redis's. A PostgreSQL transaction
+		// The promise counts commands: Redis's. A PostgreSQL transaction
 		// is a coarser unit (a synchronous hit is one, so is a push).
 		unit, must := "commands", " (must be ≤ 25 %)"
 		if store == "postgres" {

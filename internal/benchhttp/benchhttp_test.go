@@ -3,6 +3,7 @@ package benchhttp
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -212,5 +213,48 @@ func TestParseRedisCPU(t *testing.T) {
 	}
 	if _, err := ParseRedisCPU("used_cpu_sys:x\r\nused_cpu_user:1\r\n"); err == nil {
 		t.Fatal("a CPU time that is no number parsed")
+	}
+}
+
+// TestWriteMarkdown checks the part of docs/performance.md the harness
+// prints and writes, given its cases.
+func TestWriteMarkdown(t *testing.T) {
+	var b strings.Builder
+	WriteMarkdown(&b, RunInfo{Date: "2026-11-27 00:00 UTC", Command: "./scripts/bench-http.sh", Machine: "nproc 2, a CPU"},
+		[]CaseRow{
+			{Label: "local, one key", Summary: Summary{Ratio: 0.9111, Min: 0.783, Max: 0.997, BareRPS: 45708.4, LimitedRPS: 41554,
+				BareCPU: 25.1, LimitedCPU: 28.2, AddedCPU: 3.8}},
+			{Label: "synchronous, one key, Redis", Summary: Summary{Ratio: 0.621, Min: 0.556, Max: 0.694, BareRPS: 51332, LimitedRPS: 33527,
+				BareCPU: 20.4, LimitedCPU: 31.8, AddedCPU: 12.3}, Redis: true, RanPer1k: 585.4, SentPer1k: 114, RedisCPU: 7.8},
+			{Label: "control", Summary: Summary{Ratio: 1.01, Min: 0.9, Max: 1.1, BareRPS: 10, LimitedRPS: 10, AddedCPU: -0.25}},
+		})
+	want := `### The run
+
+- **Date:** 2026-11-27 00:00 UTC
+- **Command:** ./scripts/bench-http.sh
+- **Machine:** nproc 2, a CPU
+
+### Each case against bare Caddy
+
+| case | ratio | min–max | bare req/s | limited req/s | Caddy CPU µs/req: bare | limited | added |
+|---|--:|--:|--:|--:|--:|--:|--:|
+| local, one key | 0.911 | 0.783–0.997 | 45708 | 41554 | 25.1 | 28.2 | +3.8 |
+| synchronous, one key, Redis | 0.621 | 0.556–0.694 | 51332 | 33527 | 20.4 | 31.8 | +12.3 |
+| control | 1.010 | 0.900–1.100 | 10 | 10 | 0.0 | 0.0 | -0.2 |
+
+### Redis, per request
+
+| case | commands Redis ran / 1,000 requests | commands Caddy sent / 1,000 requests | Redis CPU µs/req |
+|---|--:|--:|--:|
+| synchronous, one key, Redis | 585.4 | 114.0 | 7.8 |
+`
+	if got := b.String(); got != want {
+		t.Errorf("WriteMarkdown =\n%s\nwant\n%s", got, want)
+	}
+	// Without a Redis case, no Redis table.
+	b.Reset()
+	WriteMarkdown(&b, RunInfo{}, []CaseRow{{Label: "local"}})
+	if strings.Contains(b.String(), "Redis") || strings.Contains(b.String(), "**") {
+		t.Errorf("WriteMarkdown without Redis cases or run info =\n%s", b.String())
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/docgen"
 )
 
 func TestWorstSecond(t *testing.T) {
@@ -262,21 +264,116 @@ func TestSlots(t *testing.T) {
 	}
 }
 
-// TestWriteDoc renders docs/faults.md's template for one row, which full
-// runs alone did: a template error would end a run of many minutes.
-func TestWriteDoc(t *testing.T) {
+// report is a made-up run of one row, with a log line and a row that
+// could not run.
+func report() *Report {
 	served := time.Unix(100, 0)
 	at := func(ms int) time.Time { return served.Add(time.Duration(ms) * time.Millisecond) }
 	fault, _ := FaultByName("redis-pause")
 	o := &Outcome{
 		Row: Row{Fault: fault}, Title: fault.TitleFor(1), KilledNode: -1, BanBeforeKey: "row-ban-before",
 		LoadStart: at(-5000), Start: at(-3000), End: at(0), Served: served, LoadEnd: at(5000),
-		Samples: [][]SyncSample{{{At: at(-2000), Runs: 1}, {At: at(-1000), Runs: 2, Errors: 1}, {At: at(700), Runs: 3, Errors: 1}}},
+		Samples:  [][]SyncSample{{{At: at(-2000), Runs: 1}, {At: at(-1000), Runs: 2, Errors: 1}, {At: at(700), Runs: 3, Errors: 1}}},
+		Admitted: 8192, InStore: 8192, P50: time.Millisecond, P99: 3 * time.Millisecond, Max: 7 * time.Millisecond,
+		LimitDuring: 3, LimitAfter: 1.2, BanLag: 50 * time.Millisecond, BanKept: []bool{true, true, true},
+		GoroutinesBefore: []int{26}, GoroutinesAfter: []int{25}, ConnsBefore: 7, ConnsAfter: 11,
+		Logs: []LogLines{{Failures: 1, Examples: []string{`{"level":"error","ts":1.5,"logger":"rate_limit.sync","msg":"store unreachable","error":"redis store: i/o timeout"}`}}},
 	}
 	o.recovery()
 	o.concurrency(&Upstream{ran: []span{{"row-conc", at(200), at(900)}, {"row-conc", at(800), at(900)}}})
-	r := &Report{Date: served, Nodes: 3, Scale: 1, Rates: DefaultRates, Outcomes: []*Outcome{o}, Errors: []string{"a row: an error"}}
+	return &Report{Date: served.UTC(), MachineAt: "a machine, load 0.5", MachineEnd: "a machine, load 1.0",
+		Command: "./scripts/bench-faults.sh -o docs/faults.md", Source: "the working tree at commit abc1234", Go: "go1.26",
+		Versions: []string{"Redis: Redis server v=7.0.15"}, Elapsed: 90 * time.Second,
+		Nodes: 3, Scale: 1, Rates: DefaultRates, Outcomes: []*Outcome{o}, Errors: []string{"a row: an error"}}
+}
+
+// TestMarkdown checks the part of docs/faults.md the harness prints and
+// writes, given its rows.
+func TestMarkdown(t *testing.T) {
+	got, err := report().Markdown()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != wantMarkdown {
+		t.Errorf("Markdown() =\n%s\nwant\n%s", got, wantMarkdown)
+	}
+	for _, l := range strings.Split(got, "\n") {
+		if len([]rune(l)) > 200 && !strings.HasPrefix(l, "|") {
+			t.Errorf("a line of %d characters outside the tables: %q", len([]rune(l)), l)
+		}
+	}
+}
+
+const wantMarkdown = `### The run
+
+- **Date:** 1970-01-01 00:01 UTC
+- **Machine:** a machine, load 0.5 at the start; a machine, load 1.0 at the end. The nodes, the
+  stores and the load generator share it, and so did other busy work.
+- **Command:** ` + "`" + `./scripts/bench-faults.sh -o docs/faults.md` + "`" + ` (took 1m30s)
+- **Scale:** 1 (of the fault durations and the phases around them)
+- **Fleet:** 3 nodes, ` + "`" + `sync_rate 100ms` + "`" + ` (periodic) or ` + "`" + `sync_rate 0` + "`" + ` (synchronous)
+- **Load:** 600 requests per second: 390 to ` + "`" + `/count` + "`" + ` (5 new keys a second), 150 to ` + "`" + `/limit` + "`" + ` (50 per
+  second on one key), 60 to ` + "`" + `/conc` + "`" + ` (` + "`" + `max_concurrent 5` + "`" + `, the upstream holding each 100ms); ` + "`" + `/ban` + "`" + `
+  limits 5 per minute with ` + "`" + `ban 10m0s` + "`" + `; ` + "`" + `read_timeout` + "`" + ` 1s
+- **Plugin:** the working tree at commit abc1234
+- **Go:** go1.26
+- Redis: Redis server v=7.0.15
+
+Faults run:
+
+- ` + "`" + `redis-pause` + "`" + `: Redis paused 10 s (SIGSTOP, SIGCONT)
+
+### Counts, errors and latency
+
+| fault | mode | hits admitted / in store | lost | counted twice | 5xx | no answer | latency during: p50 / p99 / max (ms) | ≥ 900 ms | admitted / limit, worst second: during / after |
+|---|---|--:|--:|--:|--:|--:|--:|--:|--:|
+| Redis paused 10 s (SIGSTOP, SIGCONT) | sync_rate 100ms | 8192 / 8192 | 0 | 0 | 0 | 0 | 1 / 3 / 7 | 0.00 % | 3.00 / 1.20 |
+
+### Recovery after the store serves again
+
+| fault | mode | syncing again (worst node) | max_concurrent: first admitted / most in flight at an admission, from every node syncing again | ban on every node | failure log lines / min (worst node); stderr lines | goroutines before → after (per node) | store connections before → after | promises held |
+|---|---|--:|--:|--:|--:|--:|--:|--:|
+| Redis paused 10 s (SIGSTOP, SIGCONT) | sync_rate 100ms | 0.70 s | 0.00 s / 2 from +0.70 s (before: 0) | 0.05 s | 7.5; 0 | 26 → 25 | 7 → 11 | ✅ 9 of 9 |
+
+Rows that could not run:
+
+- a row: an error
+
+### Promises
+
+| promise | rows checked | held |
+|---|--:|--:|
+| 0 hits lost | 1 | ✅ 1 |
+| 0 counted twice | 1 | ✅ 1 |
+| the store's counts can be read through a node | 1 | ✅ 1 |
+| 0 responses 5xx | 1 | ✅ 1 |
+| every node syncs again ≤ 5 s after the store serves | 1 | ✅ 1 |
+| a ban set off during the fault on every node ≤ 5 s after the store serves | 1 | ✅ 1 |
+| a ban set off before the fault still held on every node | 1 | ✅ 1 |
+| max_concurrent: first request admitted ≤ 3 s after the store serves | 1 | ✅ 1 |
+| max_concurrent: once every node syncs again, every request is admitted with ≤ 5 of its key in flight, itself included | 1 | ✅ 1 |
+
+### Promises that did not hold
+
+None.
+
+### Notes
+
+- **Redis paused 10 s (SIGSTOP, SIGCONT), sync_rate 100ms:**
+  - syncing again per node: node1 0.70 s.
+  - node1 logged at error: ` + "`" + `store unreachable` + "`" + `: ` + "`" + `redis store: i/o timeout` + "`" + `
+`
+
+// TestWriteDoc writes the results between a page's markers, the prose
+// around them untouched: a template error would end a run of many
+// minutes.
+func TestWriteDoc(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "faults.md")
+	page := "# Faults\n\n" + docgen.Begin(DocCommand) + "\nold\n" + docgen.End(DocCommand) + "\n\n## After\n"
+	if err := os.WriteFile(path, []byte(page), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := report()
 	if err := r.WriteDoc(path); err != nil {
 		t.Fatal(err)
 	}
@@ -284,8 +381,13 @@ func TestWriteDoc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	md, _ := r.Markdown()
+	want := "# Faults\n\n" + docgen.Begin(DocCommand) + "\n\n" + strings.TrimRight(md, "\n") + "\n\n" + docgen.End(DocCommand) + "\n\n## After\n"
+	if string(b) != want {
+		t.Errorf("the page is\n%s\nwant\n%s", b, want)
+	}
 	for _, want := range []string{
-		"*syncing again* time", "most in flight at an admission, from every node syncing again",
+		"most in flight at an admission, from every node syncing again",
 		"2 from +0.70 s (before: 0)", "every request is admitted with ≤ 5 of its key in flight, itself included",
 		"a row: an error",
 	} {

@@ -13,10 +13,10 @@
 // syncs again once the store serves (from each node's /metrics), when
 // max_concurrent admits again and whether its cap holds, how soon a ban
 // reaches every node, failure log lines, goroutines and store
-// connections; and, next to each row, whether the promises of issue 21
-// held.
+// connections; and, next to each row, whether its promises held.
 //
 // TestFaultsQuick runs three short faults in every go test run (not under
 // -short); TestFaultsFull, run by scripts/bench-faults.sh, runs the whole
-// table and can write docs/faults.md from doc.md.tmpl.
+// table, prints it as the Markdown docs/faults.md holds
+// (results.md.tmpl) and can write it into that page, between its markers.
 package faults

@@ -159,11 +159,15 @@ func TestFaultsFull(t *testing.T) {
 	}
 	rep.Elapsed = time.Since(began)
 	rep.MachineEnd = machine.Describe()
-	WriteTable(os.Stdout, rep.Outcomes)
+	md, err := rep.Markdown()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Print(md)
 	if out := os.Getenv("OUT"); out != "" {
 		if err := rep.WriteDoc(out); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(os.Stderr, "faults: wrote %s\n", out)
+		fmt.Fprintf(os.Stderr, "faults: wrote the results into %s\n", out)
 	}
 }

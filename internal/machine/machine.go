@@ -1,5 +1,5 @@
 // Package machine describes the machine a harness ran on, for the pages
-// the harnesses write (docs/accuracy.md, docs/faults.md).
+// the harnesses write into (docs/accuracy.md, docs/faults.md).
 package machine
 
 import (

@@ -17,8 +17,9 @@ import (
 // request can never succeed.
 var ErrInvalidWindow = strategy.ErrInvalidWindow
 
-// PushDiffs adds the diffs of a batch to their counters, at most once per
-// batch ID and namespace: a batch whose ID was applied before (pushed
+// PushDiffs adds the diffs of a batch to their counters, and takes its
+// rates' turns (see strategy.RateBatcher), at most once per batch ID and
+// namespace: a batch whose ID was applied before (pushed
 // before, or a synchronous hit of that ID) applies nothing and succeeds.
 // The batch is applied all at once or not at all. Diffs with a zero or
 // non-finite value add nothing and are dropped, and diffs of windows that
@@ -38,6 +39,9 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			return fmt.Errorf("diffs[%d]: %w", i, err)
 		}
 	}
+	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
+		return err
+	}
 	now := s.now().UnixNano()
 	d := s.data
 	d.mu.Lock()
@@ -56,6 +60,16 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		}
 		d.add(b.Namespace, c, df.Value, now)
 		last = max(last, c.expiresAt())
+	}
+	if len(b.Rates) > 0 {
+		rd := d.ratesLocked()
+		rd.sweep(now)
+		for _, r := range b.Rates {
+			k := rateKey{b.Namespace, r.Key, r.Window}
+			next, _ := strategy.ConformMicros(rd.tat(k), now/1e3, r.Increment.Microseconds(), 0, true)
+			rd.setTAT(k, next)
+		}
+		last = max(last, now)
 	}
 	if last != math.MinInt64 {
 		d.mark(m, max(last, now+int64(strategy.MinBatchIDLife)))
@@ -165,7 +179,8 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 
 // HitBatch applies several synchronous hits, atomically, in the order
 // given, each as Hit would if they were sent one after the other (see
-// strategy.BatchHitter). A non-empty id names the batch, and shares its
+// strategy.BatchHitter), a hit with a rate deciding it first (see
+// strategy.RateBatcher). A non-empty id names the batch, and shares its
 // marker with a batch of diffs of the same ID and namespace, so the two
 // are applied at most once between them; a batch whose ID was applied
 // before applies nothing and decides every hit on the counts as they are.
@@ -192,8 +207,25 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	}
 	apply := d.markHits(namespace, id, now, windows)
 	for _, i := range good {
-		h := &hits[i]
-		results[i].Counts, results[i].Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply, now)
+		h, r := &hits[i], &results[i]
+		if h.Rate == nil {
+			r.Counts, r.Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply, now)
+			continue
+		}
+		rd := d.ratesLocked()
+		rd.sweep(now)
+		k := rateKey{namespace, h.Key, h.Rate.Window}
+		tat := rd.tat(k)
+		nowUs := now / 1e3
+		next, ok := strategy.ConformMicros(tat, nowUs, h.Rate.Increment.Microseconds(), h.Rate.Tolerance.Microseconds(), false)
+		r.Rate = strategy.RateReply{OK: ok, TAT: tat * 1e3, Now: nowUs * 1e3}
+		r.Counts, r.Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply && ok, now)
+		if !ok {
+			r.Rejected = -1 // the rate refused it; its windows were only read
+		} else if apply && r.Rejected < 0 {
+			rd.setTAT(k, next)
+			r.Rate.TAT = next * 1e3
+		}
 	}
 }
 

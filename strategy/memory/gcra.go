@@ -72,10 +72,7 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 	rd := d.ratesLocked()
 	rd.sweep(nowNs)
 	k := rateKey{namespace, key, r.Window}
-	var tat int64
-	if e := rd.tats[k]; e != nil {
-		tat = e.tat
-	}
+	tat := rd.tat(k)
 	m := marker{namespace, id}
 	rec, known := rd.ids[m]
 	if known && (!r.Force || rec.state != 'r') {
@@ -147,6 +144,17 @@ func (s *Store) RateKeys(namespace string) int {
 	return n
 }
 
+// tat returns a key's TAT (Unix microseconds), 0 for none.
+func (rd *rateData) tat(k rateKey) int64 {
+	if e := rd.tats[k]; e != nil {
+		return e.tat
+	}
+	return 0
+}
+
+// DecidesRatesInBatches marks the store as a strategy.RateBatcher.
+func (*Store) DecidesRatesInBatches() {}
+
 // setTAT sets a key's TAT (Unix microseconds), scheduling the key's
 // expiry when it has none.
 func (rd *rateData) setTAT(k rateKey, tat int64) {
@@ -200,4 +208,4 @@ func (rd *rateData) sweep(now int64) {
 }
 
 // Interface guard
-var _ strategy.Rater = (*Store)(nil)
+var _ strategy.RateBatcher = (*Store)(nil)

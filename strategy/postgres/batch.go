@@ -43,8 +43,10 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	case 0:
 		return
 	case 1:
-		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
-		return
+		if hits[good[0]].Rate == nil {
+			errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
+			return
+		}
 	}
 	if err := s.hitBatch(ctx, namespace, id, hits, good, results); err != nil {
 		errs.FailBatch(results, namespace, good, err)
@@ -125,6 +127,12 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 	}
 	idArg, idExpires := s.hitID(id, last)
+	rt := newBatchRates(hits, good)
+	if len(rt.keys) > 0 {
+		if err := s.ensurePart(ctx, s.rateSQL.schema, &s.ratesReady, "the rates tables"); err != nil {
+			return err
+		}
+	}
 
 	conn, err := s.acquireBatch(ctx)
 	if err != nil {
@@ -134,12 +142,19 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 	var (
 		rej        []int32
 		curs, prvs []float64
+		rateOK     []bool
+		tats       []int64
+		nowUs      *int64
 	)
 	err = conn.QueryRow(ctx, s.sql.hitBatch,
 		stored(namespace, maxStoredNamespace), idArg, idExpires,
-		ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights).Scan(&rej, &curs, &prvs)
+		ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
+		rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol).Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs)
 	if err != nil {
 		return s.sent(err)
+	}
+	if len(rt.keys) > 0 && (len(rateOK) != len(good) || len(tats) != len(good) || nowUs == nil) {
+		return fmt.Errorf("the batch hit function returned %d rate decisions, %d TATs and a time of %v, for %d hits", len(rateOK), len(tats), nowUs, len(good))
 	}
 	if len(rej) != len(good) || len(curs) != nw || len(prvs) != nw {
 		return fmt.Errorf("the batch hit function returned %d decisions and %d and %d counts, for %d hits of %d windows", len(rej), len(curs), len(prvs), len(good), nw)
@@ -156,8 +171,55 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 		at += n
 		results[i] = strategy.HitResult{Counts: counts, Rejected: int(rej[x])}
+		if rt.hitRate != nil && rt.hitRate[x] > 0 {
+			results[i].Rate = strategy.RateReply{OK: rateOK[x], TAT: tats[x] * 1e3, Now: *nowUs * 1e3}
+		}
 	}
 	return nil
+}
+
+// batchRates are the rates of a batch's hits, as the batch hit function
+// takes them: the TATs, each once, sorted by key and window (the order the
+// function locks them in), and for each good hit the 1-based index of its
+// TAT (0 for none) with its increment and tolerance in microseconds. A
+// batch without rates has none of them, which go as NULL.
+type batchRates struct {
+	keys     [][]byte
+	windows  []int64
+	hitRate  []int32
+	inc, tol []int64
+}
+
+func newBatchRates(hits []strategy.HitRequest, good []int) batchRates {
+	type tat struct {
+		key      string
+		windowMs int64
+	}
+	var tats []tat
+	for _, i := range good {
+		if r := hits[i].Rate; r != nil {
+			tats = append(tats, tat{hits[i].Key, r.Window.Milliseconds()})
+		}
+	}
+	if len(tats) == 0 {
+		return batchRates{}
+	}
+	slices.SortFunc(tats, func(a, b tat) int { return cmp.Or(strings.Compare(a.key, b.key), cmp.Compare(a.windowMs, b.windowMs)) })
+	tats = slices.Compact(tats)
+	br := batchRates{hitRate: make([]int32, len(good)), inc: make([]int64, len(good)), tol: make([]int64, len(good))}
+	index := make(map[tat]int32, len(tats))
+	for j, t := range tats {
+		index[t] = int32(j + 1)
+		br.keys = append(br.keys, stored(t.key, maxStoredKey))
+		br.windows = append(br.windows, t.windowMs)
+	}
+	for x, i := range good {
+		if r := hits[i].Rate; r != nil {
+			br.hitRate[x] = index[tat{hits[i].Key, r.Window.Milliseconds()}]
+			br.inc[x], br.tol[x] = r.Increment.Microseconds(), r.Tolerance.Microseconds()
+		}
+	}
+	return br
 }
 
 // acquireBatch returns a connection as acquire does, with the batch hit

@@ -21,5 +21,5 @@ func benchStore(b *testing.B) strategy.Store {
 // PostgreSQL server of its own: a batch is one call of the batch hit
 // function, whatever its size.
 func BenchmarkHitBatch(b *testing.B) {
-	strategytest.HitBatchBenchmarks(b, benchStore(b), nil)
+	strategytest.HitBatchBenchmarks(b, benchStore(b), nil, nil)
 }

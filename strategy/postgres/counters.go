@@ -56,6 +56,9 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			return fmt.Errorf("diffs[%d]: %w", i, err)
 		}
 	}
+	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
+		return err
+	}
 	now := s.now()
 	nowNs := now.UnixNano()
 	// The diffs to send, sorted by counter, so that the diffs of one
@@ -70,7 +73,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			keyBytes += min(len(d.Key), maxStoredKey+1)
 		}
 	}
-	if len(order) == 0 {
+	if len(order) == 0 && len(b.Rates) == 0 {
 		return nil
 	}
 	slices.SortFunc(order, func(i, j int32) int {
@@ -109,16 +112,43 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	// strategy.MinBatchIDLife; a record outlives its expiry until the next
 	// purge.
 	idExpires := max(last, now.Add(strategy.MinBatchIDLife).UnixMilli())
+	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, keys, sizes, starts, values}
+	query := s.sql.push
+	if len(b.Rates) > 0 {
+		if err := s.ensurePart(ctx, s.rateSQL.schema, &s.ratesReady, "the rates tables"); err != nil {
+			return err
+		}
+		rkeys, rwins, rincs := rateDiffArgs(b.Rates)
+		query, args = s.sql.pushRates, append(args, rkeys, rwins, rincs)
+	}
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	_, err = conn.Exec(ctx, s.sql.push,
-		stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires,
-		keys, sizes, starts, values)
+	_, err = conn.Exec(ctx, query, args...)
 	return s.sent(err)
+}
+
+// rateDiffArgs returns the rates of a batch as pushRatesSQL takes them:
+// each TAT once, sorted by key and window, with the sum of its turns'
+// increments in microseconds (forced turns add up: see pushRatesSQL).
+func rateDiffArgs(rates []strategy.RateDiff) (keys [][]byte, windows, incs []int64) {
+	sorted := slices.Clone(rates)
+	slices.SortFunc(sorted, func(x, y strategy.RateDiff) int {
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Window, y.Window))
+	})
+	for i, r := range sorted {
+		if i > 0 && r.Key == sorted[i-1].Key && r.Window == sorted[i-1].Window {
+			incs[len(incs)-1] += r.Increment.Microseconds()
+			continue
+		}
+		keys = append(keys, stored(r.Key, maxStoredKey))
+		windows = append(windows, r.Window.Milliseconds())
+		incs = append(incs, r.Increment.Microseconds())
+	}
+	return keys, windows, incs
 }
 
 // windowsAt returns the windows that hold now and the ones before them,

@@ -293,5 +293,10 @@ func (s *Store) RateKeys(ctx context.Context, namespace string) (int, error) {
 	return n, nil
 }
 
+// DecidesRatesInBatches marks the store as a strategy.RateBatcher: its
+// batch hit function decides hits' rates (see hitsBodySQL), and its push
+// takes a Batch's rates (see pushRatesSQL).
+func (*Store) DecidesRatesInBatches() {}
+
 // Interface guard
-var _ strategy.Rater = (*Store)(nil)
+var _ strategy.RateBatcher = (*Store)(nil)

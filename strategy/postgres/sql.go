@@ -13,6 +13,7 @@ type statements struct {
 	schema        string
 	slotSchema    string
 	push          string
+	pushRates     string
 	fetch         string
 	reset         string
 	hit           string
@@ -41,6 +42,7 @@ func newStatements(n *names) *statements {
 		"{ids}", n.ids,
 		"{hit}", n.hit,
 		"{hits}", n.hits,
+		"{rates}", n.qualified(n.base+"_rates"),
 		"{slots}", n.slots,
 		"{acquire}", n.acquire,
 		"{renew}", n.renew,
@@ -67,6 +69,7 @@ func newStatements(n *names) *statements {
 			"{release_body}", r.Replace(releaseBodySQL),
 		).Replace(r.Replace(slotSchemaSQL)),
 		push:          r.Replace(pushSQL),
+		pushRates:     r.Replace(pushRatesSQL),
 		fetch:         r.Replace(fetchSQL),
 		reset:         r.Replace(resetSQL),
 		hit:           r.Replace(hitSQL),
@@ -288,7 +291,8 @@ DO $do$
 BEGIN
 	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{hits}(bytea, bytea, bigint,
 		bytea[], bigint[], bigint[], boolean[], boolean[], integer[],
-		integer[], integer[], double precision[], double precision[], double precision[])')
+		integer[], integer[], double precision[], double precision[], double precision[],
+		bytea[], bigint[], integer[], bigint[], bigint[])')
 		AND prosrc = $body${hits_body}$body$) THEN
 		CREATE OR REPLACE FUNCTION {hits}(
 			p_namespace bytea, p_id bytea, p_id_expires bigint,
@@ -296,7 +300,9 @@ BEGIN
 			p_undo boolean[], p_nwin integer[],
 			p_cur integer[], p_prev integer[], p_values double precision[],
 			p_maxes double precision[], p_weights double precision[],
-			OUT rejected integer[], OUT currents double precision[], OUT previouses double precision[])
+			p_rkeys bytea[], p_rwins bigint[], p_hrate integer[], p_hinc bigint[], p_htol bigint[],
+			OUT rejected integer[], OUT currents double precision[], OUT previouses double precision[],
+			OUT rate_ok boolean[], OUT rate_tats bigint[], OUT now_us bigint)
 		LANGUAGE plpgsql AS $fn${hits_body}$fn$;
 	END IF;
 END
@@ -328,8 +334,19 @@ $do$;
 // hit with undo has the counts it found restored at once); and one upsert
 // writes the final count of every counter that changed.
 //
+// Hits with a rate (see strategy.RateBatcher) are decided by the server's
+// clock, once their keys' TAT rows (p_rkeys and p_rwins, each once, in
+// the order of key and window, locked after the counters) are held, as the
+// rate function holds them: the rate first (p_hrate gives each hit's
+// 1-based TAT, or 0, with p_hinc and p_htol its increment and tolerance
+// in microseconds); a hit it refuses touches no counter; one a window
+// then rejects leaves the TAT as it was; each TAT that moved is written
+// once at the end.
+//
 // It returns each hit's rejecting window (0-based) or -1, and each window's
-// current and previous counts, flattened as the windows came.
+// current and previous counts, flattened as the windows came, and with
+// rates whether each hit's rate admitted it, its TAT after the hit, and
+// the server's now.
 const hitsBodySQL = `
 #variable_conflict use_column
 DECLARE
@@ -347,6 +364,11 @@ DECLARE
 	pidx integer;
 	v double precision;
 	m double precision;
+	tat bigint[];
+	moved boolean[];
+	ri integer;
+	due bigint;
+	admit boolean;
 BEGIN
 	IF p_id IS NOT NULL THEN
 		INSERT INTO {ids} (namespace, id, expires_at) VALUES (p_namespace, p_id, p_id_expires)
@@ -360,6 +382,20 @@ BEGIN
 		WHERE p_cwrite[j]
 		ORDER BY j
 		ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value;
+	END IF;
+	IF cardinality(p_rkeys) > 0 THEN
+		INSERT INTO {rates} AS t (namespace, key, window_ms, tat_us)
+		SELECT p_namespace, p_rkeys[j], p_rwins[j], 0
+		FROM generate_subscripts(p_rkeys, 1) AS j
+		ORDER BY j
+		ON CONFLICT (namespace, key, window_ms) DO UPDATE SET tat_us = t.tat_us;
+		now_us := floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+		SELECT array_agg(t.tat_us ORDER BY k.j) INTO tat
+		FROM unnest(p_rkeys, p_rwins) WITH ORDINALITY AS k(key, window_ms, j)
+		JOIN {rates} t ON t.namespace = p_namespace AND t.key = k.key AND t.window_ms = k.window_ms;
+		moved := array_fill(false, ARRAY[cardinality(p_rkeys)]);
+		rate_ok := array_fill(false, ARRAY[nh]);
+		rate_tats := array_fill(0::bigint, ARRAY[nh]);
 	END IF;
 	SELECT array_agg(coalesce(r.value, 0) ORDER BY k.j) INTO val
 	FROM unnest(p_ckeys, p_csizes, p_cstarts) WITH ORDINALITY AS k(key, size_ms, start_ms, j)
@@ -375,6 +411,12 @@ BEGIN
 	FOR h IN 1..nh LOOP
 		rej := 0;
 		first := w;
+		ri := coalesce(p_hrate[h], 0);
+		admit := true;
+		IF ri > 0 THEN
+			due := greatest(tat[ri], now_us) + p_hinc[h];
+			admit := due - now_us <= p_htol[h];
+		END IF;
 		FOR i IN 1..p_nwin[h] LOOP
 			w := w + 1;
 			cidx := p_cur[w];
@@ -382,14 +424,14 @@ BEGIN
 			v := p_values[w];
 			saved_val[i] := val[cidx];
 			saved_delta[i] := delta[cidx];
-			IF apply AND rej = 0 AND v <> 0 THEN
+			IF apply AND admit AND rej = 0 AND v <> 0 THEN
 				val[cidx] := val[cidx] + v;
 				delta[cidx] := delta[cidx] + v;
 			END IF;
 			currents[w] := val[cidx];
 			previouses[w] := val[pidx];
 			m := p_maxes[w];
-			IF rej = 0 AND m <> 'Infinity' AND (m = '-Infinity' OR val[cidx] + val[pidx] * p_weights[w] > m) THEN
+			IF admit AND rej = 0 AND m <> 'Infinity' AND (m = '-Infinity' OR val[cidx] + val[pidx] * p_weights[w] > m) THEN
 				rej := i;
 			END IF;
 		END LOOP;
@@ -403,8 +445,21 @@ BEGIN
 				currents[first + i] := val[p_cur[first + i]];
 			END LOOP;
 		END IF;
+		IF ri > 0 THEN
+			IF admit AND apply AND rej = 0 THEN
+				tat[ri] := due;
+				moved[ri] := true;
+			END IF;
+			rate_ok[h] := admit;
+			rate_tats[h] := tat[ri];
+		END IF;
 		rejected[h] := rej - 1;
 	END LOOP;
+	IF apply AND cardinality(p_rkeys) > 0 THEN
+		UPDATE {rates} t SET tat_us = tat[k.j]
+		FROM generate_subscripts(p_rkeys, 1) AS k(j)
+		WHERE moved[k.j] AND t.namespace = p_namespace AND t.key = p_rkeys[k.j] AND t.window_ms = p_rwins[k.j];
+	END IF;
 	IF apply THEN
 		INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
 		SELECT p_namespace, p_ckeys[j], p_csizes[j], p_cstarts[j], val[j], p_cstarts[j] + 2 * p_csizes[j] + {margin}
@@ -554,6 +609,32 @@ FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS 
 WHERE EXISTS (SELECT FROM marker)
 ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
 
+// pushRatesSQL is pushSQL for a batch with rates (see strategy.RateBatcher):
+// with the diffs, under the same record of the ID, it moves each TAT of
+// $8 keys and $9 windows (milliseconds, each once, sorted) by $10
+// microseconds, the sum of the batch's turns of it, as forced requests
+// do: to greatest(TAT, now) + increment, by the server's clock.
+const pushRatesSQL = `
+WITH marker AS (
+	INSERT INTO {ids} (namespace, id, expires_at) VALUES ($1, $2, $3)
+	ON CONFLICT DO NOTHING
+	RETURNING 1
+), clock AS (
+	SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
+), rated AS (
+	INSERT INTO {rates} AS t (namespace, key, window_ms, tat_us)
+	SELECT $1, r.key, r.window_ms, c.now_us + r.inc
+	FROM unnest($8::bytea[], $9::bigint[], $10::bigint[]) AS r(key, window_ms, inc), clock c
+	WHERE EXISTS (SELECT FROM marker)
+	ON CONFLICT (namespace, key, window_ms) DO UPDATE
+	SET tat_us = greatest(t.tat_us, (SELECT now_us FROM clock)) + excluded.tat_us - (SELECT now_us FROM clock)
+)
+INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
+SELECT $1, d.key, d.size_ms, d.start_ms, d.value, d.start_ms + 2 * d.size_ms + {margin}
+FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS d(key, size_ms, start_ms, value)
+WHERE EXISTS (SELECT FROM marker)
+ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
+
 // fetchSQL reads the counters of every key asked ($2) in the windows
 // asked ($3 sizes and $4 starts, in milliseconds: the current and the
 // previous window of each size), with one primary key lookup per key,
@@ -588,7 +669,8 @@ ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = 0`
 const hitSQL = `SELECT rejected, currents, previouses FROM {hit}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
 
 // hitBatchSQL calls the batch hit function.
-const hitBatchSQL = `SELECT rejected, currents, previouses FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`
+const hitBatchSQL = `SELECT rejected, currents, previouses, rate_ok, rate_tats, now_us
+FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`
 
 // purgeCountersSQL and purgeIDsSQL delete up to $2 rows that expired
 // before $1 (Unix milliseconds), found through the expires_at index and

@@ -151,16 +151,26 @@ func (s *Store) acquireSlots(ctx context.Context) (*pgxpool.Conn, error) {
 // which ready records) in place too. It makes that part before it takes
 // a connection, as createSchema takes one of its own.
 func (s *Store) acquirePart(ctx context.Context, schema string, ready *atomic.Bool, what string) (*pgxpool.Conn, error) {
-	if !ready.Load() {
-		pool, err := s.getPool()
-		if err != nil {
-			return nil, err
-		}
-		if err := s.createSchema(ctx, pool, schema, ready); err != nil {
-			return nil, errs.NotSent(fmt.Errorf("creating %s: %w", what, err))
-		}
+	if err := s.ensurePart(ctx, schema, ready, what); err != nil {
+		return nil, err
 	}
 	return s.acquire(ctx)
+}
+
+// ensurePart makes a part of the schema, as acquirePart does, without
+// taking a connection: for a call that needs two parts.
+func (s *Store) ensurePart(ctx context.Context, schema string, ready *atomic.Bool, what string) error {
+	if ready.Load() {
+		return nil
+	}
+	pool, err := s.getPool()
+	if err != nil {
+		return err
+	}
+	if err := s.createSchema(ctx, pool, schema, ready); err != nil {
+		return errs.NotSent(fmt.Errorf("creating %s: %w", what, err))
+	}
+	return nil
 }
 
 // createSchema runs a schema statement (the tables, their indexes and the
@@ -209,6 +219,7 @@ func (s *Store) sent(err error) error {
 		s.slotsReady.Store(false)
 		s.bansReady.Store(false)
 		s.batchReady.Store(false)
+		s.ratesReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return errs.NotSent(err)

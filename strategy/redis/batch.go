@@ -41,30 +41,41 @@ import (
 // applied before: every hit only reads, and is decided on the counts as
 // they are, as a hit whose increments are all "0" would.
 //
-// KEYS[1..M] are the markers and KEYS[M+1..] the counters, each once, all
-// in one slot on a Cluster. ARGV[1] is M and ARGV[2] the markers' time to
-// live in milliseconds; then, for counter j (KEYS[M+j]), ARGV[2j+1] is its
-// expiry in Unix milliseconds and ARGV[2j+2] its count, or "" to read it
-// (only previous windows' counts are sent: see prevCache). Then come the
-// forms of the hits: their number, then for each, "1" to undo a rejected
-// hit (or "0"), its number of windows, and four arguments per window: the
-// indexes j of its current and previous counters, its increment ("0" only
-// reads) and its limit ("" for none, "-" for one that every rate exceeds).
-// The hits of a batch mostly share a form (one key, one set of limits), so
-// each hit, in order, is only the index of its form and each window's
-// previous weight.
+// Hits with a rate (see strategy.RateBatcher) are decided by the
+// server's clock (TIME, read once, in Unix microseconds) on their keys'
+// TATs, read with the counters: the rate first; a hit it refuses touches
+// no counter; one a window then rejects leaves the TAT as it was; each
+// TAT that moved is written once at the end, living until it passes.
+//
+// KEYS[1..M] are the markers, KEYS[M+1..M+C] the counters and the last R
+// keys the TATs, each once, all in one slot on a Cluster (a counter whose
+// count is sent, which the script never touches, is declared by its
+// bucket's tag alone). ARGV[1] is M,
+// ARGV[2] the markers' time to live in milliseconds and ARGV[3] R; then,
+// for counter j (KEYS[M+j]), ARGV[2j+2] is its expiry in Unix
+// milliseconds and ARGV[2j+3] its count, or "" to read it (only previous
+// windows' counts are sent: see prevCache). Then come the forms of the
+// hits: their number, then for each, "1" to undo a rejected hit (or "0"),
+// its number of windows, the index r of its TAT (0 for no rate) and, with
+// one, the rate's increment and tolerance in microseconds, and four
+// arguments per window: the indexes j of its current and previous
+// counters, its increment ("0" only reads) and its limit ("" for none,
+// "-" for one that every rate exceeds). The hits of a batch mostly share
+// a form (one key, one set of limits), so each hit, in order, is only the
+// index of its form and each window's previous weight.
 //
 // It replies 1 if the hits applied (0 if a marker existed), each counter's
-// count before the hits, then, for each hit in order, the 0-based index of
-// the window that rejected it or -1: what the caller needs to compute, in
-// doubles as the script does, every hit's counts (see batchRun.answer),
+// count before the hits, with TATs the server's now and each TAT before
+// the hits, then, for each hit in order, the 0-based index of the window
+// that rejected it or -1: what the caller needs to compute, in doubles as
+// the script does, every hit's counts and rates (see batchRun.answer),
 // in a reply a fifth the size of every hit's counts. A count that is a
 // whole number is replied as an integer, any other as a string of 17
 // significant digits (Redis would truncate a Lua number), which reads back
 // as the same double; formatting those cost more than the rest of a hit.
 const batchSource = `
-local m = tonumber(ARGV[1])
-local nc = #KEYS - m
+local m, nr = tonumber(ARGV[1]), tonumber(ARGV[3])
+local nc = #KEYS - m - nr
 local apply = true
 if m == 1 then
 	if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
@@ -83,25 +94,33 @@ elseif m > 1 then
 		end
 	end
 end
--- val[j] is counter j's running count; held[j] whether it exists.
-local val, held, toread, at = {}, {}, {}, {}
+-- val[j] is counter j's running count; held[j] whether it exists; tat[r]
+-- is TAT r's running value (0 for none).
+local val, held, tat, toread, at = {}, {}, {}, {}, {}
 for j = 1, nc do
-	local c = ARGV[2 * j + 2]
+	local c = ARGV[2 * j + 3]
 	if c == '' then
 		toread[#toread + 1], at[#at + 1] = KEYS[m + j], j
 	else
 		val[j] = tonumber(c)
 	end
 end
+for r = 1, nr do
+	toread[#toread + 1], at[#at + 1] = KEYS[m + nc + r], -r
+end
 for i = 1, #toread, 1000 do
 	local last = math.min(#toread, i + 999)
 	local got = redis.call('MGET', unpack(toread, i, last))
 	for x = i, last do
 		local v, j = got[x - i + 1], at[x]
-		held[j] = v ~= false
-		val[j] = tonumber(v or '0')
-		if not val[j] then
+		local n = tonumber(v or '0')
+		if not n then
 			return redis.error_reply('a counter holds ' .. v .. ', not a number')
+		end
+		if j < 0 then
+			tat[-j] = n
+		else
+			held[j], val[j] = v ~= false, n
 		end
 	end
 end
@@ -109,19 +128,34 @@ local reply = {apply and 1 or 0}
 for j = 1, nc do
 	reply[j + 1] = val[j]
 end
+local now = 0
+if nr > 0 then
+	local t = redis.call('TIME')
+	now = t[1] * 1000000 + t[2]
+	reply[nc + 2] = now
+	for r = 1, nr do
+		reply[nc + 2 + r] = tat[r]
+	end
+end
 -- The forms' windows, one after the other: form f's window i is window
 -- fo[f] + i, with counters wc and wp, increment winc and limit wlim (false
--- for none, true for one that every rate exceeds).
-local p = 2 * nc + 3
+-- for none, true for one that every rate exceeds). frate[f] is the index
+-- of the form's TAT (0 for none), with its increment and tolerance.
+local p = 2 * nc + 4
 local nf = tonumber(ARGV[p])
 p = p + 1
-local fundo, fnw, fo, wc, wp, winc, wlim = {}, {}, {}, {}, {}, {}, {}
+local fundo, fnw, fo, frate, finc, ftol, wc, wp, winc, wlim = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 local k = 0
 for f = 1, nf do
-	local nw = tonumber(ARGV[p + 1])
-	fundo[f], fnw[f], fo[f] = ARGV[p] == '1', nw, k
+	local nw, ri = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+	fundo[f], fnw[f], fo[f], frate[f] = ARGV[p] == '1', nw, k, ri
+	p = p + 3
+	if ri > 0 then
+		finc[f], ftol[f] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+		p = p + 2
+	end
 	for i = 1, nw do
-		local a = p + 4 * i - 2
+		local a = p + 4 * i - 4
 		k = k + 1
 		wc[k], wp[k], winc[k] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
 		local l = ARGV[a + 3]
@@ -133,16 +167,21 @@ for f = 1, nf do
 			wlim[k] = tonumber(l)
 		end
 	end
-	p = p + 2 + 4 * nw
+	p = p + 4 * nw
 end
 -- delta[j] is the sum of counter j's increments; saved* hold what a hit
--- found, to restore when it is undone.
-local delta, savedc, savedv, savedd = {}, {}, {}, {}
-local nargv, h = #ARGV, nc + 1
+-- found, to restore when it is undone; moved[r] says TAT r moved.
+local delta, savedc, savedv, savedd, moved = {}, {}, {}, {}, {}
+local nargv, h = #ARGV, #reply
 while p <= nargv do
 	local f = tonumber(ARGV[p])
 	local nw, o, undo, rej, ns = fnw[f], fo[f], fundo[f], 0, 0
-	for i = 1, nw do
+	local ri, admit, due = frate[f], true, 0
+	if ri > 0 then
+		due = math.max(tat[ri], now) + finc[f]
+		admit = due - now <= ftol[f]
+	end
+	for i = 1, admit and nw or 0 do
 		local ci, d = wc[o + i], winc[o + i]
 		if apply and rej == 0 and d ~= 0 then
 			if undo then
@@ -162,6 +201,9 @@ while p <= nargv do
 			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
 		end
 	end
+	if ri > 0 and admit and apply and rej == 0 then
+		tat[ri], moved[ri] = due, true
+	end
 	h = h + 1
 	reply[h] = rej - 1
 	p = p + 1 + nw
@@ -178,9 +220,16 @@ for j = 1, nc do
 		else
 			v = string.format('%.17g', d)
 		end
-		if held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 1], 'NX') then
+		if held[j] and whole(d) and whole(val[j]) then
+			redis.call('SET', key, string.format('%d', val[j]), 'KEEPTTL')
+		elseif held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 2], 'NX') then
 			redis.call('INCRBYFLOAT', key, v)
 		end
+	end
+end
+for r = 1, nr do
+	if moved[r] then
+		redis.call('SET', KEYS[m + nc + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
 	end
 end
 for j = 2, nc + 1 do
@@ -230,7 +279,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		errs.FailBatch(results, namespace, good, err)
 		return
 	}
-	if len(good) == 1 {
+	if len(good) == 1 && hits[good[0]].Rate == nil {
 		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
 		return
 	}
@@ -285,6 +334,9 @@ type batchRun struct {
 	keys     []string
 	index    map[string]int
 	counters []batchCounter
+	// The TATs of the hits' rates, each once, and by key their indexes.
+	tats     []string
+	tatIndex map[string]int
 	// The forms of the hits: a form is a key's windows as one hit sends
 	// them, which its next hits mostly share. lastForm holds each key's
 	// latest form.
@@ -305,6 +357,12 @@ type batchRun struct {
 type batchForm struct {
 	undo    bool
 	windows []formWindow
+	// rate, for hits with a rate, is the index of its TAT in the run,
+	// plus 1 (0 for none), and inc and tol its increment and tolerance in
+	// microseconds.
+	rate     int
+	inc, tol int64
+	rateWin  time.Duration
 }
 
 // formWindow is a window of a form: what the hits send of it, and the
@@ -318,7 +376,10 @@ type formWindow struct {
 
 // matches reports whether h sends f's windows.
 func (f *batchForm) matches(h *strategy.HitRequest) bool {
-	if f.undo != h.Undo || len(f.windows) != len(h.Windows) {
+	if f.undo != h.Undo || len(f.windows) != len(h.Windows) || (f.rate != 0) != (h.Rate != nil) {
+		return false
+	}
+	if r := h.Rate; r != nil && (f.rateWin != r.Window || f.inc != r.Increment.Microseconds() || f.tol != r.Tolerance.Microseconds()) {
 		return false
 	}
 	for w := range f.windows {
@@ -368,7 +429,7 @@ type batchCounter struct {
 // newBatchRun returns a run with room for n hits of two windows.
 func newBatchRun(n int) *batchRun {
 	return &batchRun{
-		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int),
+		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int), tatIndex: make(map[string]int),
 		hits: make([]int, 0, n), formOf: make([]int, 0, n), hitArgs: make([]any, 0, 3*n),
 	}
 }
@@ -390,6 +451,9 @@ func (r *batchRun) counter(l *layout, k int, sizeMs, startMs int64, nsp, key str
 // add adds hit i, of bucket k, to the run.
 func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) {
 	r.windows[k] += len(h.Windows)
+	if h.Rate != nil {
+		r.windows[k]++ // a retry's RateDiff counts as a window (see HitBatch)
+	}
 	f := r.form(l, k, nsp, h)
 	r.formOf = append(r.formOf, f)
 	r.hitArgs = append(r.hitArgs, f+1)
@@ -426,6 +490,19 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 		undo = "1"
 	}
 	r.formArgs = append(r.formArgs, undo, len(h.Windows))
+	if rate := h.Rate; rate == nil {
+		r.formArgs = append(r.formArgs, 0)
+	} else {
+		t := l.rateKey(k, rate.Window.Milliseconds(), nsp, h.Key)
+		j, ok := r.tatIndex[t]
+		if !ok {
+			j = len(r.tats)
+			r.tatIndex[t] = j
+			r.tats = append(r.tats, t)
+		}
+		form.rate, form.rateWin, form.inc, form.tol = j+1, rate.Window, rate.Increment.Microseconds(), rate.Tolerance.Microseconds()
+		r.formArgs = append(r.formArgs, j+1, form.inc, form.tol)
+	}
 	for w := range h.Windows {
 		win := &h.Windows[w]
 		sizeMs, startMs := int64(win.Size/time.Millisecond), win.Start/int64(time.Millisecond)
@@ -471,23 +548,29 @@ func scriptLimit(v float64) any {
 // previous counts that the store remembers and may use (see prevCache).
 func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 	var markers []string
-	if id != "" {
+	switch {
+	case id == "":
+	case s.cluster:
 		for _, k := range slices.Sorted(maps.Keys(r.windows)) {
 			for n := range (r.windows[k] + maxScriptKeys - 1) / maxScriptKeys {
-				markers = append(markers, s.layout.dedupeKey(k, n, id))
+				markers = append(markers, s.dedupeKey(k, n, id))
 			}
 		}
+	default: // the batch's own groups, whatever their buckets
+		w := 0
+		for _, n := range r.windows {
+			w += n
+		}
+		for n := range (w + maxScriptKeys - 1) / maxScriptKeys {
+			markers = append(markers, s.dedupeKey(0, n, id))
+		}
 	}
-	nkeys := len(markers) + len(r.keys)
-	cmd := make([]any, 3, 3+nkeys+3+2*len(r.keys)+len(r.formArgs)+len(r.hitArgs))
+	nkeys := len(markers) + len(r.keys) + len(r.tats)
+	cmd := make([]any, 3, 3+nkeys+4+2*len(r.keys)+len(r.formArgs)+len(r.hitArgs))
 	cmd[2] = nkeys
 	for _, m := range markers {
 		cmd = append(cmd, m)
 	}
-	for _, k := range r.keys {
-		cmd = append(cmd, k)
-	}
-	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs))
 	for j := range r.counters {
 		c := &r.counters[j]
 		if !c.current && s.prevs != nil {
@@ -495,6 +578,23 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 				c.sent, c.sentAt = e.prev, e.readAt
 			}
 		}
+	}
+	for j, k := range r.keys {
+		if c := &r.counters[j]; c.sent != "" {
+			// The script never touches a counter whose count is sent: its
+			// key is only declared, by its bucket's tag, which has its
+			// slot and its prefix (for an ACL's key pattern) and costs
+			// Redis less to take in than the counter's name.
+			k = s.layout.tags[c.bucket]
+		}
+		cmd = append(cmd, k)
+	}
+	for _, t := range r.tats {
+		cmd = append(cmd, t)
+	}
+	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats))
+	for j := range r.counters {
+		c := &r.counters[j]
 		cmd = append(cmd, c.expMs, c.sent)
 	}
 	cmd = append(cmd, len(r.forms))
@@ -524,11 +624,29 @@ func boolWeight(weighted bool) float64 {
 // and its windows up to the rejecting one report their current counts
 // restored. Nothing is added when the hits did not apply.
 func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, nowMs int64) error {
-	nc := len(r.counters)
-	if len(reply) != 1+nc+len(r.hits) {
-		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), 1+nc+len(r.hits))
+	nc, nr := len(r.counters), len(r.tats)
+	head := 1 + nc // the reply before the hits' rejecting windows
+	if nr > 0 {
+		head += 1 + nr
+	}
+	if len(reply) != head+len(r.hits) {
+		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), head+len(r.hits))
 	}
 	apply := reply[0] == int64(1)
+	// The TATs and the server's clock, in microseconds.
+	var now int64
+	tats := make([]int64, nr)
+	if nr > 0 {
+		var ok bool
+		if now, ok = reply[1+nc].(int64); !ok || now <= 0 {
+			return fmt.Errorf("the batch script replied %v, not a time", reply[1+nc])
+		}
+		for x := range tats {
+			if tats[x], ok = reply[2+nc+x].(int64); !ok {
+				return fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nc+x])
+			}
+		}
+	}
 	val := make([]float64, nc)
 	for j := range val {
 		v, err := replyCount(reply[1+j])
@@ -554,15 +672,21 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	var found []saved
 	for x, i := range r.hits {
 		f := &r.forms[r.formOf[x]]
-		rejected, ok := reply[1+nc+x].(int64)
+		rejected, ok := reply[head+x].(int64)
 		if !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
-			return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[1+nc+x])
+			return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[head+x])
+		}
+		// The rate first, as the script decides it.
+		admit, due := true, int64(0)
+		if f.rate > 0 {
+			due = max(tats[f.rate-1], now) + f.inc
+			admit = due-now <= f.tol
 		}
 		at := len(counts)
 		found = found[:0]
 		for w := range f.windows {
 			fw := &f.windows[w]
-			if apply && (rejected < 0 || w <= int(rejected)) && fw.value != 0 {
+			if apply && admit && (rejected < 0 || w <= int(rejected)) && fw.value != 0 {
 				found = append(found, saved{fw.cur, val[fw.cur]})
 				val[fw.cur] += fw.value
 			}
@@ -578,6 +702,12 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 			}
 		}
 		parsed[x] = strategy.HitResult{Counts: c, Rejected: int(rejected)}
+		if f.rate > 0 {
+			if admit && apply && rejected < 0 {
+				tats[f.rate-1] = due
+			}
+			parsed[x].Rate = strategy.RateReply{OK: admit, TAT: tats[f.rate-1] * 1e3, Now: now * 1e3}
+		}
 	}
 	for x, i := range r.hits {
 		results[i] = parsed[x]

@@ -95,23 +95,33 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 	if b.ID == "" {
 		return nil, errors.New("the batch has no ID")
 	}
-	// Sort the diffs by bucket with a counting sort, leaving out those that
+	// Sort the diffs, and the rates after them (item i >= nd is rate
+	// i-nd), by bucket with a counting sort, leaving out the diffs that
 	// add nothing. A bad window fails the whole batch before anything is
 	// sent, as no retry could ever store it.
 	const dropped = -1
-	diffs := b.Diffs
-	bucket := make([]int16, len(diffs))
+	diffs, rates, nd := b.Diffs, b.Rates, len(b.Diffs)
+	if err := strategy.CheckRateDiffs(rates); err != nil {
+		return nil, err
+	}
+	bucket := make([]int16, nd+len(rates))
 	var starts [buckets + 1]int32
-	for i := range diffs {
-		d := &diffs[i]
-		if _, _, err := windowMs(d.Size, d.Start); err != nil {
-			return nil, err
+	for i := range bucket {
+		key := ""
+		if i < nd {
+			d := &diffs[i]
+			if _, _, err := windowMs(d.Size, d.Start); err != nil {
+				return nil, err
+			}
+			if d.Value == 0 || !finite(d.Value) {
+				bucket[i] = dropped
+				continue
+			}
+			key = d.Key
+		} else {
+			key = rates[i-nd].Key
 		}
-		if d.Value == 0 || !finite(d.Value) {
-			bucket[i] = dropped
-			continue
-		}
-		k := bucketOf(b.Namespace, d.Key)
+		k := bucketOf(b.Namespace, key)
 		bucket[i] = int16(k)
 		starts[k+1]++
 	}
@@ -138,7 +148,16 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			split = hi-lo > 1 && lo/maxScriptKeys != (hi-1)/maxScriptKeys
 		}
 		if split {
-			slices.SortFunc(order[lo:hi], func(i, j int32) int { return compareDiffs(&diffs[i], &diffs[j]) })
+			slices.SortFunc(order[lo:hi], func(i, j int32) int {
+				switch {
+				case int(i) < nd && int(j) < nd:
+					return compareDiffs(&diffs[i], &diffs[j])
+				case int(i) >= nd && int(j) >= nd:
+					x, y := &rates[int(i)-nd], &rates[int(j)-nd]
+					return cmp.Or(cmp.Compare(x.Key, y.Key), cmp.Compare(x.Window, y.Window), cmp.Compare(x.Increment, y.Increment))
+				}
+				return cmp.Compare(i, j) // diffs before rates
+			})
 		}
 	}
 
@@ -163,6 +182,13 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		}
 		var last int64 // the latest expiry of the run's counters
 		for _, i := range part {
+			if int(i) >= nd {
+				// A rate's turn: "r" and its increment, no expiry.
+				r := &rates[int(i)-nd]
+				call.keys = append(call.keys, s.layout.rateKey(int(bucket[i]), r.Window.Milliseconds(), nsp, r.Key))
+				call.args = append(call.args, "r"+strconv.FormatInt(r.Increment.Microseconds(), 10), "")
+				continue
+			}
 			d := &diffs[i]
 			if d.Start+2*int64(d.Size) <= now {
 				continue
@@ -184,27 +210,17 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		if len(call.keys) == 1 {
 			return
 		}
-		call.keys[0] = s.layout.dedupeKey(k, n, b.ID)
+		call.keys[0] = s.dedupeKey(k, n, b.ID)
 		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		calls = append(calls, call)
 	}
 	if !s.cluster {
-		// A run's marker is that of group j of the bucket of its first
-		// diff, j counting the runs before it that start in that bucket
-		// (they come just before it: the diffs are sorted by bucket), as
-		// on a Cluster: a batch of one key's diffs is one run, marked as a
-		// hit of its ID marks it (see Hit), and at most ceil(d/256) runs
-		// start in a bucket of d diffs, which HitBatch relies on.
-		j, last := 0, -1
+		// Run n's marker is the batch's group n (see Store.dedupeKey): a
+		// batch of d diffs runs in ceil(d/256) groups, which HitBatch
+		// relies on, and a batch of one key's diffs is group 0, marked as
+		// a hit of its ID marks it (see Hit).
 		for n := 0; n*maxScriptKeys < len(order); n++ {
-			part := order[n*maxScriptKeys : min(len(order), (n+1)*maxScriptKeys)]
-			k := int(bucket[part[0]])
-			if k == last {
-				j++
-			} else {
-				j, last = 0, k
-			}
-			addRun(part, k, j)
+			addRun(order[n*maxScriptKeys:min(len(order), (n+1)*maxScriptKeys)], 0, n)
 		}
 		return calls, nil
 	}
@@ -597,7 +613,7 @@ func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []st
 		cmdArgs[readFirstAt] = "1"
 	}
 	if id != "" {
-		cmdArgs[3+2*n] = s.layout.dedupeKey(k, 0, id)
+		cmdArgs[3+2*n] = s.dedupeKey(k, 0, id)
 		cmdArgs = append(cmdArgs, hitMarkerTTL(lastExp, nowMs))
 	}
 

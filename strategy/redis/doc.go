@@ -59,23 +59,21 @@
 //
 // # Pushing diffs
 //
-// PushDiffs sorts a batch's diffs by bucket and cuts them into runs of at
-// most 256 counters, each pushed by one EVALSHA of a Lua script whose first
-// key is the run's dedupe marker, <prefix>:{<bucket>}:push:<n>:<batch ID>:
-// the marker of group n of the bucket of the run's first diff, n counting
-// the runs of the batch before it that start in that bucket. On a
-// Cluster, a script may only touch one slot, so a run holds the diffs of
-// one bucket, and n numbers the runs of the bucket (several when a batch
-// holds more than 256 diffs of one bucket). A standalone server (or a
-// Sentinel-managed primary) has no slots: the bucket-sorted diffs are cut
-// every 256 whatever their buckets, so a run may hold the diffs of several
-// buckets, and a batch of 1,000 new keys is four runs where a Cluster
-// needs one per bucket touched (about 700). Either way at most
-// ceil(d/256) runs start in a bucket that holds d of the batch's diffs,
-// which the markers of a batch of synchronous hits rely on (see Batches
-// of synchronous hits). (Before, a standalone server's run n was group n
-// of its bucket: a retry is planned by the process that made the batch,
-// so the change moves no marker that a retry looks for.)
+// PushDiffs sorts a batch's diffs (and its rates' turns) by bucket and
+// cuts them into runs of at most 256 counters, each pushed by one EVALSHA
+// of a Lua script whose first key is the run's dedupe marker,
+// <prefix>:{<bucket>}:push:<n>:<batch ID>. On a Cluster, a script may only
+// touch one slot, so a run holds the diffs of one bucket, and its marker
+// is group n of that bucket, n numbering the runs of the bucket (several
+// when a batch holds more than 256 diffs of one bucket): at most
+// ceil(d/256) runs in a bucket that holds d of the batch's diffs. A
+// standalone server (or a Sentinel-managed primary) has no slots: the
+// bucket-sorted diffs are cut every 256 whatever their buckets, so a run
+// may hold the diffs of several buckets, and a batch of 1,000 new keys is
+// four runs where a Cluster needs one per bucket touched (about 700); run
+// n's marker is the batch's group n, in bucket 0: at most ceil(d/256)
+// groups for a batch of d diffs. The markers of a batch of synchronous
+// hits rely on those bounds (see Batches of synchronous hits).
 //
 // The script sets the marker with SET NX PX and applies the run only if
 // that succeeded, so a batch pushed again with the same ID (a retry after a
@@ -229,8 +227,10 @@
 // hits once, with one MGET (less the previous counts the store remembers
 // and sends, as for Hit), decides the hits in Lua on running counts, and
 // writes each counter that changed once, at the end: SET ... PXAT ... NX
-// for a new one, INCRBYFLOAT of the sum of its increments for one that
-// exists. So the hits of one key in a batch cost one read and one write
+// for a new one, SET ... KEEPTTL of its count for one that exists and
+// stays whole (a SET costs Redis a fifth of an INCRBYFLOAT), INCRBYFLOAT
+// of the sum of its increments for any other. So the hits of one key in a
+// batch cost one read and one write
 // per window, not per hit: a batch of n hits of one key with two windows
 // costs five commands, whatever n. Each hit follows Kong's order; a
 // rejected hit with undo has its increments taken back at once, restoring
@@ -254,26 +254,31 @@
 // moment (a few hundred hits).
 //
 // A batch with an ID follows the hit ID rule, with markers whose names a
-// Batch of that ID (see Pushing diffs) checks. Each script run has, for
-// every bucket k of its hits, the markers of groups 0 to ceil(w/256)-1 of
-// bucket k under the ID, w being the number of windows of the run's hits
-// of bucket k (one marker, group 0, for up to 128 hits of two windows: the
-// marker a Hit of that ID sets). It checks them all first (SET NX for a
-// single marker, one EXISTS for several): if none exists, it sets them and
-// applies its hits; if any exists, it sets none and only reads, deciding
-// every hit on the counts as they are. The markers live as a hit's do.
+// Batch of that ID (see Pushing diffs) checks. On a Cluster each script
+// run has, for every bucket k of its hits, the markers of groups 0 to
+// ceil(w/256)-1 of bucket k under the ID, w being the number of windows
+// of the run's hits of bucket k (a hit's rate counting as one window
+// more); on a standalone server, the batch's groups 0 to ceil(w/256)-1, w
+// being the windows of all its hits: one marker for up to 128 hits of two
+// windows, however many keys they have, where a marker per key cost Redis
+// a third of a batch of many keys. Group 0 is the marker a Hit of that ID
+// sets. A run checks its markers first (SET NX for a single marker, one
+// EXISTS for several): if none exists, it sets them and applies its hits;
+// if any exists, it sets none and only reads, deciding every hit on the
+// counts as they are. The markers live as a hit's do.
 //
 // The rule that makes a batch and its Batch count once between them:
 // a caller whose script run failed (it may have been applied) pushes the
 // increments of the run's hits as one Batch of the batch's ID, with at
 // most one diff per window of each hit (a diff per counter, or fewer, is
-// fine) and no diff of any other hit. That Batch then holds at most w
-// diffs of bucket k, so at most ceil(w/256) of its runs start in bucket
-// k, and each of its runs starts in a bucket of the failed run's hits:
-// each marker that the Batch checks is group n < ceil(w/256) of such a
-// bucket, one that the failed run sets, also when the diffs of one bucket
-// spill past one group of 256, or when a standalone server's run mixes
-// buckets. So:
+// fine), a rate's turn for each hit with a rate, and no diff of any
+// other hit. On a Cluster that Batch then holds at most w diffs of bucket
+// k, so at most ceil(w/256) of its runs are in bucket k: each marker that
+// the Batch checks is group n < ceil(w/256) of a bucket of the failed
+// run's hits, one that the run sets, also when the diffs of one bucket
+// spill past one group of 256. On a standalone server it holds at most w
+// diffs in all, so its runs are groups n < ceil(w/256) of the batch, all
+// set by the run. So:
 //
 //   - if the script run was applied first, it set every marker the Batch
 //     checks, and the Batch applies nothing;

@@ -390,7 +390,7 @@ func TestHitIDPausedServerThenBatch(t *testing.T) {
 		t.Errorf("the server ran %v, want 2 EVALSHA", calls)
 	}
 	// Both checked and set the same marker, whichever ran first.
-	if got, want := keysOf(t, c, "*:push:*"+id), []string{r.layout.dedupeKey(bucketOf("paused", "k"), 0, id)}; !slices.Equal(got, want) {
+	if got, want := keysOf(t, c, "*:push:*"+id), []string{r.dedupeKey(bucketOf("paused", "k"), 0, id)}; !slices.Equal(got, want) {
 		t.Errorf("markers of the hit's ID: %q, want %q", got, want)
 	}
 }

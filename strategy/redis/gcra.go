@@ -157,5 +157,10 @@ func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window 
 	return notSent(s.runOnce(ctx, giveBackScript, giveBackSource, cmdArgs, true).Err())
 }
 
+// DecidesRatesInBatches marks the store as a strategy.RateBatcher: its
+// batch script decides hits' rates (see HitBatch), and its push script
+// takes a Batch's rates.
+func (*Store) DecidesRatesInBatches() {}
+
 // Interface guard
-var _ strategy.Rater = (*Store)(nil)
+var _ strategy.RateBatcher = (*Store)(nil)

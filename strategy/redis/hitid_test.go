@@ -46,7 +46,7 @@ func TestHitIDThenBatch(t *testing.T) {
 	}
 	id := newID()
 	hitWithID(t, r, "hb", "k", id, windows, false, []strategy.WindowCounts{{Current: 1}, {Current: 2.5}}, -1)
-	if got, want := keysOf(t, srv.Client(""), "*:push:*"), []string{r.layout.dedupeKey(bucketOf("hb", "k"), 0, id)}; !slices.Equal(got, want) {
+	if got, want := keysOf(t, srv.Client(""), "*:push:*"), []string{r.dedupeKey(bucketOf("hb", "k"), 0, id)}; !slices.Equal(got, want) {
 		t.Errorf("markers after the hit: %q, want %q", got, want)
 	}
 
@@ -163,7 +163,7 @@ func TestHitIDMarker(t *testing.T) {
 				}
 				return ms
 			}
-			marker := expiry(r.layout.dedupeKey(bucketOf("marker", "k"), 0, id))
+			marker := expiry(r.dedupeKey(bucketOf("marker", "k"), 0, id))
 			last := tc.windows[len(tc.windows)-1]
 			counter := expiry(counterKeyOf(r, "marker", "k", last.Size, last.Start))
 			// At least tc.min and as long as the counter, but never past

@@ -89,11 +89,24 @@ func (l *layout) counterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, 
 // dedupeKey returns the key of the marker that records that group n of a
 // bucket of a batch was applied: <prefix>:{<bucket>}:push:<n>:<batch ID>.
 // It shares the bucket's slot, so one script can check it and write the
-// counters. A synchronous hit with an ID sets the marker of group 0 of its
-// bucket under that ID: the one a batch of that ID holding only the hit's
-// diffs would set.
+// counters. A synchronous hit with an ID sets the marker of group 0 under
+// that ID (see Store.dedupeKey): the one a batch of that ID holding only
+// the hit's diffs would set.
 func (l *layout) dedupeKey(bucket, n int, batchID string) string {
 	return l.tags[bucket] + "push:" + strconv.Itoa(n) + ":" + batchID
+}
+
+// dedupeKey returns the key of the marker of group n of a batch's bucket
+// k (see layout.dedupeKey). On a standalone server, where a script may
+// touch any key, a batch's groups are its own, whatever their buckets:
+// group n is the batch's nth run of up to 256 counters, marked in bucket
+// 0, so that a batch of synchronous hits of many keys sets one marker,
+// not one per key.
+func (s *Store) dedupeKey(k, n int, batchID string) string {
+	if !s.cluster {
+		k = 0
+	}
+	return s.layout.dedupeKey(k, n, batchID)
 }
 
 // slotsKey returns the key of the sorted set that holds the concurrency

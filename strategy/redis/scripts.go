@@ -17,6 +17,11 @@ import (
 // the marker's time to live in milliseconds; the counter KEYS[i] gets the
 // increment ARGV[2i-2] and expires at ARGV[2i-1] (Unix milliseconds).
 //
+// A rate's turn (see strategy.RateBatcher), a TAT key among the counters
+// whose increment is "r" and the microseconds to move it by, moves the
+// TAT as a forced rate request does, by the server's clock (TIME), to
+// max(TAT, now) + increment, living until it passes.
+//
 // A counter's expiry depends only on its window, so it is set once, when
 // the counter is made: SET ... PXAT ... NX makes a new counter, its value
 // and its expiry in one command, and INCRBYFLOAT, which keeps the expiry,
@@ -39,11 +44,25 @@ local held = false
 if #KEYS > 2 then
 	held = redis.call('MGET', unpack(KEYS, 2))
 end
-local failed, first = 0, nil
+local failed, first, now, tats = 0, nil, nil, {}
 for i = 2, #KEYS do
-	local r
-	if (held and held[i - 1]) or not redis.call('SET', KEYS[i], ARGV[2*i-2], 'PXAT', ARGV[2*i-1], 'NX') then
-		r = redis.pcall('INCRBYFLOAT', KEYS[i], ARGV[2*i-2])
+	local r, v = nil, ARGV[2*i-2]
+	if string.byte(v) == 114 then
+		-- "r<increment>": a rate's turn, forced, by the server's clock.
+		if not now then
+			local t = redis.call('TIME')
+			now = t[1] * 1000000 + t[2]
+		end
+		local tat = tats[KEYS[i]]
+		if not tat then
+			if held then tat = held[i - 1] else tat = redis.call('GET', KEYS[i]) end
+			tat = tonumber(tat or '0') or 0
+		end
+		tat = math.max(tat, now) + tonumber(string.sub(v, 2))
+		tats[KEYS[i]] = tat
+		redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+	elseif (held and held[i - 1]) or not redis.call('SET', KEYS[i], v, 'PXAT', ARGV[2*i-1], 'NX') then
+		r = redis.pcall('INCRBYFLOAT', KEYS[i], v)
 	end
 	if type(r) == 'table' and r.err then
 		failed = failed + 1

@@ -170,32 +170,34 @@ func benchmarkSlot(b *testing.B, open func(b *testing.B) strategy.Store) {
 // against s, as sub-benchmarks of b, each in a namespace of its own:
 // batches of 1, 10 and 100 hits, each of two windows (a minute and an
 // hour, sliding) with an ID, as a coalescer of synchronous hits sends
-// them, of one key and of 100 keys (the hits of a batch take the keys in
-// turn). Each reports ns/hit too, and, when commands is not nil, cmds/hit:
-// commands must return a running count of the commands the store's server
-// ran (for Redis, INFO commandstats' calls, commands inside scripts
-// included). A store's package runs them with
+// them, of one key and of 32, 100 and 1,000 keys (the hits of a batch
+// take the keys in turn). Each reports ns/hit too; when commands is not
+// nil, cmds/hit: commands must return a running count of the commands the
+// store's server ran (for Redis, INFO commandstats' calls, commands
+// inside scripts included); and when serverCPU is not nil, server-µs/hit:
+// serverCPU must return the CPU time the store's server used so far (for
+// Redis, INFO cpu). A store's package runs them with
 //
 //	func BenchmarkHitBatch(b *testing.B) {
-//		strategytest.HitBatchBenchmarks(b, openStore(b), nil)
+//		strategytest.HitBatchBenchmarks(b, openStore(b), nil, nil)
 //	}
 //
 // It skips a store that is not a strategy.BatchHitter.
-func HitBatchBenchmarks(b *testing.B, s strategy.Store, commands func() int64) {
+func HitBatchBenchmarks(b *testing.B, s strategy.Store, commands func() int64, serverCPU func() time.Duration) {
 	bs, ok := s.(strategy.BatchHitter)
 	if !ok {
 		b.Skip("the store is not a strategy.BatchHitter")
 	}
-	for _, keys := range []int{1, 100} {
+	for _, keys := range []int{1, 32, 100, 1000} {
 		for _, size := range []int{1, 10, 100} {
 			b.Run(fmt.Sprintf("keys=%d/batch=%d", keys, size), func(b *testing.B) {
-				benchmarkHitBatch(b, bs, commands, fmt.Sprintf("bench-%d-%d", keys, size), keys, size)
+				benchmarkHitBatch(b, bs, commands, serverCPU, fmt.Sprintf("bench-%d-%d", keys, size), keys, size)
 			})
 		}
 	}
 }
 
-func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int64, ns string, keys, size int) {
+func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int64, serverCPU func() time.Duration, ns string, keys, size int) {
 	ctx := context.Background()
 	now := time.Now().UnixNano()
 	var windows []strategy.WindowHit
@@ -233,6 +235,10 @@ func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int
 	if commands != nil {
 		before = commands()
 	}
+	var cpuBefore time.Duration
+	if serverCPU != nil {
+		cpuBefore = serverCPU()
+	}
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
@@ -243,5 +249,8 @@ func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n*size), "ns/hit")
 	if commands != nil {
 		b.ReportMetric(float64(commands()-before)/float64(n*size), "cmds/hit")
+	}
+	if serverCPU != nil {
+		b.ReportMetric(float64((serverCPU()-cpuBefore).Microseconds())/float64(n*size), "server-µs/hit")
 	}
 }

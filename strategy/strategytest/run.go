@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 		{"Slots", testSlots},
 		{"Bans", testBans},
 		{"Rate", testRate},
+		{"RateBatch", testRateBatch},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })
