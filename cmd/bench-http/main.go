@@ -44,7 +44,7 @@ type benchCase struct {
 	// query string, in turn.
 	keys  int
 	redis bool // count the Redis commands it sends
-	shows       int  // the rate limit headers its responses carry: draftShown, kongShown
+	shows int  // the rate limit headers its responses carry: draftShown, kongShown
 }
 
 var cases = []benchCase{
@@ -516,10 +516,10 @@ type bencher struct {
 	caddyPID     int
 	rdb          *redis.Client
 	redisAddr    string
-	staticScript string // prints the result only: wrk sends one fixed request
-	newKeyScript string // also puts a new counter in each request's query
+	staticScript string            // prints the result only: wrk sends one fixed request
+	newKeyScript string            // also puts a new counter in each request's query
 	keysScripts  map[keying]string // put one of so many keys in each request's query
-	runs         int    // wrk runs so far, for distinct keys across runs
+	runs         int               // wrk runs so far, for distinct keys across runs
 }
 
 // The scripts' done() prints one line that benchhttp.ParseWrk reads.
