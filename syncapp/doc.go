@@ -61,8 +61,11 @@
 //	health.mu   failures, backoff and the failure log's throttle; whether
 //	            hits skip the store is an atomic: from a failure or a stall
 //	            until a success. Requests never probe; the loop's runs do.
-//	hitQueue.mu (one per config's Namespace) the synchronous hits waiting
-//	            for a round trip, the round trips out, the stall check.
+//	storeRoad   (one per config's Namespace, no lock of its own) the road
+//	            of synchronous hits: its hit queue, and what a refusal, a
+//	            failure, a stall or a doubt does to a hit.
+//	hitQueue.mu the synchronous hits waiting for a round trip, the round
+//	            trips out, the stall check.
 //	batchRetry.mu   the increments of a failed round trip's hits.
 //	loop.mu     the namespaces attached (the reload hand-off) and the store
 //	            references the loop holds.
@@ -83,9 +86,9 @@
 //	  local / periodic ──► window zone: count, decide
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
-//	    outbox.view ──► hitQueue: sent at once when no round trip is out,
-//	      else waits and goes with the others when one ends, or in a
-//	      second round trip once 8 wait
+//	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
+//	      round trip is out, else waits and goes with the others when one
+//	      ends, or in a second round trip once 8 wait
 //	      ──► store.HitBatch (one round trip; the store decides each hit,
 //	          a rate first, its turn given back when a limit rejects)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)

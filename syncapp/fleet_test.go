@@ -106,7 +106,7 @@ func synchronousNodes(t *testing.T, s fleetStore, n int) []*Namespace {
 	var nodes []*Namespace
 	for range n {
 		ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
-		neverStall(ns.hits)
+		neverStall(ns.road.hits)
 		ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
 		poll.Until(t, 5*time.Second, "the store to be in use", func() bool { return !ns.health.down() })
 		nodes = append(nodes, ns)

@@ -2,7 +2,6 @@ package syncapp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -80,7 +79,7 @@ func (n *Namespace) CheckRate(win time.Duration) error {
 // trip (see above for when it cannot).
 func (n *Namespace) HitRate(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int) {
 	if n.mode == Synchronous && !n.health.down() {
-		if rateOK, rejected, ok := n.syncRateHit(ctx, key, rate, cost, limits, value, fixed, undo, out, rs); ok {
+		if rateOK, rejected, ok := n.road.rateHit(ctx, key, rate, cost, limits, value, fixed, undo, out, rs); ok {
 			return rateOK, rejected
 		}
 	}
@@ -113,45 +112,4 @@ func (n *Namespace) HitRateIfRoom(ctx context.Context, key string, rate Rate, co
 // needs, without a round trip.
 func (n *Namespace) PeekRate(key string, window time.Duration) RateSample {
 	return n.counters.ReadRate(key, window)
-}
-
-// syncRateHit is a synchronous HitRate: one hit of the hit queue, with
-// the rate, which the store decides with the limits (see syncHit for the
-// limits' side). It reports false when the request must be decided by
-// the zone alone: the store refused the input, or the request surely
-// never reached it. When the round trip failed after it may have been
-// applied, the zone decides, and what it admitted goes into the round
-// trip's retry: the limits' increments and the rate's turn.
-func (n *Namespace) syncRateHit(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int, ok bool) {
-	req := strategy.RateRequestOf(rate.Window, rate.N, rate.Burst, cost)
-	windows := syncWindows(limits, value, fixed, window.SystemClock())
-	res, retry := n.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
-	switch err := res.Err; {
-	case err == nil:
-	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
-		return false, -1, false
-	case errors.Is(err, strategy.ErrNotSent):
-		n.health.failed(err, 0)
-		return false, -1, false
-	default:
-		n.health.failed(err, 0)
-		rateOK, rejected = n.counters.HitRate(key, rate, cost, limits, value, fixed, undo, true, out, rs)
-		var diffs []window.Diff
-		var turn *strategy.RateDiff
-		if rateOK {
-			diffs = hitDiffs(key, windows, rejected, undo)
-			if rejected < 0 {
-				turn = &strategy.RateDiff{Key: key, Window: rate.Window, Increment: req.Increment}
-			}
-		}
-		if b, last := retry.add(diffs, turn); last {
-			n.outbox.retry(b)
-		}
-		return rateOK, rejected, true
-	}
-	n.health.succeeded()
-	n.observe(key, windows, res.Counts, out)
-	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
-	n.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
-	return res.Rate.OK, res.Rejected, true
 }

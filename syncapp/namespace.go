@@ -52,7 +52,7 @@ type Namespace struct {
 	// hits (checked at load for a namespace that needs them).
 	store       strategy.Store
 	hitter      strategy.Hitter
-	hits        *hitQueue        // sends the synchronous hits to hitter
+	road        *storeRoad       // the synchronous hits' road to hitter
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	banner      strategy.Banner  // the store, when it can hold bans
 	storeKey    poolKey
@@ -108,7 +108,7 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 	case n.syncAbove > 0:
 		return n.hitNear(ctx, key, limits, value, fixed, undo, out)
 	case n.mode == Synchronous && !n.health.down():
-		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, nil); ok {
+		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
 	case n.mode == Periodic:
@@ -131,7 +131,7 @@ func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, val
 		return rejected
 	}
 	if !n.health.down() {
-		if rejected, ok := n.syncHit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
+		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
 			return rejected
 		}
 	} else {
@@ -141,7 +141,7 @@ func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, val
 		for i, l := range limits {
 			windows[i] = strategy.WindowHit{Size: l.Size, Start: out[i].Start}
 		}
-		n.giveBack(key, windows, unsynced, 0, true)
+		n.road.giveBack(key, windows, unsynced, 0, true)
 	}
 	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }

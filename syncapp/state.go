@@ -77,7 +77,7 @@ func (n *Namespace) use(s *fleetState) {
 	n.slots = s.slots
 	n.inFlight = s.inFlight
 	if n.hitter != nil {
-		n.hits = newHitQueue(n.hitter, n.name, s.health)
+		n.road = &storeRoad{hits: newHitQueue(n.hitter, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)

@@ -8,7 +8,21 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// syncHit is a synchronous Hit in one round trip to the store, which
+// storeRoad is a config's road from a request to its store: the
+// synchronous hits (sync_rate 0, near hits with sync_above, rates at
+// sync_rate 0) that go in the round trips of its hit queue, and what a
+// refusal, a failure, a stall or a doubt does to each. A config's
+// Namespace that has a store able to take synchronous hits holds one; the
+// hit queue is the config's, the health and the outbox the pooled fleet
+// state's, and the zone's counts are where the store's answers go.
+type storeRoad struct {
+	hits     *hitQueue
+	health   *health
+	outbox   *outbox
+	counters *window.Namespace
+}
+
+// hit is a synchronous Hit in one round trip to the store, which
 // carries the hits of the namespace that wait with it (hitQueue). It reports
 // false when the hit must be counted locally as a pending diff instead:
 // the store refused the windows, or the request surely never reached it.
@@ -23,13 +37,13 @@ import (
 // windows' diffs, and the diffs on their way in a push, lower the limits
 // instead. The diffs taken of windows the hit did not increment go back
 // to the zone.
-func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
+func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
 	windows := syncWindows(limits, value, fixed, window.SystemClock())
 	if unsynced != nil {
 		// A run's diffs taken from the zone are in the view: a near hit's
 		// unsynced diffs and the view never both miss them. Some may be in
 		// both, which only lowers the limits it sends.
-		v := n.outbox.view()
+		v := r.outbox.view()
 		for i := range windows {
 			w, u := &windows[i], unsynced[i]
 			w.Start = out[i].Start
@@ -43,47 +57,88 @@ func (n *Namespace) syncHit(ctx context.Context, key string, limits []Limit, val
 	}
 	// No timeout of its own: a round trip ends within hitTimeout, a hit
 	// waits for at most the one ahead of it, and a stall sends it local.
-	res, retry := n.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
+	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
 	counts, rejected, err := res.Counts, res.Rejected, res.Err
 	switch {
 	case err == nil:
 	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
-		n.giveBack(key, windows, unsynced, 0, true)
+		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	case errors.Is(err, errStalled): // health knows
-		n.giveBack(key, windows, unsynced, 0, true)
+		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	case errors.Is(err, strategy.ErrNotSent):
-		n.health.failed(err, 0)
-		n.giveBack(key, windows, unsynced, 0, true)
+		r.health.failed(err, 0)
+		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	default:
-		n.health.failed(err, 0)
-		rejected := n.counters.Hit(key, limits, value, fixed, undo, true, out)
+		r.health.failed(err, 0)
+		rejected := r.counters.Hit(key, limits, value, fixed, undo, true, out)
 		if b, last := retry.add(hitDiffs(key, windows, rejected, undo), nil); last {
-			n.outbox.retry(b)
+			r.outbox.retry(b)
 		}
-		n.giveBack(key, windows, unsynced, rejected, undo)
+		r.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
-	n.health.succeeded()
-	n.giveBack(key, windows, unsynced, rejected, undo)
-	n.observe(key, windows, counts, out)
+	r.health.succeeded()
+	r.giveBack(key, windows, unsynced, rejected, undo)
+	r.observe(key, windows, counts, out)
 	return rejected, true
+}
+
+// rateHit is a synchronous HitRate: one hit of the hit queue, with the
+// rate, which the store decides with the limits (see hit for the limits'
+// side). It reports false when the request must be decided by
+// the zone alone: the store refused the input, or the request surely
+// never reached it. When the round trip failed after it may have been
+// applied, the zone decides, and what it admitted goes into the round
+// trip's retry: the limits' increments and the rate's turn.
+func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int, ok bool) {
+	req := strategy.RateRequestOf(rate.Window, rate.N, rate.Burst, cost)
+	windows := syncWindows(limits, value, fixed, window.SystemClock())
+	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
+	switch err := res.Err; {
+	case err == nil:
+	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
+		return false, -1, false
+	case errors.Is(err, strategy.ErrNotSent):
+		r.health.failed(err, 0)
+		return false, -1, false
+	default:
+		r.health.failed(err, 0)
+		rateOK, rejected = r.counters.HitRate(key, rate, cost, limits, value, fixed, undo, true, out, rs)
+		var diffs []window.Diff
+		var turn *strategy.RateDiff
+		if rateOK {
+			diffs = hitDiffs(key, windows, rejected, undo)
+			if rejected < 0 {
+				turn = &strategy.RateDiff{Key: key, Window: rate.Window, Increment: req.Increment}
+			}
+		}
+		if b, last := retry.add(diffs, turn); last {
+			r.outbox.retry(b)
+		}
+		return rateOK, rejected, true
+	}
+	r.health.succeeded()
+	r.observe(key, windows, res.Counts, out)
+	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
+	r.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
+	return res.Rate.OK, res.Rejected, true
 }
 
 // observe sets key's windows in the zone to the counts the store
 // answered, and out to their states.
-func (n *Namespace) observe(key string, windows []strategy.WindowHit, counts []strategy.WindowCounts, out []window.Sample) {
+func (r *storeRoad) observe(key string, windows []strategy.WindowHit, counts []strategy.WindowCounts, out []window.Sample) {
 	// Diffs on their way to the store are not in its counts yet; no run
 	// takes the zone's diffs while the view is open, so none is counted
 	// both in the view and in the zone the counts are observed into.
-	v := n.outbox.view()
+	v := r.outbox.view()
 	defer v.close()
 	for i, w := range windows {
 		cur := counts[i].Current + v.of(key, w.Size, w.Start)
 		prev := counts[i].Previous + v.of(key, w.Size, w.Start-int64(w.Size))
-		out[i] = n.counters.Observe(key, w.Size, w.Start, cur, prev)
+		out[i] = r.counters.Observe(key, w.Size, w.Start, cur, prev)
 	}
 }
 
@@ -122,7 +177,7 @@ func hitDiffs(key string, windows []strategy.WindowHit, rejected int, undo bool)
 // increment: those after the rejecting window, or all of them when undo
 // took the increments back. It runs before the store's counts are
 // observed, which then lack them.
-func (n *Namespace) giveBack(key string, windows []strategy.WindowHit, unsynced []window.Unsynced, rejected int, undo bool) {
+func (r *storeRoad) giveBack(key string, windows []strategy.WindowHit, unsynced []window.Unsynced, rejected int, undo bool) {
 	if unsynced == nil {
 		return
 	}
@@ -134,6 +189,6 @@ func (n *Namespace) giveBack(key string, windows []strategy.WindowHit, unsynced 
 		}
 	}
 	if len(diffs) > 0 {
-		n.counters.Restore(diffs)
+		r.counters.Restore(diffs)
 	}
 }
