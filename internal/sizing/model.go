@@ -1,0 +1,169 @@
+package sizing
+
+import (
+	"math"
+	"time"
+)
+
+// Window is the limit's window in the harness's config (the accuracy
+// harness's: one fixed window of a second), which sets how many counters
+// a key makes and how long they live.
+const Window = time.Second
+
+// counterLife is how long a counter lives after its window starts: two
+// windows and a second (strategy/redis's expiry, and PostgreSQL's).
+const counterLife = 2*Window + time.Second
+
+// scriptRun is the most counters one Redis script run pushes, and
+// mgetKeys the most keys one fetch MGET reads (two counters a key and
+// window size, 512 counters).
+const (
+	scriptRun = 256
+	mgetKeys  = 256
+)
+
+// Distinct is the expected number of distinct keys among draws drawn
+// uniformly from keys: keys × (1 − e^(−draws/keys)).
+func Distinct(draws, keys float64) float64 {
+	if draws <= 0 || keys <= 0 {
+		return 0
+	}
+	return keys * -math.Expm1(-draws/keys)
+}
+
+// Constants are the formula's fitted constants: what the code cannot say,
+// the store's CPU per unit of work and its bytes per item held.
+type Constants struct {
+	// CPUPerCommand and CPUPerTrip are the store's CPU, in microseconds,
+	// per command and per round trip (Redis: script run; PostgreSQL:
+	// transaction, and a command is then a row written).
+	CPUPerCommand, CPUPerTrip float64
+	// BytesPerCounter and BytesPerMarker are the memory of one counter
+	// and of one dedupe marker (or batch ID row) held.
+	BytesPerCounter, BytesPerMarker float64
+	// BytesPerConn is the memory of one client connection (Redis's
+	// buffers; 0 for PostgreSQL, whose tables alone are measured).
+	BytesPerConn float64
+	// TripLatency is how long a synchronous round trip keeps a node's
+	// next hits waiting, in microseconds: hits that arrive meanwhile share
+	// the next round trip.
+	TripLatency float64
+	// ConnsPeriodic and ConnsSync are the connections one node holds to
+	// the store in each mode.
+	ConnsPeriodic, ConnsSync float64
+}
+
+// Prediction is what the formula predicts for a row, per second unless
+// said otherwise.
+type Prediction struct {
+	Commands float64 // Redis commands, or PostgreSQL transactions
+	Trips    float64 // Redis script runs, or PostgreSQL transactions
+	Rows     float64 // PostgreSQL rows written (0 for Redis)
+	CPU      float64 // percent of one core
+	Memory   float64 // bytes
+	Conns    float64
+	// Counters and Markers are the counters and markers (Redis) or
+	// batch ID rows (PostgreSQL) the store holds at the window's end.
+	Counters, Markers float64
+}
+
+// periodicWork returns one node's expected diffs per sync run (distinct
+// key-window counters it touched: a run that spans a window's end
+// touches a key's counters of both windows) and the keys its fetch reads
+// (those touched in its last two runs).
+func periodicWork(perNode float64, keys int, syncRate time.Duration) (diffs, fetched float64) {
+	t := syncRate.Seconds()
+	w := Window.Seconds()
+	// Average over where the run falls in the window.
+	const phases = 32
+	for i := range phases {
+		start := (float64(i) + 0.5) / phases * w
+		end := start + t
+		for a := start; a < end; {
+			b := min(end, (math.Floor(a/w)+1)*w)
+			diffs += Distinct(perNode*(b-a), float64(keys))
+			a = b
+		}
+	}
+	diffs /= phases
+	fetched = Distinct(perNode*2*t, float64(keys))
+	return diffs, fetched
+}
+
+// Predict returns the formula's prediction for a row whose load has run
+// for elapsed at the measuring window's end.
+func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
+	var p Prediction
+	n := float64(r.Nodes)
+	perNode := r.Rate / n
+	// Counters alive: every key-window counter of the windows started in
+	// the last counterLife; the current window's is partly filled.
+	life := counterLife.Seconds() / Window.Seconds()
+	full := Distinct(r.Rate*Window.Seconds(), float64(r.Keys))
+	p.Counters = full * (life - 0.5)
+	if r.SyncRate > 0 {
+		runs := n / r.SyncRate.Seconds() // sync runs a second, fleet-wide
+		diffs, fetched := periodicWork(perNode, r.Keys, r.SyncRate)
+		pushRuns := math.Ceil(diffs / scriptRun)
+		// A run with nothing to push or fetch asks nothing.
+		busy := -math.Expm1(-perNode * r.SyncRate.Seconds())
+		switch r.Store {
+		case "postgres":
+			// One statement pushes the batch (its ID row and its upserts),
+			// one query fetches: each its own transaction.
+			p.Trips = runs * (busy + (-math.Expm1(-perNode * 2 * r.SyncRate.Seconds())))
+			p.Commands = p.Trips
+			p.Rows = runs * (diffs + busy)
+			p.Markers = runs * busy * counterLife.Seconds()
+		default:
+			// Per script run: EVALSHA, its marker's SET, one MGET; then a
+			// write per diff. A fetch: one MGET per 256 keys.
+			p.Trips = runs * pushRuns
+			p.Commands = runs * (diffs + 3*pushRuns + math.Ceil(fetched/mgetKeys))
+			p.Markers = p.Trips * counterLife.Seconds()
+		}
+		p.Conns = n * c.ConnsPeriodic
+	} else {
+		// Hits that arrive while a node's round trip is out share the
+		// next one: trips = r / (1 + r·latency) per node.
+		trips := n * perNode / (1 + perNode*c.TripLatency/1e6)
+		p.Trips = trips
+		hitsPerTrip := r.Rate / trips
+		// Writes: one per counter a trip changes, a key's hits of one trip
+		// sharing theirs.
+		writes := trips * Distinct(hitsPerTrip, float64(r.Keys))
+		switch r.Store {
+		case "postgres":
+			// One call of the hit function per trip, one transaction: its
+			// ID row, and an upsert per counter.
+			p.Commands = trips
+			p.Rows = trips + writes
+		default:
+			// EVALSHA, the marker's SET NX, one MGET, a write per counter.
+			p.Commands = 3*trips + writes
+		}
+		// A synchronous trip's marker lives a minute or two: none has
+		// expired within the first minute.
+		p.Markers = trips * math.Min(elapsed.Seconds(), 90)
+		p.Conns = n * c.ConnsSync
+	}
+	units := p.Commands
+	if r.Store == "postgres" {
+		units = p.Rows
+	}
+	p.CPU = (c.CPUPerCommand*units + c.CPUPerTrip*p.Trips) / 1e6 * 100
+	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerConn*p.Conns
+	return p
+}
+
+// Error is the relative error of a prediction against a measurement, as
+// a fraction (−0.1: predicted 10 % below); 0 when both are 0.
+func Error(predicted, measured float64) float64 {
+	if measured == 0 {
+		if predicted == 0 {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	return predicted/measured - 1
+}
