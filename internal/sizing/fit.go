@@ -4,7 +4,7 @@ import "math"
 
 // Fit returns the constants that fit the measured rows of one store best:
 // the CPU per command and per round trip by least squares on the measured
-// work; the bytes per counter, per marker and per connection on the
+// work; the bytes per counter, per marker, per connection (Redis) and of the empty tables (PostgreSQL) on the
 // predicted items held; the trip latency from the synchronous rows' round
 // trips; and the connections per node, the mean of each mode's rows.
 // Constants the rows cannot tell (no synchronous row, say) keep def's
@@ -38,7 +38,11 @@ func Fit(rows []Measured, def Constants) Constants {
 		}
 		cpuX = append(cpuX, []float64{units, m.Trips})
 		cpuY = append(cpuY, m.CPU/100*1e6)
-		memX = append(memX, []float64{p.Counters, p.Markers, float64(m.Conns)})
+		conns, empty := float64(m.Conns), 0.0
+		if m.Row.Store == "postgres" {
+			conns, empty = 0, 1
+		}
+		memX = append(memX, []float64{p.Counters, p.Markers, conns, empty})
 		memY = append(memY, m.Memory)
 		if m.Row.SyncRate > 0 {
 			connsP = append(connsP, float64(m.Conns)/float64(m.Row.Nodes))
@@ -50,7 +54,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		c.CPUPerCommand, c.CPUPerTrip = k[0], k[1]
 	}
 	if k, ok := FitNonNeg(memX, memY); ok {
-		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn = k[0], k[1], k[2]
+		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty = k[0], k[1], k[2], k[3]
 	}
 	if len(connsP) > 0 {
 		c.ConnsPeriodic = mean(connsP)

@@ -44,6 +44,9 @@ type Constants struct {
 	// BytesPerConn is the memory of one client connection (Redis's
 	// buffers; 0 for PostgreSQL, whose tables alone are measured).
 	BytesPerConn float64
+	// BytesEmpty is the size of PostgreSQL's tables and indexes before
+	// they hold a row (0 for Redis, measured above its empty state).
+	BytesEmpty float64
 	// TripLatency is how long a synchronous round trip keeps a node's
 	// next hits waiting, in microseconds: hits that arrive meanwhile share
 	// the next round trip.
@@ -94,6 +97,7 @@ func periodicWork(perNode float64, keys int, syncRate time.Duration) (diffs, fet
 // for elapsed at the measuring window's end.
 func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 	var p Prediction
+	var ids float64 // PostgreSQL's batch and hit ID rows a second
 	n := float64(r.Nodes)
 	perNode := r.Rate / n
 	// Counters alive: every key-window counter of the windows started in
@@ -113,8 +117,8 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			// one query fetches: each its own transaction.
 			p.Trips = runs * (busy + (-math.Expm1(-perNode * 2 * r.SyncRate.Seconds())))
 			p.Commands = p.Trips
-			p.Rows = runs * (diffs + busy)
-			p.Markers = runs * busy * counterLife.Seconds()
+			ids = runs * busy
+			p.Rows = runs*diffs + ids
 		default:
 			// Per script run: EVALSHA, its marker's SET, one MGET; then a
 			// write per diff. A fetch: one MGET per 256 keys.
@@ -137,7 +141,8 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			// One call of the hit function per trip, one transaction: its
 			// ID row, and an upsert per counter.
 			p.Commands = trips
-			p.Rows = trips + writes
+			ids = trips
+			p.Rows = ids + writes
 		default:
 			// EVALSHA, the marker's SET NX, one MGET, a write per counter.
 			p.Commands = 3*trips + writes
@@ -150,9 +155,16 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 	units := p.Commands
 	if r.Store == "postgres" {
 		units = p.Rows
+		// PostgreSQL keeps every row version it wrote until a purge (every
+		// 30 s, first at a random point) deletes the expired counters and
+		// a vacuum frees their space: within a row's first half minute,
+		// its tables hold all it wrote. Markers are the batch and hit ID
+		// rows, one a transaction that writes.
+		p.Counters = (p.Rows - ids) * elapsed.Seconds()
+		p.Markers = ids * elapsed.Seconds()
 	}
 	p.CPU = (c.CPUPerCommand*units + c.CPUPerTrip*p.Trips) / 1e6 * 100
-	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerConn*p.Conns
+	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p
 }
 

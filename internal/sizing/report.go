@@ -82,14 +82,14 @@ func (r Report) Markdown() string {
 	slices.Sort(stores)
 	for _, name := range stores {
 		c := r.Constants[name]
-		unit := "command"
+		unit, mem := "command", fmt.Sprintf("%.0f per connection", c.BytesPerConn)
 		if name == "postgres" {
-			unit = "row written"
+			unit, mem = "row written", "empty tables "+Bytes(c.BytesEmpty)
 		}
-		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip; %.0f bytes per counter and "+
-			"%.0f per marker (and %.0f per connection); a synchronous round trip holds a node's next hits %.0f µs; %.2f connections per node when periodic, "+
-			"%.2f at sync_rate 0.", r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn,
-			c.TripLatency, c.ConnsPeriodic, c.ConnsSync)))
+		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip; %.0f bytes per counter, "+
+			"%.0f per marker, %s; a synchronous round trip holds a node's next hits %.0f µs; %.2f connections per node when "+
+			"periodic, %.2f at sync_rate 0.", r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.BytesPerCounter,
+			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsSync)))
 		b.WriteString("\n")
 	}
 	b.WriteString("\nEach cell: measured, then the formula's prediction and its error.\n\n")
