@@ -22,6 +22,9 @@
 #	   (an ID is <store>-n<nodes>-k<keys>-sync<rate>)
 #	SIZING_MAX_RATE=1000 (requests a second at most, fleet-wide; ≤ 2000)
 #	SIZING_WARMUP=4s SIZING_MEASURE=10s
+#	SIZING_SAVE=<file>: append each row measured to it, a line of JSON
+#	SIZING_LOAD=<file>[,<file>...]: run nothing, report the rows saved there
+#	   (those of the plan: the page's rows, or with SIZING_GRID=1 all)
 #
 # It installs Debian's redis-server and postgresql when they are missing,
 # and never touches the machine's own Redis or PostgreSQL: its servers,
@@ -29,7 +32,7 @@
 set -euo pipefail
 
 command="./scripts/bench-sizing.sh"
-for v in OUT SIZING_GRID SIZING_STORES SIZING_ROWS SIZING_MAX_RATE SIZING_WARMUP SIZING_MEASURE; do
+for v in OUT SIZING_GRID SIZING_STORES SIZING_ROWS SIZING_MAX_RATE SIZING_WARMUP SIZING_MEASURE SIZING_LOAD; do
 	[ -n "${!v:-}" ] && command="$v=$(printf %q "${!v}") $command"
 done
 invoked_from=$PWD
@@ -50,6 +53,19 @@ go test -c -o "$work/sizing.test" ./internal/sizing
 if [ -n "${OUT:-}" ]; then
 	case $OUT in /*) ;; *) OUT="$invoked_from/$OUT" ;; esac
 	export OUT
+fi
+# Paths relative to where the script was started.
+abs() { case $1 in /*) echo "$1" ;; *) echo "$invoked_from/$1" ;; esac; }
+if [ -n "${SIZING_SAVE:-}" ]; then
+	SIZING_SAVE=$(abs "$SIZING_SAVE")
+	export SIZING_SAVE
+fi
+if [ -n "${SIZING_LOAD:-}" ]; then
+	loads=()
+	IFS=, read -ra parts <<<"$SIZING_LOAD"
+	for p in "${parts[@]}"; do loads+=("$(abs "$p")"); done
+	SIZING_LOAD=$(IFS=,; echo "${loads[*]}")
+	export SIZING_LOAD
 fi
 SIZING_SOURCE="the working tree at commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [ -n "$(git status --porcelain -- '*.go' go.mod go.sum 2>/dev/null)" ]; then

@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,42 +53,59 @@ func TestSizingFull(t *testing.T) {
 		t.Fatal("no row to run")
 	}
 
-	bin := caddyproc.TestBinary(t, "SIZING_CADDY")
-	stores := map[string]Store{}
-	titles := map[string]string{}
-	versions := []string{"Caddy: " + machine.Version(bin, "version")}
-	for _, name := range storeNames {
-		switch name {
-		case "redis":
-			srv := redistest.Start(t)
-			st := NewRedisStore(srv.Addr)
-			t.Cleanup(func() { st.Close() })
-			stores[name] = st
-			versions = append(versions, "Redis: "+machine.Version("redis-server", "--version"))
-		case "postgres":
-			srv := pgtest.Start(t)
-			dsn := srv.CreateDB(t, "sizing")
-			st, err := NewPostgresStore(t.Context(), dsn, "sizing", srv.DSN("postgres"), srv.Dir+"/data")
+	var (
+		measured []Measured
+		versions []string
+		titles   = map[string]string{"redis": "Redis", "postgres": "PostgreSQL"}
+		elapsed  time.Duration
+	)
+	if load := os.Getenv("SIZING_LOAD"); load != "" {
+		// Only the report, from rows saved by earlier runs (SIZING_SAVE):
+		// the later of two measurements of a row wins.
+		byID := map[string]int{}
+		for _, path := range strings.Split(load, ",") {
+			f, err := os.Open(path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { st.Close() })
-			stores[name] = st
-			if b, err := pgtest.Find(); err == nil {
-				versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
+			ms, err := Load(f)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
 			}
-		default:
-			t.Fatalf("SIZING_STORES: unknown store %q: want redis and/or postgres", name)
+			for _, m := range ms {
+				if i, ok := byID[m.Row.ID()]; ok {
+					measured[i] = m
+					continue
+				}
+				byID[m.Row.ID()] = len(measured)
+				measured = append(measured, m)
+			}
 		}
-		titles[name] = stores[name].Title()
+		var kept []Measured
+		want := map[string]bool{}
+		for _, r := range rows {
+			want[r.ID()] = true
+		}
+		for _, m := range measured {
+			if want[m.Row.ID()] {
+				kept = append(kept, m)
+				elapsed += m.Took
+			}
+		}
+		measured = kept
+		versions = []string{"Caddy: " + machine.Version(caddyproc.TestBinary(t, "SIZING_CADDY"), "version")}
+		if slices.Contains(storeNames, "redis") {
+			versions = append(versions, "Redis: "+machine.Version("redis-server", "--version"))
+		}
+		if b, err := pgtest.Find(); err == nil && slices.Contains(storeNames, "postgres") {
+			versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
+		}
+	} else {
+		measured, versions, elapsed = runRows(t, rows, storeNames, warmup, measure, maxRate)
 	}
-	fmt.Fprintf(os.Stderr, "sizing: %d rows, %v of warm-up and %v measured each, at most %.0f requests a second\n",
-		len(rows), warmup, measure, maxRate)
-	r := &Runner{Caddy: bin, Dir: t.TempDir(), Warmup: warmup, Measure: measure, Stores: stores, Progress: os.Stderr}
-	began := time.Now()
-	measured, err := r.Run(t.Context(), rows)
-	if err != nil {
-		t.Fatal(err)
+	if len(measured) == 0 {
+		t.Fatal("no row measured")
 	}
 	rep := Report{
 		Date:     time.Now().UTC(),
@@ -96,19 +114,21 @@ func TestSizingFull(t *testing.T) {
 		Source:   caddyproc.Env("SIZING_SOURCE", "the working tree"),
 		Versions: versions,
 		Warmup:   warmup, Measure: measure, MaxRate: maxRate,
-		Elapsed:   time.Since(began),
+		Elapsed:   elapsed,
 		Rows:      measured,
 		Constants: map[string]Constants{},
 		Titles:    titles,
 	}
-	for name := range stores {
+	for _, name := range storeNames {
 		var mine []Measured
 		for _, m := range measured {
 			if m.Row.Store == name {
 				mine = append(mine, m)
 			}
 		}
-		rep.Constants[name] = Fit(mine, Constants{})
+		if len(mine) > 0 {
+			rep.Constants[name] = Fit(mine, Constants{})
+		}
 	}
 	fmt.Fprintf(os.Stderr, "sizing: Go %s\n", runtime.Version())
 	fmt.Print(rep.Markdown())
@@ -144,4 +164,54 @@ func envFloat(t *testing.T, name string, def float64) float64 {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return f
+}
+
+// runRows starts the stores and runs the rows, and returns what it
+// measured, the versions of the programs and how long it took. A row that
+// fails is left out, and fails the test once the others have run.
+func runRows(t *testing.T, rows []Row, storeNames []string, warmup, measure time.Duration, maxRate float64) ([]Measured, []string, time.Duration) {
+	bin := caddyproc.TestBinary(t, "SIZING_CADDY")
+	stores := map[string]Store{}
+	versions := []string{"Caddy: " + machine.Version(bin, "version")}
+	for _, name := range storeNames {
+		switch name {
+		case "redis":
+			srv := redistest.Start(t)
+			st := NewRedisStore(srv.Addr)
+			t.Cleanup(func() { st.Close() })
+			stores[name] = st
+			versions = append(versions, "Redis: "+machine.Version("redis-server", "--version"))
+		case "postgres":
+			srv := pgtest.Start(t)
+			dsn := srv.CreateDB(t, "sizing")
+			st, err := NewPostgresStore(t.Context(), dsn, "sizing", srv.DSN("postgres"), srv.Dir+"/data")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			stores[name] = st
+			if b, err := pgtest.Find(); err == nil {
+				versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
+			}
+		default:
+			t.Fatalf("SIZING_STORES: unknown store %q: want redis and/or postgres", name)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "sizing: %d rows, %v of warm-up and %v measured each, at most %.0f requests a second\n",
+		len(rows), warmup, measure, maxRate)
+	r := &Runner{Caddy: bin, Dir: t.TempDir(), Warmup: warmup, Measure: measure, Stores: stores, Progress: os.Stderr}
+	if path := os.Getenv("SIZING_SAVE"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		r.Save = f
+	}
+	began := time.Now()
+	measured, err := r.Run(t.Context(), rows)
+	if err != nil {
+		t.Error(err)
+	}
+	return measured, versions, time.Since(began)
 }

@@ -1,7 +1,10 @@
 package sizing
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -29,23 +32,60 @@ type Runner struct {
 	Stores map[string]Store
 	// Progress, when set, receives a line per row.
 	Progress io.Writer
+	// Save, when set, receives each row measured (see Run).
+	Save io.Writer
 }
 
-// Run runs the rows in order, and stops at the first that fails.
+// Run runs the rows in order. A row that fails (a node that does not
+// start, requests that fail) is reported on Progress and left out, and the
+// others still run; Run returns the rows measured and the first error.
+// With Save set, each row measured is appended to it as a line of JSON as
+// soon as it is, so that a run cut short keeps what it measured.
 func (r *Runner) Run(ctx context.Context, rows []Row) ([]Measured, error) {
 	var out []Measured
+	var first error
 	for i, row := range rows {
+		if ctx.Err() != nil {
+			return out, errors.Join(first, ctx.Err())
+		}
 		m, err := r.RunRow(ctx, row)
 		if err != nil {
-			return out, fmt.Errorf("row %d (%s): %w", i+1, row.ID(), err)
+			err = fmt.Errorf("row %d (%s): %w", i+1, row.ID(), err)
+			if r.Progress != nil {
+				fmt.Fprintf(r.Progress, "%3d/%d %-32s FAILED: %v\n", i+1, len(rows), row.ID(), err)
+			}
+			first = cmp.Or(first, err)
+			continue
 		}
 		if r.Progress != nil {
 			fmt.Fprintf(r.Progress, "%3d/%d %-32s sent %6.0f/s  %8.0f cmd/s  %7.0f trips/s  %6.1f%% CPU  %8.0f KiB  %3d conns\n",
 				i+1, len(rows), row.ID(), m.Sent, m.Commands, m.Trips, m.CPU, m.Memory/1024, m.Conns)
 		}
+		if r.Save != nil {
+			if err := json.NewEncoder(r.Save).Encode(m); err != nil {
+				return out, err
+			}
+		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, first
+}
+
+// Load reads the rows that Run saved, one JSON object a line.
+func Load(rd io.Reader) ([]Measured, error) {
+	var out []Measured
+	dec := json.NewDecoder(rd)
+	for {
+		var m Measured
+		err := dec.Decode(&m)
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return out, fmt.Errorf("reading saved rows: %w", err)
+		}
+		out = append(out, m)
+	}
 }
 
 // limitless is the nodes' limit: far above any key's hits, so that every
@@ -53,8 +93,10 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Measured, error) {
 const limitless = 1e9
 
 // RunRow runs one row.
-func (r *Runner) RunRow(ctx context.Context, row Row) (Measured, error) {
-	m := Measured{Row: row}
+func (r *Runner) RunRow(ctx context.Context, row Row) (m Measured, err error) {
+	m.Row = row
+	began := time.Now()
+	defer func() { m.Took = time.Since(began) }()
 	st, ok := r.Stores[row.Store]
 	if !ok {
 		return m, fmt.Errorf("no store %q", row.Store)

@@ -111,4 +111,6 @@ type Measured struct {
 	// Elapsed is how long the load had run at the window's end: what
 	// lives longer than it (markers) has not reached its steady state.
 	Elapsed time.Duration
+	// Took is the row's wall time, nodes' start and stop included.
+	Took time.Duration
 }

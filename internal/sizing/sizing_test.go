@@ -1,6 +1,7 @@
 package sizing
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
@@ -219,5 +220,25 @@ func TestMarkdown(t *testing.T) {
 	out, err := docgen.Replace(page, Command, md)
 	if err != nil || strings.Contains(out, "OLDTEXT") || !strings.Contains(out, "| Redis |") {
 		t.Errorf("Replace: %v\n%s", err, out)
+	}
+}
+
+func TestSaveLoad(t *testing.T) {
+	var buf strings.Builder
+	ms := []Measured{
+		{Row: Row{Store: "redis", Nodes: 3, Keys: 1000, SyncRate: time.Second, Rate: 1000}, Commands: 812.5, Conns: 6, Elapsed: 14 * time.Second},
+		{Row: Row{Store: "postgres", Nodes: 1, Keys: 100000, Rate: 1000}, Commands: 990, Rows: 2000, Memory: 1 << 20},
+	}
+	for _, m := range ms {
+		if err := json.NewEncoder(&buf).Encode(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := Load(strings.NewReader(buf.String()))
+	if err != nil || len(got) != 2 || got[0] != ms[0] || got[1] != ms[1] {
+		t.Errorf("Load = %+v, %v, want %+v", got, err, ms)
+	}
+	if _, err := Load(strings.NewReader("{")); err == nil {
+		t.Error("a cut line loaded")
 	}
 }
