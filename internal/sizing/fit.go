@@ -3,8 +3,8 @@ package sizing
 import "math"
 
 // Fit returns the constants that fit the measured rows of one store best:
-// the CPU per command and per round trip by least squares on the measured
-// work; the bytes per counter, per marker, per connection (Redis) and of the empty tables (PostgreSQL) on the
+// the CPU per command and per round trip, and when idle, by least
+// squares on the measured work; the bytes per counter, per marker, per connection (Redis) and of the empty tables (PostgreSQL) on the
 // predicted items held; the trip latency from the synchronous rows' round
 // trips; and the connections per node, the mean of each mode's rows.
 // Constants the rows cannot tell (no synchronous row, say) keep def's
@@ -36,7 +36,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		if m.Row.Store == "postgres" {
 			units = m.Rows
 		}
-		cpuX = append(cpuX, []float64{units, m.Trips})
+		cpuX = append(cpuX, []float64{units, m.Trips, 1e4})
 		cpuY = append(cpuY, m.CPU/100*1e6)
 		conns, empty := float64(m.Conns), 0.0
 		if m.Row.Store == "postgres" {
@@ -51,7 +51,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		}
 	}
 	if k, ok := FitNonNeg(cpuX, cpuY); ok {
-		c.CPUPerCommand, c.CPUPerTrip = k[0], k[1]
+		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle = k[0], k[1], k[2]
 	}
 	if k, ok := FitNonNeg(memX, memY); ok {
 		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty = k[0], k[1], k[2], k[3]

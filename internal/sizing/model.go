@@ -38,6 +38,9 @@ type Constants struct {
 	// per command and per round trip (Redis: script run; PostgreSQL:
 	// transaction, and a command is then a row written).
 	CPUPerCommand, CPUPerTrip float64
+	// CPUIdle is the store's CPU, in percent of a core, that is no
+	// call's: Redis's timers, PostgreSQL's background processes.
+	CPUIdle float64
 	// BytesPerCounter and BytesPerMarker are the memory of one counter
 	// and of one dedupe marker (or batch ID row) held.
 	BytesPerCounter, BytesPerMarker float64
@@ -163,7 +166,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		p.Counters = (p.Rows - ids) * elapsed.Seconds()
 		p.Markers = ids * elapsed.Seconds()
 	}
-	p.CPU = (c.CPUPerCommand*units + c.CPUPerTrip*p.Trips) / 1e6 * 100
+	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Trips)/1e6*100 + c.CPUIdle
 	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p
 }

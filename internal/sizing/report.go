@@ -86,9 +86,9 @@ func (r Report) Markdown() string {
 		if name == "postgres" {
 			unit, mem = "row written", "empty tables "+Bytes(c.BytesEmpty)
 		}
-		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip; %.0f bytes per counter, "+
+		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.1f %% of a core; %.0f bytes per counter, "+
 			"%.0f per marker, %s; a synchronous round trip holds a node's next hits %.0f µs; %.2f connections per node when "+
-			"periodic, %.2f at sync_rate 0.", r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.BytesPerCounter,
+			"periodic, %.2f at sync_rate 0.", r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.BytesPerCounter,
 			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsSync)))
 		b.WriteString("\n")
 	}

@@ -98,7 +98,7 @@ func TestFitNonNeg(t *testing.T) {
 }
 
 func TestFit(t *testing.T) {
-	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
+	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUIdle: 0.3, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
 		TripLatency: 200, ConnsPeriodic: 1, ConnsSync: 2}
 	var rows []Measured
 	for _, row := range QuickPlan([]string{"redis"}, 1000) {
@@ -110,6 +110,7 @@ func TestFit(t *testing.T) {
 	near(t, "TripLatency", got.TripLatency, 200, 1e-6)
 	near(t, "CPUPerCommand", got.CPUPerCommand, 8, 1e-6)
 	near(t, "CPUPerTrip", got.CPUPerTrip, 20, 1e-6)
+	near(t, "CPUIdle", got.CPUIdle, 0.3, 1e-6)
 	near(t, "BytesPerCounter", got.BytesPerCounter, 90, 1e-3)
 	near(t, "BytesPerMarker", got.BytesPerMarker, 150, 1e-3)
 	near(t, "ConnsSync", got.ConnsSync, 2, 1e-9)
