@@ -74,24 +74,26 @@ type Prediction struct {
 }
 
 // periodicWork returns one node's expected diffs per sync run (distinct
-// key-window counters it touched: a run that spans a window's end
-// touches a key's counters of both windows) and the keys its fetch reads
-// (those touched in its last two runs).
+// key-window counters it touched) and the keys its fetch reads (those
+// touched in its last two runs). Runs are aligned to multiples of the
+// sync_rate and windows to multiples of their size, so a run spans a
+// window's start only when neither divides the other; then a key hit on
+// both sides has a counter, a diff, in each.
 func periodicWork(perNode float64, keys int, syncRate time.Duration) (diffs, fetched float64) {
 	t := syncRate.Seconds()
 	w := Window.Seconds()
-	// Average over where the run falls in the window.
-	const phases = 32
-	for i := range phases {
-		start := (float64(i) + 0.5) / phases * w
+	// Average over the runs of a long span: the pattern repeats.
+	const runs = 64
+	for i := range runs {
+		start := float64(i) * t
 		end := start + t
-		for a := start; a < end; {
-			b := min(end, (math.Floor(a/w)+1)*w)
+		for a := start; a < end-1e-9; {
+			b := min(end, (math.Floor(a/w+1e-9)+1)*w)
 			diffs += Distinct(perNode*(b-a), float64(keys))
 			a = b
 		}
 	}
-	diffs /= phases
+	diffs /= runs
 	fetched = Distinct(perNode*2*t, float64(keys))
 	return diffs, fetched
 }
@@ -147,8 +149,11 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			ids = trips
 			p.Rows = ids + writes
 		default:
-			// EVALSHA, the marker's SET NX, one MGET, a write per counter.
-			p.Commands = 3*trips + writes
+			// EVALSHA, the marker's SET NX, then an INCRBYFLOAT per counter
+			// (a key's hits of one trip share theirs); but a key's first
+			// hit in a window reads its counters first (MGET) and makes
+			// them (SET NX PXAT): one more command per key and window.
+			p.Commands = 2*trips + writes + full/Window.Seconds()
 		}
 		// A synchronous trip's marker lives a minute or two: none has
 		// expired within the first minute.
