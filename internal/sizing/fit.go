@@ -27,40 +27,42 @@ func Fit(rows []Measured, def Constants) Constants {
 	if len(lat) > 0 {
 		c.TripLatency = mean(lat)
 	}
-	var cpuX, memX [][]float64
-	var cpuY, memY []float64
 	var connsP, connsS []float64
 	for _, m := range rows {
-		p := Predict(m.Row, c, m.Elapsed)
-		units := m.Commands
-		if m.Row.Store == "postgres" {
-			units = m.Rows
-		}
-		cpuX = append(cpuX, []float64{units, m.Trips, 1e4})
-		cpuY = append(cpuY, m.CPU/100*1e6)
-		conns, empty := float64(m.Conns), 0.0
-		if m.Row.Store == "postgres" {
-			conns, empty = 0, 1
-		}
-		memX = append(memX, []float64{p.Counters, p.Markers, conns, empty})
-		memY = append(memY, m.Memory)
 		if m.Row.SyncRate > 0 {
 			connsP = append(connsP, float64(m.Conns)/float64(m.Row.Nodes))
 		} else {
 			connsS = append(connsS, float64(m.Conns)/float64(m.Row.Nodes))
 		}
 	}
-	if k, ok := FitNonNeg(cpuX, cpuY); ok {
-		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle = k[0], k[1], k[2]
-	}
-	if k, ok := FitNonNeg(memX, memY); ok {
-		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty = k[0], k[1], k[2], k[3]
-	}
 	if len(connsP) > 0 {
 		c.ConnsPeriodic = mean(connsP)
 	}
 	if len(connsS) > 0 {
 		c.ConnsSync = mean(connsS)
+	}
+	var cpuX, memX [][]float64
+	var cpuY, memY []float64
+	for _, m := range rows {
+		p := Predict(m.Row, c, m.Elapsed)
+		units := p.Commands
+		if m.Row.Store == "postgres" {
+			units = p.Rows
+		}
+		cpuX = append(cpuX, []float64{units, p.Calls, 1e4, p.Conns * 1e4})
+		cpuY = append(cpuY, m.CPU/100*1e6)
+		conns, empty := p.Conns, 0.0
+		if m.Row.Store == "postgres" {
+			conns, empty = 0, 1
+		}
+		memX = append(memX, []float64{p.Counters, p.Markers, conns, empty, p.Updates})
+		memY = append(memY, m.Memory)
+	}
+	if k, ok := FitNonNeg(cpuX, cpuY); ok {
+		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn = k[0], k[1], k[2], k[3]
+	}
+	if k, ok := FitNonNeg(memX, memY); ok {
+		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty, c.BytesPerUpdate = k[0], k[1], k[2], k[3], k[4]
 	}
 	return c
 }

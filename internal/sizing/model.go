@@ -41,12 +41,18 @@ type Constants struct {
 	// CPUIdle is the store's CPU, in percent of a core, that is no
 	// call's: Redis's timers, PostgreSQL's background processes.
 	CPUIdle float64
+	// CPUPerConn is the store's CPU, in percent of a core, per client
+	// connection: PostgreSQL's backends cost some even when idle.
+	CPUPerConn float64
 	// BytesPerCounter and BytesPerMarker are the memory of one counter
 	// and of one dedupe marker (or batch ID row) held.
 	BytesPerCounter, BytesPerMarker float64
 	// BytesPerConn is the memory of one client connection (Redis's
 	// buffers; 0 for PostgreSQL, whose tables alone are measured).
 	BytesPerConn float64
+	// BytesPerUpdate is the memory a PostgreSQL update of a counter row
+	// leaves until a vacuum: the row's old version.
+	BytesPerUpdate float64
 	// BytesEmpty is the size of PostgreSQL's tables and indexes before
 	// they hold a row (0 for Redis, measured above its empty state).
 	BytesEmpty float64
@@ -68,9 +74,14 @@ type Prediction struct {
 	CPU      float64 // percent of one core
 	Memory   float64 // bytes
 	Conns    float64
+	// Calls is every round trip a second, a periodic fetch's included
+	// (Trips counts only what the store tells apart: script runs).
+	Calls float64
 	// Counters and Markers are the counters and markers (Redis) or
-	// batch ID rows (PostgreSQL) the store holds at the window's end.
-	Counters, Markers float64
+	// batch ID rows (PostgreSQL) the store holds at the window's end; for
+	// PostgreSQL, Counters are the counter rows inserted and Updates the
+	// row versions that updates left.
+	Counters, Markers, Updates float64
 }
 
 // periodicWork returns one node's expected diffs per sync run (distinct
@@ -124,19 +135,22 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			p.Commands = p.Trips
 			ids = runs * busy
 			p.Rows = runs*diffs + ids
+			p.Calls = p.Trips
 		default:
 			// Per script run: EVALSHA, its marker's SET, one MGET; then a
 			// write per diff. A fetch: one MGET per 256 keys.
 			p.Trips = runs * pushRuns
 			p.Commands = runs * (diffs + 3*pushRuns + math.Ceil(fetched/mgetKeys))
 			p.Markers = p.Trips * counterLife.Seconds()
+			// A fetch's MGETs ride in one pipeline, a round trip.
+			p.Calls = p.Trips + runs*(-math.Expm1(-perNode*2*r.SyncRate.Seconds()))
 		}
 		p.Conns = n * c.ConnsPeriodic
 	} else {
 		// Hits that arrive while a node's round trip is out share the
 		// next one: trips = r / (1 + r·latency) per node.
 		trips := n * perNode / (1 + perNode*c.TripLatency/1e6)
-		p.Trips = trips
+		p.Trips, p.Calls = trips, trips
 		hitsPerTrip := r.Rate / trips
 		// Writes: one per counter a trip changes, a key's hits of one trip
 		// sharing theirs.
@@ -151,9 +165,11 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		default:
 			// EVALSHA, the marker's SET NX, then an INCRBYFLOAT per counter
 			// (a key's hits of one trip share theirs); but a key's first
-			// hit in a window reads its counters first (MGET) and makes
-			// them (SET NX PXAT): one more command per key and window.
-			p.Commands = 2*trips + writes + full/Window.Seconds()
+			// hit on a node in a window reads its counters first (MGET)
+			// and makes them (SET NX PXAT): one more command per key,
+			// window and node.
+			firsts := n * Distinct(perNode*Window.Seconds(), float64(r.Keys)) / Window.Seconds()
+			p.Commands = 2*trips + writes + firsts
 		}
 		// A synchronous trip's marker lives a minute or two: none has
 		// expired within the first minute.
@@ -168,11 +184,16 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		// a vacuum frees their space: within a row's first half minute,
 		// its tables hold all it wrote. Markers are the batch and hit ID
 		// rows, one a transaction that writes.
-		p.Counters = (p.Rows - ids) * elapsed.Seconds()
+		// A counter row is inserted once per key and window, and updated
+		// by the rest of its writes.
+		inserts := full / Window.Seconds()
+		p.Counters = inserts * elapsed.Seconds()
+		p.Updates = max(p.Rows-ids-inserts, 0) * elapsed.Seconds()
 		p.Markers = ids * elapsed.Seconds()
 	}
-	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Trips)/1e6*100 + c.CPUIdle
-	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerConn*p.Conns + c.BytesEmpty
+	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
+	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerUpdate*p.Updates +
+		c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p
 }
 

@@ -84,11 +84,12 @@ func (r Report) Markdown() string {
 		c := r.Constants[name]
 		unit, mem := "command", fmt.Sprintf("%.0f per connection", c.BytesPerConn)
 		if name == "postgres" {
-			unit, mem = "row written", "empty tables "+Bytes(c.BytesEmpty)
+			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s", c.BytesPerUpdate, Bytes(c.BytesEmpty))
 		}
-		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.1f %% of a core; %.0f bytes per counter, "+
-			"%.0f per marker, %s; a synchronous round trip holds a node's next hits %.0f µs; %.2f connections per node when "+
-			"periodic, %.2f at sync_rate 0.", r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.BytesPerCounter,
+		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.2f %% of a core "+
+			"and %.2f %% per connection; %.0f bytes per counter, %.0f per marker, %s; a synchronous round trip holds a "+
+			"node's next hits %.0f µs; %.2f connections per node when periodic, %.2f at sync_rate 0.",
+			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.BytesPerCounter,
 			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsSync)))
 		b.WriteString("\n")
 	}

@@ -99,7 +99,7 @@ func TestFitNonNeg(t *testing.T) {
 }
 
 func TestFit(t *testing.T) {
-	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUIdle: 0.3, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
+	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUIdle: 0.3, CPUPerConn: 0.05, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
 		TripLatency: 200, ConnsPeriodic: 1, ConnsSync: 2}
 	var rows []Measured
 	for _, row := range QuickPlan([]string{"redis"}, 1000) {
