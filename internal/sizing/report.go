@@ -106,6 +106,19 @@ func (r Report) Markdown() string {
 			Bytes(m.Memory), Bytes(p.Memory), Percent(e.Memory),
 			m.Conns, p.Conns, Percent(e.Conns))
 	}
+	b.WriteString("\n")
+	b.WriteString(docgen.Wrap("What the formula predicts, with these constants, beyond the rows measured: 10 nodes, each of "+
+		"K keys hit once a second fleet-wide (R = K).", docgen.Width, "", ""))
+	b.WriteString("\n\n| store | nodes | keys | req/s | sync_rate | commands/s | round trips/s | CPU % of a core | connections |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, name := range stores {
+		for _, row := range Examples(name) {
+			p := Predict(row, r.Constants[name], time.Minute)
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.0f | %.0f |\n", r.title(name), row.Nodes,
+				Thousands(float64(row.Keys)), Thousands(row.Rate), row.SyncRateString(), Thousands(p.Commands),
+				Thousands(p.Calls), p.CPU, p.Conns)
+		}
+	}
 	w := r.Worst()
 	b.WriteString("\n")
 	b.WriteString(docgen.Wrap(fmt.Sprintf("Worst error over the rows: commands %s, CPU %s, memory %s, connections %s.",
@@ -168,4 +181,16 @@ func Bytes(n float64) string {
 		return fmt.Sprintf("%.1f MiB", n/(1<<20))
 	}
 	return fmt.Sprintf("%.0f KiB", n/1024)
+}
+
+// Examples are the rows the page extrapolates to: 10 nodes, 10,000 and
+// 100,000 keys each hit once a second, in every sync mode.
+func Examples(store string) []Row {
+	var rows []Row
+	for _, k := range []int{10000, 100000} {
+		for _, s := range SyncRates {
+			rows = append(rows, Row{Store: store, Nodes: 10, Keys: k, SyncRate: s, Rate: float64(k)})
+		}
+	}
+	return rows
 }
