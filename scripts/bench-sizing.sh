@@ -24,7 +24,8 @@
 #	SIZING_WARMUP=4s SIZING_MEASURE=10s
 #	SIZING_SAVE=<file>: append each row measured to it, a line of JSON
 #	SIZING_LOAD=<file>[,<file>...]: run nothing, report the rows saved there
-#	   (those of the plan: the page's rows, or with SIZING_GRID=1 all)
+#	   (those of the plan: the page's rows, or with SIZING_GRID=1 all); the
+#	   page's rows are in internal/sizing/testdata/rows-<date>.jsonl
 #
 # It installs Debian's redis-server and postgresql when they are missing,
 # and never touches the machine's own Redis or PostgreSQL: its servers,

@@ -3,6 +3,7 @@ package sizing
 import (
 	"encoding/json"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +243,47 @@ func TestSaveLoad(t *testing.T) {
 	}
 	if _, err := Load(strings.NewReader("{")); err == nil {
 		t.Error("a cut line loaded")
+	}
+}
+
+// TestSavedRows checks the formula against the rows the page shows,
+// saved in testdata: Redis's commands within 10 % on every row, and
+// PostgreSQL's within 25 % where they are at least 10 a second (below, a
+// transaction of the purge or of autovacuum is a large share).
+func TestSavedRows(t *testing.T) {
+	f, err := os.Open("testdata/rows-2026-11-27.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 54 {
+		t.Fatalf("%d rows saved, want the grid's 54", len(rows))
+	}
+	rep := Report{Rows: rows, Constants: map[string]Constants{}}
+	for _, store := range []string{"redis", "postgres"} {
+		var mine []Measured
+		for _, m := range rows {
+			if m.Row.Store == store {
+				mine = append(mine, m)
+			}
+		}
+		rep.Constants[store] = Fit(mine, Constants{})
+	}
+	for _, m := range rows {
+		_, e := rep.RowErrors(m)
+		bound := 0.10
+		if m.Row.Store == "postgres" {
+			if m.Commands < 10 {
+				continue
+			}
+			bound = 0.25
+		}
+		if math.Abs(e.Commands) > bound {
+			t.Errorf("%s: commands %.0f, predicted off by %s", m.Row.ID(), m.Commands, Percent(e.Commands))
+		}
 	}
 }
