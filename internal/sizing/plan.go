@@ -2,8 +2,8 @@ package sizing
 
 import "time"
 
-// QuickPlan is the subset of the grid that the page shows, about 15
-// minutes of machine time: every sync mode at 1 and 3 nodes with 1,000 and
+// QuickPlan is the default subset of the grid, about 9 minutes of
+// machine time on 2 cores (the page shows the whole grid): every sync mode at 1 and 3 nodes with 1,000 and
 // 10,000 keys on Redis, 10 nodes and 100,000 keys in each mode on Redis,
 // and on PostgreSQL each mode at 1 and 3 nodes with 1,000 keys, plus 10
 // nodes and 100,000 keys periodic.
