@@ -16,16 +16,22 @@ const Command = "./scripts/bench-sizing.sh"
 
 // Report is a run of the harness, as the page shows it.
 type Report struct {
+	// Date is when the report was made, Machine what it ran on
+	// (machine.Describe), Command how it was run, Source what the nodes
+	// ran, and Versions those of Caddy and the stores.
 	Date     time.Time
 	Machine  string
-	Command  string // how it was run
-	Source   string // what the nodes ran
+	Command  string
+	Source   string
 	Versions []string
-	Warmup   time.Duration
-	Measure  time.Duration
-	MaxRate  float64
-	Elapsed  time.Duration
-	Rows     []Measured
+	// Warmup, Measure and MaxRate are the runner's settings, Elapsed the
+	// machine time the rows took.
+	Warmup  time.Duration
+	Measure time.Duration
+	MaxRate float64
+	Elapsed time.Duration
+	// Rows are the rows measured, in the table's order.
+	Rows []Measured
 	// Constants are the fitted constants, by store name.
 	Constants map[string]Constants
 	// Titles are the stores' names in prose, by store name.

@@ -19,13 +19,18 @@ import (
 // Reading is one reading of a store's counters; a row's figures are the
 // differences of two (Memory and Conns: the later one's).
 type Reading struct {
-	At       time.Time
-	Commands int64 // Redis: commandstats calls; PostgreSQL: transactions
-	Trips    int64 // Redis: script runs
-	Rows     int64 // PostgreSQL: rows inserted, updated and deleted
-	CPU      time.Duration
-	Memory   int64
-	Conns    int
+	// At is when it was read.
+	At time.Time
+	// Commands are Redis's commandstats calls, or PostgreSQL's
+	// transactions; Trips Redis's script runs (PostgreSQL: its
+	// transactions); Rows PostgreSQL's rows inserted, updated and deleted.
+	Commands, Trips, Rows int64
+	// CPU is the store's CPU time so far.
+	CPU time.Duration
+	// Memory is what the store holds for the nodes, in bytes, and Conns
+	// its client connections, the harness's own left out.
+	Memory int64
+	Conns  int
 }
 
 // Store is a store server the harness owns, and how it reads it.
