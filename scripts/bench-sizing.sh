@@ -23,6 +23,8 @@
 #	SIZING_MAX_RATE=1000 (requests a second at most, fleet-wide; ≤ 2000)
 #	SIZING_WARMUP=4s SIZING_MEASURE=10s
 #	SIZING_SAVE=<file>: append each row measured to it, a line of JSON
+#	SIZING_COMMAND, SIZING_SOURCE: how the rows were run and what the nodes ran, as the
+#	   report says it (by default this command, and the working tree's commit)
 #	SIZING_LOAD=<file>[,<file>...]: run nothing, report the rows saved there
 #	   (those of the plan: the page's rows, or with SIZING_GRID=1 all); the
 #	   page's rows are in internal/sizing/testdata/rows-<date>.jsonl
@@ -68,12 +70,12 @@ if [ -n "${SIZING_LOAD:-}" ]; then
 	SIZING_LOAD=$(IFS=,; echo "${loads[*]}")
 	export SIZING_LOAD
 fi
-SIZING_SOURCE="the working tree at commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [ -n "$(git status --porcelain -- '*.go' go.mod go.sum 2>/dev/null)" ]; then
+[ -n "${SIZING_SOURCE:-}" ] || SIZING_SOURCE="the working tree at commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [ -z "${SIZING_LOAD:-}" ] && [ -n "$(git status --porcelain -- '*.go' go.mod go.sum 2>/dev/null)" ]; then
 	SIZING_SOURCE="$SIZING_SOURCE, with uncommitted changes"
 fi
 export SIZING_SOURCE
 
 cd "$root/internal/sizing"
-SIZING_FULL=1 SIZING_COMMAND="$command" \
+SIZING_FULL=1 SIZING_COMMAND="${SIZING_COMMAND:-$command}" \
 	"$work/sizing.test" -test.run '^TestSizingFull$' -test.count=1 -test.timeout=60m

@@ -3,6 +3,8 @@ package sizing
 import (
 	"math"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // Window is the limit's window in the harness's config (the accuracy
@@ -141,7 +143,9 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			// write per diff. A fetch: one MGET per 256 keys.
 			p.Trips = runs * pushRuns
 			p.Commands = runs * (diffs + 3*pushRuns + math.Ceil(fetched/mgetKeys))
-			p.Markers = p.Trips * counterLife.Seconds()
+			// A push's marker lives as long as its counters, and at
+			// least strategy.MinBatchIDLife: the longer here.
+			p.Markers = p.Trips * max(counterLife, strategy.MinBatchIDLife).Seconds()
 			// A fetch's MGETs ride in one pipeline, a round trip.
 			p.Calls = p.Trips + runs*(-math.Expm1(-perNode*2*r.SyncRate.Seconds()))
 		}
