@@ -82,15 +82,12 @@ func TestSizingFull(t *testing.T) {
 				measured = append(measured, m)
 			}
 		}
+		// In the plan's order, whatever the files'.
 		var kept []Measured
-		want := map[string]bool{}
 		for _, r := range rows {
-			want[r.ID()] = true
-		}
-		for _, m := range measured {
-			if want[m.Row.ID()] {
-				kept = append(kept, m)
-				elapsed += m.Took
+			if i, ok := byID[r.ID()]; ok {
+				kept = append(kept, measured[i])
+				elapsed += measured[i].Took
 			}
 		}
 		measured = kept
