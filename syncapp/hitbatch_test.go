@@ -134,6 +134,10 @@ type inDoubt struct {
 	trips, after, hits atomic.Int64
 	// applied, unless nil, chooses the round trips applied instead.
 	applied func(trip int64) bool
+	// onDoubt, unless nil, runs once, when the first round trip in doubt
+	// ends, before its hits learn it failed.
+	onDoubt func()
+	once    sync.Once
 }
 
 func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
@@ -145,6 +149,9 @@ func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []str
 	if n := d.trips.Add(1); d.applied != nil && d.applied(n) || d.applied == nil && n%2 == 0 {
 		d.after.Add(1)
 		d.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+	}
+	if d.onDoubt != nil {
+		d.once.Do(d.onDoubt)
 	}
 	for i := range results {
 		results[i] = strategy.HitResult{Err: errors.New("read tcp 127.0.0.1:1: i/o timeout")}
@@ -242,10 +249,11 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 }
 
 // TestRateInDoubtOutlivesAReload decides requests under a rate whose
-// round trip ends in doubt, then reloads the config while the store is
-// away, so that the old config's stop cannot push the turns: the new
-// config pushes them once the store is back, and the store's TAT counts
-// each exactly once, whether the round trip was applied or not.
+// round trip ends in doubt as the store goes away (so that no sync run
+// of the old config can push the turns, nor its stop), then reloads the
+// config: the new config pushes them once the store is back, and the
+// store's TAT counts each exactly once, whether the round trip was
+// applied or not.
 func TestRateInDoubtOutlivesAReload(t *testing.T) {
 	for _, applied := range []bool{false, true} {
 		t.Run(fmt.Sprintf("applied=%v", applied), func(t *testing.T) {
@@ -258,7 +266,7 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 					t.Fatal(err)
 				}
 				ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-				doubt := &inDoubt{BatchHitter: ns.road.hits.store, applied: func(int64) bool { return applied }}
+				doubt := &inDoubt{BatchHitter: ns.road.hits.store, applied: func(int64) bool { return applied }, onDoubt: s.down}
 				ns.road.hits.store = doubt
 				c := newTurnsCase(t, ns)
 				doubt.on.Store(true)
@@ -266,7 +274,6 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 				if doubt.trips.Load() == 0 || ns.pendingDiffs() == 0 {
 					t.Fatalf("%d round trips in doubt, %d diffs pending: want turns waiting", doubt.trips.Load(), ns.pendingDiffs())
 				}
-				s.down()
 				next := start(t, pool, cfg)
 				old.stop() // its push fails: the store is away
 				s.up()
