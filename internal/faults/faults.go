@@ -93,7 +93,7 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Faults are every fault, in the order of priority.
+// Faults are every fault, the likeliest in production first.
 var Faults = []*Fault{
 	{
 		Name: "redis-pause", Title: "Redis paused %s (SIGSTOP, SIGCONT)", Store: StoreRedis,

@@ -391,7 +391,7 @@ func (o *Outcome) recovery() {
 	}
 }
 
-// Check is one promise of the "Must show", as this row measured
+// Check is one promise of docs/faults.md, as this row measured
 // it.
 type Check struct {
 	// Promise says what is promised; Figure, what was measured.

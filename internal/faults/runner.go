@@ -68,7 +68,7 @@ const (
 )
 
 // DefaultRates are the load of a full run: 600 requests per second, as
-// the synchronous promise is stated at.
+// docs/faults.md states the synchronous promise at.
 var DefaultRates = Rates{Count: 390, Limit: 3 * LimitPerSecond, Conc: 60}
 
 // Runner runs rows on the stores it starts.
