@@ -26,9 +26,9 @@ func TestAccuracyFull(t *testing.T) {
 	if os.Getenv("ACCURACY_FULL") == "" {
 		t.Skip("the full accuracy table runs for minutes: ACCURACY_FULL=1, or scripts/bench-accuracy.sh")
 	}
-	nodes := envInt(t, "ACCURACY_NODES", 3)
-	limit := envInt(t, "ACCURACY_LIMIT", 200)
-	duration := envDuration(t, "ACCURACY_DURATION", 3*time.Second)
+	nodes := caddyproc.EnvParsed(t, "ACCURACY_NODES", 3, strconv.Atoi)
+	limit := caddyproc.EnvParsed(t, "ACCURACY_LIMIT", 200, strconv.Atoi)
+	duration := caddyproc.EnvParsed(t, "ACCURACY_DURATION", 3*time.Second, time.ParseDuration)
 	if nodes < 2 || limit < 10 || duration < Window || duration%Window != 0 {
 		t.Fatalf("want ACCURACY_NODES ≥ 2, ACCURACY_LIMIT ≥ 10 and ACCURACY_DURATION a whole number of %v windows", Window)
 	}
@@ -72,7 +72,7 @@ func TestAccuracyFull(t *testing.T) {
 	if !above {
 		t.Log("the plugin does not know sync_above yet: its rows are left out")
 	}
-	repeat := envInt(t, "ACCURACY_REPEAT", 1)
+	repeat := caddyproc.EnvParsed(t, "ACCURACY_REPEAT", 1, strconv.Atoi)
 	var rows []Row
 	for _, row := range FullPlan(storeNames, above) {
 		if filter == nil || filter.MatchString(row.ID()) {
@@ -123,30 +123,4 @@ func TestAccuracyFull(t *testing.T) {
 		}
 		fmt.Fprintf(os.Stderr, "accuracy: wrote the results into %s and its plots in %s\n", out, filepath.Dir(out))
 	}
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return n
-}
-
-func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return d
 }

@@ -116,6 +116,22 @@ func Env(name, def string) string {
 	return def
 }
 
+// EnvParsed returns the environment variable name parsed by parse, or
+// def when it is unset, and fails t, naming the variable, when it does
+// not parse: the harnesses' settings (durations, counts, rates).
+func EnvParsed[T any](t testing.TB, name string, def T, parse func(string) (T, error)) T {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	x, err := parse(v)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return x
+}
+
 // withoutRace drops -race from a GOFLAGS value.
 func withoutRace(flags string) string {
 	var kept []string

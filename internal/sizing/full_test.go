@@ -25,9 +25,9 @@ func TestSizingFull(t *testing.T) {
 	if os.Getenv("SIZING_FULL") == "" {
 		t.Skip("the sizing table runs for minutes: SIZING_FULL=1, or scripts/bench-sizing.sh")
 	}
-	warmup := envDuration(t, "SIZING_WARMUP", 4*time.Second)
-	measure := envDuration(t, "SIZING_MEASURE", 10*time.Second)
-	maxRate := envFloat(t, "SIZING_MAX_RATE", 1000)
+	warmup := caddyproc.EnvParsed(t, "SIZING_WARMUP", 4*time.Second, time.ParseDuration)
+	measure := caddyproc.EnvParsed(t, "SIZING_MEASURE", 10*time.Second, time.ParseDuration)
+	maxRate := caddyproc.EnvParsed(t, "SIZING_MAX_RATE", 1000.0, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) })
 	if maxRate <= 0 || maxRate > 2000 || measure < time.Second {
 		t.Fatal("want 0 < SIZING_MAX_RATE ≤ 2000 and SIZING_MEASURE ≥ 1s")
 	}
@@ -135,32 +135,6 @@ func TestSizingFull(t *testing.T) {
 		}
 		fmt.Fprintf(os.Stderr, "sizing: wrote the table into %s\n", out)
 	}
-}
-
-func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return d
-}
-
-func envFloat(t *testing.T, name string, def float64) float64 {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return f
 }
 
 // runRows starts the stores and runs the rows, and returns what it
