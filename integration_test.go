@@ -103,6 +103,10 @@ func loadWithOptions(t *testing.T, options, sites string) *caddytest.Tester {
 	return tester
 }
 
+// oldServersStart is how long awaitOldServers gives the old config's
+// Stop to start.
+const oldServersStart = 100 * time.Millisecond
+
 // awaitOldServers waits until a load's previous HTTP servers are gone.
 // Caddy answers /load once the new servers run, and shuts the old ones
 // down in goroutines of the http app's Stop; until they end an old server
@@ -111,6 +115,11 @@ func loadWithOptions(t *testing.T, options, sites string) *caddytest.Tester {
 // machine they are gone about 3ms after the load.
 func awaitOldServers(t *testing.T) {
 	t.Helper()
+	// Not a wait for an event this can see: the old config's Stop may
+	// start after /load has answered, and until it does no goroutine shows
+	// it (a full run from a clean clone once met the old servers for a
+	// whole test). So give it its start, then wait for its end.
+	time.Sleep(oldServersStart)
 	poll.Until(t, 10*time.Second, "the old config's HTTP servers to shut down", func() bool {
 		return !bytes.Contains(allStacks(), []byte("caddyhttp.(*App).Stop"))
 	})
