@@ -48,9 +48,7 @@ import (
 // TAT that moved is written once at the end, living until it passes.
 //
 // KEYS[1..M] are the markers, KEYS[M+1..M+C] the counters and the last R
-// keys the TATs, each once, all in one slot on a Cluster (a counter whose
-// count is sent, which the script never touches, is declared by its
-// bucket's tag alone). ARGV[1] is M,
+// keys the TATs, each once, all in one slot on a Cluster. ARGV[1] is M,
 // ARGV[2] the markers' time to live in milliseconds and ARGV[3] R; then,
 // for counter j (KEYS[M+j]), ARGV[2j+2] is its expiry in Unix
 // milliseconds and ARGV[2j+3] its count, or "" to read it (only previous
@@ -571,22 +569,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 	for _, m := range markers {
 		cmd = append(cmd, m)
 	}
-	for j := range r.counters {
-		c := &r.counters[j]
-		if !c.current && s.prevs != nil {
-			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
-				c.sent, c.sentAt = e.prev, e.readAt
-			}
-		}
-	}
-	for j, k := range r.keys {
-		if c := &r.counters[j]; c.sent != "" {
-			// The script never touches a counter whose count is sent: its
-			// key is only declared, by its bucket's tag, which has its
-			// slot and its prefix (for an ACL's key pattern) and costs
-			// Redis less to take in than the counter's name.
-			k = s.layout.tags[c.bucket]
-		}
+	for _, k := range r.keys {
 		cmd = append(cmd, k)
 	}
 	for _, t := range r.tats {
@@ -595,6 +578,11 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats))
 	for j := range r.counters {
 		c := &r.counters[j]
+		if !c.current && s.prevs != nil {
+			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
+				c.sent, c.sentAt = e.prev, e.readAt
+			}
+		}
 		cmd = append(cmd, c.expMs, c.sent)
 	}
 	cmd = append(cmd, len(r.forms))
