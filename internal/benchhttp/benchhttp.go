@@ -324,6 +324,19 @@ const ClockTicks = 100
 // its live and exited threads included, from the text of
 // /proc/<pid>/stat.
 func ParseProcStat(stat string) (time.Duration, error) {
+	return procStatTicks(stat, 2) // utime, stime
+}
+
+// ParseProcStatTree reads, from the text of /proc/<pid>/stat, the CPU time
+// of the process (utime + stime) and of its children it has waited for
+// (cutime + cstime).
+func ParseProcStatTree(stat string) (time.Duration, error) {
+	return procStatTicks(stat, 4) // utime, stime, cutime, cstime
+}
+
+// procStatTicks adds the n fields of /proc/<pid>/stat from utime (field
+// 14) on, and returns them as CPU time.
+func procStatTicks(stat string, n int) (time.Duration, error) {
 	// The command name, field 2, is in parentheses and may hold spaces:
 	// the fields are counted from its closing parenthesis.
 	end := strings.LastIndexByte(stat, ')')
@@ -331,17 +344,17 @@ func ParseProcStat(stat string) (time.Duration, error) {
 		return 0, fmt.Errorf("proc stat: no command name in %q", stat)
 	}
 	fields := strings.Fields(stat[end+1:])
-	// fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("proc stat: %d fields after the name, want at least 13", len(fields))
+	// fields[0] is field 3 (state); utime is field 14.
+	if len(fields) < 11+n {
+		return 0, fmt.Errorf("proc stat: %d fields after the name, want at least %d", len(fields), 11+n)
 	}
 	var ticks int64
-	for _, f := range fields[11:13] {
-		n, err := strconv.ParseInt(f, 10, 64)
+	for _, f := range fields[11 : 11+n] {
+		v, err := strconv.ParseInt(f, 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("proc stat: %v", err)
 		}
-		ticks += n
+		ticks += v
 	}
 	return time.Duration(ticks) * time.Second / ClockTicks, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
 	"github.com/ratesync/caddy-ratelimit/internal/docgen"
 )
 
@@ -171,11 +172,11 @@ func TestParsing(t *testing.T) {
 		t.Error("a missing field was found")
 	}
 	stat := "42 (postgres: x (y)) S 1 42 42 0 -1 4194560 100 0 0 0 150 50 30 20 20 0 1 0 100 0 0"
-	d, err := ParseProcStatTree(stat)
+	d, err := benchhttp.ParseProcStatTree(stat)
 	if err != nil || d != 2500*time.Millisecond {
 		t.Errorf("ParseProcStatTree = %v, %v, want 2.5s", d, err)
 	}
-	if _, err := ParseProcStatTree("42 (x) S 1"); err == nil {
+	if _, err := benchhttp.ParseProcStatTree("42 (x) S 1"); err == nil {
 		t.Error("a short stat parsed")
 	}
 }

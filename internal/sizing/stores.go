@@ -250,7 +250,7 @@ func TreeCPU(pid int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	total, err := ParseProcStatTree(string(stat))
+	total, err := benchhttp.ParseProcStatTree(string(stat))
 	if err != nil {
 		return 0, err
 	}
@@ -278,30 +278,6 @@ func TreeCPU(pid int) (time.Duration, error) {
 		}
 	}
 	return total, nil
-}
-
-// ParseProcStatTree reads, from the text of /proc/<pid>/stat, the CPU time
-// of the process (utime + stime) and of its children it has waited for
-// (cutime + cstime).
-func ParseProcStatTree(stat string) (time.Duration, error) {
-	end := strings.LastIndexByte(stat, ')')
-	if end < 0 {
-		return 0, fmt.Errorf("proc stat: no command name in %q", stat)
-	}
-	fields := strings.Fields(stat[end+1:])
-	// fields[0] is field 3; utime, stime, cutime and cstime are 14 to 17.
-	if len(fields) < 15 {
-		return 0, fmt.Errorf("proc stat: %d fields after the name, want at least 15", len(fields))
-	}
-	var ticks int64
-	for _, f := range fields[11:15] {
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("proc stat: %v", err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / benchhttp.ClockTicks, nil
 }
 
 // Close implements Store.
