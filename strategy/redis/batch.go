@@ -427,7 +427,7 @@ type batchCounter struct {
 // newBatchRun returns a run with room for n hits of two windows.
 func newBatchRun(n int) *batchRun {
 	return &batchRun{
-		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int), tatIndex: make(map[string]int),
+		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int),
 		hits: make([]int, 0, n), formOf: make([]int, 0, n), hitArgs: make([]any, 0, 3*n),
 	}
 }
@@ -494,6 +494,9 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 		t := l.rateKey(k, rate.Window.Milliseconds(), nsp, h.Key)
 		j, ok := r.tatIndex[t]
 		if !ok {
+			if r.tatIndex == nil { // made for runs with rates only: not on every batch's path
+				r.tatIndex = make(map[string]int)
+			}
 			j = len(r.tats)
 			r.tatIndex[t] = j
 			r.tats = append(r.tats, t)
