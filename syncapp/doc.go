@@ -62,8 +62,9 @@
 //	            hits skip the store is an atomic: from a failure or a stall
 //	            until a success. Requests never probe; the loop's runs do.
 //	storeRoad   (one per config's Namespace, no lock of its own) the road
-//	            of synchronous hits: its hit queue, and what a refusal, a
-//	            failure, a stall or a doubt does to a hit.
+//	            of what a request asks of the store (synchronous hits,
+//	            rates, a stale key's read): its hit queue, and what a
+//	            refusal, a failure, a stall or a doubt does to each.
 //	hitQueue.mu the synchronous hits waiting for a round trip, the round
 //	            trips out, the stall check.
 //	batchRetry.mu   the increments of a failed round trip's hits.
@@ -84,6 +85,9 @@
 //
 //	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0)
 //	  local / periodic ──► window zone: count, decide
+//	  periodic, rejected, a key the runs no longer fetch (stale.go):
+//	    storeRoad.read: a hit of the hit queue that increments nothing
+//	    ──► zone.Observe ──► fetchSet.touch ──► window zone: decide again
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no

@@ -15,10 +15,11 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// hitTimeout bounds one round trip of synchronous hits (whatever the
+// hitTimeout bounds one round trip of the hit queue (whatever the
 // contexts of the requests it carries), and one call of the request path
-// to the store (a slot, a rate, a stale key's fetch) when the caller's
-// context has no earlier deadline; past it the request counts locally.
+// to the store outside it (a slot; a stale key's read from a store that
+// cannot take synchronous hits) when the caller's context has no earlier
+// deadline; past it the request counts locally.
 const hitTimeout = time.Second
 
 // Namespace is a namespace of one loaded config: what handlers and other
@@ -48,11 +49,13 @@ type Namespace struct {
 	inFlight *inFlight
 
 	// The store, unless the namespace is local: shared through the pool
-	// by storeKey; hitter is the same store when it can apply synchronous
-	// hits (checked at load for a namespace that needs them).
+	// by storeKey; hitter is the same store when the namespace's hits are
+	// answered by it (sync_rate 0, sync_above; checked at load), and road
+	// the round trips of the requests that ask the store, whenever it can
+	// take synchronous hits.
 	store       strategy.Store
 	hitter      strategy.Hitter
-	road        *storeRoad       // the synchronous hits' road to hitter
+	road        *storeRoad
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	banner      strategy.Banner  // the store, when it can hold bans
 	storeKey    poolKey

@@ -42,15 +42,30 @@ func (n *Namespace) stale(key string) bool {
 
 // refresh sets key's counts to the store's, plus this node's diffs on
 // their way to it, and has the runs fetch the key again (so that a flood
-// of rejections costs one round trip, not one each). A failure leaves the
+// of rejections costs one round trip, not one each). With a store that
+// takes synchronous hits, the read is an item of the hit queue's round
+// trip (storeRoad.read), with its stall detection. A failure leaves the
 // counts as they were.
 func (n *Namespace) refresh(ctx context.Context, key string) {
+	if n.road != nil {
+		if !n.road.read(ctx, key, n.WindowSizes()) {
+			return
+		}
+	} else if !n.fetchOne(ctx, key) {
+		return
+	}
+	n.fetched.touch([]string{key}, n.counters.Zone().Capacity())
+}
+
+// fetchOne is refresh's read for a store that cannot take synchronous
+// hits: GetCounters, in a call of its own.
+func (n *Namespace) fetchOne(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
 	counts, err := n.store.GetCounters(ctx, n.name, []string{key}, n.WindowSizes(), time.Now())
 	if err != nil {
 		n.health.failed(err, 0)
-		return
+		return false
 	}
 	v := n.outbox.view()
 	for i, c := range counts {
@@ -58,5 +73,5 @@ func (n *Namespace) refresh(ctx context.Context, key string) {
 	}
 	n.counters.Apply(counts)
 	v.close()
-	n.fetched.touch([]string{key}, n.counters.Zone().Capacity())
+	return true
 }

@@ -2,13 +2,36 @@ package syncapp
 
 import (
 	"context"
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
+
+// readCounter counts the hits of a hit queue's round trips that only
+// read: every window's increment 0, no limit.
+type readCounter struct {
+	strategy.BatchHitter
+	n atomic.Int64
+}
+
+func (c *readCounter) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	for _, h := range hits {
+		read := h.Rate == nil
+		for _, w := range h.Windows {
+			read = read && w.Value == 0 && math.IsInf(w.Max, 1)
+		}
+		if read {
+			c.n.Add(1)
+		}
+	}
+	c.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+}
 
 // forget has ns's runs stop fetching key, as they do once a key was not
 // touched for a few runs.
@@ -37,6 +60,8 @@ func TestResetReachesANodeThatForgotTheKey(t *testing.T) {
 			cfg := s.config("1h", "1h")
 			a := start(t, caddy.NewUsagePool(), cfg).ns("api")
 			b := start(t, caddy.NewUsagePool(), cfg).ns("api")
+			reads := &readCounter{BatchHitter: b.road.hits.store}
+			b.road.hits.store = reads
 			ctx := context.Background()
 			limits := []Limit{{Size: time.Hour, Max: 10}}
 			out := make([]window.Sample, 1)
@@ -67,6 +92,11 @@ func TestResetReachesANodeThatForgotTheKey(t *testing.T) {
 			}
 			if got := admitted(b, 11); got != 10 {
 				t.Fatalf("after a reset on a, b admitted %d of a burst of 11, want 10", got)
+			}
+			// The first rejection read the store in the hit queue's round
+			// trip; the runs fetch the key after that.
+			if got := reads.n.Load(); got != 1 {
+				t.Fatalf("b read the store %d times in its hit queue's round trips, want 1", got)
 			}
 			if err := b.Sync(ctx); err != nil {
 				t.Fatal(err)

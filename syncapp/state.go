@@ -5,6 +5,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // fleetState is what a node keeps of one namespace across config reloads,
@@ -76,8 +78,10 @@ func (n *Namespace) use(s *fleetState) {
 	n.bans = s.bans
 	n.slots = s.slots
 	n.inFlight = s.inFlight
-	if n.hitter != nil {
-		n.road = &storeRoad{hits: newHitQueue(n.hitter, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
+	// Any namespace whose store takes synchronous hits has a road to it:
+	// a periodic one reads its stale keys on it (see refresh).
+	if h, ok := n.store.(strategy.Hitter); ok {
+		n.road = &storeRoad{hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)

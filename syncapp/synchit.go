@@ -3,6 +3,8 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"math"
+	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -125,6 +127,39 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
 	r.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
 	return res.Rate.OK, res.Rejected, true
+}
+
+// read sets key's counts of the given window sizes in the zone to the
+// store's, plus this node's diffs on their way to it: a hit of the hit
+// queue that increments nothing and has no limit, so that a stale key's
+// refresh rides the round trip of the hits beside it. It reports whether
+// the store answered.
+func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration) bool {
+	now := window.SystemClock()
+	windows := make([]strategy.WindowHit, len(sizes))
+	for i, size := range sizes {
+		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Max: math.Inf(1)}
+	}
+	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows})
+	switch err := res.Err; {
+	case err == nil:
+	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
+		return false
+	case errors.Is(err, strategy.ErrNotSent):
+		r.health.failed(err, 0)
+		return false
+	default:
+		r.health.failed(err, 0)
+		// Nothing of its own to retry, but the round trip's retry waits
+		// for every hit it carried.
+		if b, last := retry.add(nil, nil); last {
+			r.outbox.retry(b)
+		}
+		return false
+	}
+	r.health.succeeded()
+	r.observe(key, windows, res.Counts, make([]window.Sample, len(windows)))
+	return true
 }
 
 // observe sets key's windows in the zone to the counts the store
