@@ -205,9 +205,16 @@ type RateDiff struct {
 
 // CheckHitRequest checks one hit of a HitBatch: as CheckHit does, or,
 // for a hit with a Rate, its rate as CheckRate does (not forced) and 0
-// to MaxHitWindows windows. The error names the field at fault and wraps
-// ErrRejected.
+// to MaxHitWindows windows, or, for a hit with a Slot, its slot as
+// CheckAcquire does, with neither windows nor a rate. The error names the
+// field at fault and wraps ErrRejected.
 func CheckHitRequest(id string, h *HitRequest) error {
+	if h.Slot != nil {
+		if len(h.Windows) > 0 || h.Rate != nil {
+			return fmt.Errorf("%w: a hit that takes a slot has %d windows and a rate %v: want neither", ErrRejected, len(h.Windows), h.Rate != nil)
+		}
+		return CheckAcquire(h.Slot.ID, h.Slot.Max, h.Slot.Lease)
+	}
 	if h.Rate == nil {
 		return CheckHit(id, h.Windows)
 	}

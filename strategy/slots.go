@@ -52,6 +52,45 @@ type Slotter interface {
 	RenewSlots(ctx context.Context, namespace string, slots []Slot, lease time.Duration) error
 }
 
+// SlotBatcher is a Slotter whose batches of hits take concurrency slots,
+// so that a request's slot rides the round trip of the synchronous hits
+// and rates beside it, with their stall handling: the one road of a
+// namespace's requests to its store.
+//
+// HitBatch takes hits with a Slot (and neither windows nor a rate): each
+// takes its slot of Key, in the batch's order, as AcquireSlot would, and
+// HitResult.Slot holds the answer. The batch's ID does not guard slots:
+// taking an id again renews it, so a slot is taken once however often its
+// hit is sent. A hit's error means what AcquireSlot's errors mean: with
+// ErrNotSent the slot surely was not taken; otherwise it may have been.
+type SlotBatcher interface {
+	Slotter
+	BatchHitter
+
+	// TakesSlotsInBatches marks a store whose HitBatch takes slots as
+	// described above.
+	TakesSlotsInBatches()
+}
+
+// SlotRequest is the concurrency slot that a hit of a SlotBatcher's
+// HitBatch takes: AcquireSlot's id, max and lease.
+type SlotRequest struct {
+	// ID names the slot, as AcquireSlot's id.
+	ID string
+	// Max is the most slots of the key held at once.
+	Max int
+	// Lease is how long the slot lives unless renewed or released.
+	Lease time.Duration
+}
+
+// SlotReply is the answer to a SlotRequest: whether the slot was taken,
+// and how many slots of the key are held after it, as AcquireSlot
+// reports them.
+type SlotReply struct {
+	Held int
+	OK   bool
+}
+
 // Slot names one slot held: the key and the slot's id.
 type Slot struct {
 	// Key is the key whose place the slot holds.

@@ -173,6 +173,10 @@ type HitRequest struct {
 	// RateBatcher's HitBatch takes it; a hit with a Rate may have no
 	// windows.
 	Rate *RateRequest
+	// Slot, when not nil, is a concurrency slot of Key that the hit takes
+	// instead of counting, as SlotBatcher describes: a hit with a Slot has
+	// neither windows nor a rate. Only a SlotBatcher's HitBatch takes it.
+	Slot *SlotRequest
 }
 
 // HitResult is the answer to one hit of a HitBatch.
@@ -187,6 +191,8 @@ type HitResult struct {
 	// it, and then the rate's turn was given back), TAT is the key's TAT
 	// after the hit, and Now the store's clock when it decided.
 	Rate RateReply
+	// Slot is the answer of the hit's slot, for a hit with one.
+	Slot SlotReply
 	// Err, when not nil, says that the hit was refused or failed: Counts
 	// and Rejected then mean nothing.
 	Err error

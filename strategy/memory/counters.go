@@ -180,7 +180,8 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 // HitBatch applies several synchronous hits, atomically, in the order
 // given, each as Hit would if they were sent one after the other (see
 // strategy.BatchHitter), a hit with a rate deciding it first (see
-// strategy.RateBatcher). A non-empty id names the batch, and shares its
+// strategy.RateBatcher) and a hit with a slot taking it (see
+// strategy.SlotBatcher). A non-empty id names the batch, and shares its
 // marker with a batch of diffs of the same ID and namespace, so the two
 // are applied at most once between them; a batch whose ID was applied
 // before applies nothing and decides every hit on the counts as they are.
@@ -208,6 +209,10 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	apply := d.markHits(namespace, id, now, windows)
 	for _, i := range good {
 		h, r := &hits[i], &results[i]
+		if h.Slot != nil {
+			r.Slot = d.acquireSlot(namespace, h.Key, *h.Slot, now)
+			continue
+		}
 		if h.Rate == nil {
 			r.Counts, r.Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply, now)
 			continue

@@ -35,17 +35,24 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.sweep(now)
+	r := d.acquireSlot(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease}, now)
+	return r.Held, r.OK, nil
+}
+
+// acquireSlot takes a slot of key as AcquireSlot does, at now (Unix
+// nanoseconds). The caller holds d.mu and swept d.
+func (d *data) acquireSlot(namespace, key string, slot strategy.SlotRequest, now int64) strategy.SlotReply {
 	k := slotKey{namespace, key}
 	held := d.slots[k]
-	if _, mine := held[id]; !mine && len(held) >= max {
-		return len(held), false, nil
+	if _, mine := held[slot.ID]; !mine && len(held) >= slot.Max {
+		return strategy.SlotReply{Held: len(held)}
 	}
 	if held == nil {
 		held = make(map[string]int64)
 		d.slots[k] = held
 	}
-	d.leaseSlot(k, held, id, slotExpiry(now, lease))
-	return len(held), true, nil
+	d.leaseSlot(k, held, slot.ID, slotExpiry(now, slot.Lease))
+	return strategy.SlotReply{Held: len(held), OK: true}
 }
 
 // ReleaseSlots frees the given slots of a namespace, atomically; slots
@@ -134,3 +141,8 @@ func slotExpiry(now int64, lease time.Duration) int64 {
 	}
 	return now + l
 }
+
+// TakesSlotsInBatches marks the store as a strategy.SlotBatcher.
+func (*Store) TakesSlotsInBatches() {}
+
+var _ strategy.SlotBatcher = (*Store)(nil)

@@ -62,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 		{"Bans", testBans},
 		{"Rate", testRate},
 		{"RateBatch", testRateBatch},
+		{"SlotBatch", testSlotBatch},
 		{"Close", testClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })
