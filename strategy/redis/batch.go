@@ -262,6 +262,10 @@ var batchScript = goredis.NewScript(batchSource)
 // documentation (Batches of synchronous hits) for why, and what the
 // caller must keep to. The markers live as a hit's do.
 //
+// A hit with a slot (see strategy.SlotBatcher) is a run of the script of
+// AcquireSlot, in the same pipeline, after the hits' runs: the slots of a
+// key are taken in the batch's order.
+//
 // Each hit is checked as Hit checks its input; a bad one gets an error that
 // wraps strategy.ErrRejected in its result, and the others are sent
 // without it. A script run is sent at most once, as a hit is, and its
@@ -277,9 +281,18 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		errs.FailBatch(results, namespace, good, err)
 		return
 	}
-	if len(good) == 1 && hits[good[0]].Rate == nil {
+	if len(good) == 1 && hits[good[0]].Rate == nil && hits[good[0]].Slot == nil {
 		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
 		return
+	}
+	// The slots' runs go in the pipeline after the hits'.
+	var counted, slots []int
+	for _, i := range good {
+		if hits[i].Slot != nil {
+			slots = append(slots, i)
+		} else {
+			counted = append(counted, i)
+		}
 	}
 
 	// One run per slot, in the order of their first hits.
@@ -287,14 +300,14 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	nsp := nsPart(namespace)
 	// Each run is sized for its hits: first the hits' buckets and how many
 	// fall in each slot.
-	ks, perSlot := make([]int, len(good)), make(map[int]int)
-	for x, i := range good {
+	ks, perSlot := make([]int, len(counted)), make(map[int]int)
+	for x, i := range counted {
 		ks[x] = bucketOf(namespace, hits[i].Key)
 		perSlot[s.slotOf(ks[x])]++
 	}
 	var runs []*batchRun
 	bySlot := make(map[int]*batchRun, len(perSlot))
-	for x, i := range good {
+	for x, i := range counted {
 		slot := s.slotOf(ks[x])
 		r := bySlot[slot]
 		if r == nil {
@@ -304,12 +317,15 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 		r.add(s.layout, i, ks[x], nsp, &hits[i])
 	}
-	args := make([][]any, len(runs))
-	for n, r := range runs {
-		args[n] = r.command(s, id, nowMs)
+	scripts := make([]scriptRun, 0, len(runs)+len(slots))
+	for _, r := range runs {
+		scripts = append(scripts, scriptRun{batchScript, batchSource, r.command(s, id, nowMs)})
+	}
+	for _, i := range slots {
+		scripts = append(scripts, s.acquireSlotRun(namespace, hits[i].Key, *hits[i].Slot))
 	}
 
-	cmds := s.runOncePipelined(ctx, batchScript, batchSource, args)
+	cmds := s.runOncePipelined(ctx, scripts)
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
 		if err == nil {
@@ -318,6 +334,14 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		if err != nil {
 			errs.FailBatch(results, namespace, r.hits, notSent(err))
 		}
+	}
+	for n, i := range slots {
+		reply, err := slotReply(cmds[len(runs)+n])
+		if err != nil {
+			errs.FailBatch(results, namespace, []int{i}, err)
+			continue
+		}
+		results[i].Slot = reply
 	}
 }
 

@@ -316,29 +316,41 @@ func runOnce(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, 
 	return cmd
 }
 
-// runOncePipelined runs a script once per element of args, each the
-// whole command as runOnce takes it, in one pipeline: one round trip, or
+// scriptRun is one run of a script: the script, its source (for EVAL)
+// and the whole command as runOnce takes it.
+type scriptRun struct {
+	script *goredis.Script
+	src    string
+	args   []any
+}
+
+// runOncePipelined runs each of runs in one pipeline: one round trip, or
 // one per node on a Cluster, sent in parallel. Like runOnce it never
 // resends a command after a network error, and runs with EVAL, in a
-// second pipeline, the commands that a server refused for lack of the
-// script. It returns the commands, in the order of args.
-func runOncePipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, src string, args [][]any) []*goredis.Cmd {
-	cmds := make([]*goredis.Cmd, len(args))
-	send := func(which []int, name string, script any) {
+// second pipeline, the commands that a server refused for lack of their
+// script. It returns the commands, in the order of runs.
+func runOncePipelined(ctx context.Context, c goredis.UniversalClient, runs []scriptRun) []*goredis.Cmd {
+	cmds := make([]*goredis.Cmd, len(runs))
+	send := func(which []int, eval bool) {
 		pipe := c.Pipeline()
 		for _, i := range which {
-			args[i][0], args[i][1] = name, script
-			cmds[i] = goredis.NewCmd(ctx, args[i]...)
+			r := &runs[i]
+			if eval {
+				r.args[0], r.args[1] = "eval", r.src
+			} else {
+				r.args[0], r.args[1] = "evalsha", r.script.Hash()
+			}
+			cmds[i] = goredis.NewCmd(ctx, r.args...)
 			cmds[i].SetFirstKeyPos(3) // route by the first key on a Cluster
 			_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
 		}
 		_, _ = pipe.Exec(ctx)
 	}
-	all := make([]int, len(args))
+	all := make([]int, len(runs))
 	for i := range all {
 		all[i] = i
 	}
-	send(all, "evalsha", s.Hash())
+	send(all, false)
 	var again []int
 	for i, cmd := range cmds {
 		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -346,7 +358,7 @@ func runOncePipelined(ctx context.Context, c goredis.UniversalClient, s *goredis
 		}
 	}
 	if len(again) > 0 {
-		send(again, "eval", src)
+		send(again, true)
 	}
 	return cmds
 }
@@ -435,16 +447,17 @@ func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls
 	return nil
 }
 
-// runOncePipelined runs a script as the function runOncePipelined does,
+// runOncePipelined runs scripts as the function runOncePipelined does,
 // and on a Cluster runs once more, the same way, the commands that failed
 // on a connection failure and surely were not sent (see notSent), if their
 // slots are served by another master by then (see resendable).
-func (s *Store) runOncePipelined(ctx context.Context, script *goredis.Script, src string, args [][]any) []*goredis.Cmd {
-	if len(args) == 1 { // one command needs no pipeline, which costs more
-		return []*goredis.Cmd{s.runOnce(ctx, script, src, args[0], false)}
+func (s *Store) runOncePipelined(ctx context.Context, runs []scriptRun) []*goredis.Cmd {
+	if len(runs) == 1 { // one command needs no pipeline, which costs more
+		r := runs[0]
+		return []*goredis.Cmd{s.runOnce(ctx, r.script, r.src, r.args, false)}
 	}
 	ctx, failed := s.watch(ctx)
-	cmds := runOncePipelined(ctx, s.client, script, src, args)
+	cmds := runOncePipelined(ctx, s.client, runs)
 	if failed == nil {
 		return cmds
 	}
@@ -459,17 +472,17 @@ func (s *Store) runOncePipelined(ctx context.Context, script *goredis.Script, sr
 		return cmds
 	}
 	again := s.resendable(ctx, failed, unsentCmds, func(x int) string {
-		key, _ := args[unsent[x]][3].(string)
+		key, _ := runs[unsent[x]].args[3].(string)
 		return key
 	})
 	if len(again) == 0 {
 		return cmds
 	}
-	retry := make([][]any, len(again))
+	retry := make([]scriptRun, len(again))
 	for y, x := range again {
-		retry[y] = args[unsent[x]]
+		retry[y] = runs[unsent[x]]
 	}
-	for y, cmd := range runOncePipelined(ctx, s.client, script, src, retry) {
+	for y, cmd := range runOncePipelined(ctx, s.client, retry) {
 		cmds[unsent[again[y]]] = cmd
 	}
 	return cmds

@@ -106,17 +106,35 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
+	r := s.acquireSlotRun(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
+	reply, err := slotReply(s.runOnce(ctx, r.script, r.src, r.args, false))
+	return reply.Held, reply.OK, err
+}
+
+// acquireSlotRun is the script run that takes slot of key.
+func (s *Store) acquireSlotRun(namespace, key string, slot strategy.SlotRequest) scriptRun {
 	set := s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
-	cmdArgs := []any{nil, nil, 1, set, id, max, strategy.LeaseMs(lease)}
-	reply, err := s.runOnce(ctx, acquireSlotScript, acquireSlotSource, cmdArgs, false).Int64Slice()
+	return scriptRun{acquireSlotScript, acquireSlotSource, []any{nil, nil, 1, set, slot.ID, slot.Max, strategy.LeaseMs(slot.Lease)}}
+}
+
+// slotReply reads the reply of an acquireSlotRun.
+func slotReply(cmd *goredis.Cmd) (strategy.SlotReply, error) {
+	reply, err := cmd.Int64Slice()
 	if err != nil {
-		return 0, false, notSent(err)
+		return strategy.SlotReply{}, notSent(err)
 	}
 	if len(reply) != 2 || reply[0] < 0 || reply[1] != 0 && reply[1] != 1 {
-		return 0, false, fmt.Errorf("the slot script replied %v, not a count and a flag", reply)
+		return strategy.SlotReply{}, fmt.Errorf("the slot script replied %v, not a count and a flag", reply)
 	}
-	return int(reply[0]), reply[1] == 1, nil
+	return strategy.SlotReply{Held: int(reply[0]), OK: reply[1] == 1}, nil
 }
+
+// TakesSlotsInBatches marks the store as a strategy.SlotBatcher: its
+// HitBatch sends each slot's script run in the pipeline of the batch's
+// runs.
+func (*Store) TakesSlotsInBatches() {}
+
+var _ strategy.SlotBatcher = (*Store)(nil)
 
 // ReleaseSlots frees the given slots of a namespace: one ZREM per key,
 // pipelined, in one round trip for up to 1,024 keys (on a Cluster, one per
