@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -33,6 +34,10 @@ import (
 // counts as they are. The record lives as a hit's does, as long as the
 // latest of the batch's counters within one and two minutes.
 //
+// A hit with a slot (see strategy.SlotBatcher) is a call of the slots
+// table's acquire function, in the same pipeline, after the hits' call:
+// PostgreSQL runs the pipeline as one transaction.
+//
 // Each hit is checked as Hit checks its input; a bad one gets an error that
 // wraps strategy.ErrRejected in its result, and the others are sent
 // without it. A failure fails every hit of the batch, with an error that
@@ -43,12 +48,20 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	case 0:
 		return
 	case 1:
-		if hits[good[0]].Rate == nil {
+		if h := &hits[good[0]]; h.Rate == nil && h.Slot == nil {
 			errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
 			return
 		}
 	}
-	if err := s.hitBatch(ctx, namespace, id, hits, good, results); err != nil {
+	var counted, slots []int
+	for _, i := range good {
+		if hits[i].Slot != nil {
+			slots = append(slots, i)
+		} else {
+			counted = append(counted, i)
+		}
+	}
+	if err := s.hitBatch(ctx, namespace, id, hits, counted, slots, results); err != nil {
 		errs.FailBatch(results, namespace, good, err)
 	}
 }
@@ -60,8 +73,9 @@ type batchCounter struct {
 	write           bool // some hit increments it
 }
 
-// hitBatch sends the good hits of a batch and fills their results.
-func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, good []int, results []strategy.HitResult) error {
+// hitBatch sends the good hits of a batch, those that count (good) and
+// those that take slots, and fills their results.
+func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, good, slots []int, results []strategy.HitResult) error {
 	// The counters, each once, then sorted by key, size and start, as
 	// pushes sort theirs, so that both lock shared rows in one order.
 	var (
@@ -134,6 +148,12 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 	}
 
+	if len(slots) > 0 {
+		if err := s.ensurePart(ctx, s.sql.slotSchema, &s.slotsReady, "the slots table"); err != nil {
+			return err
+		}
+	}
+
 	conn, err := s.acquireBatch(ctx)
 	if err != nil {
 		return err
@@ -146,12 +166,23 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		tats       []int64
 		nowUs      *int64
 	)
-	err = conn.QueryRow(ctx, s.sql.hitBatch,
-		stored(namespace, maxStoredNamespace), idArg, idExpires,
-		ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
-		rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol).Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs)
-	if err != nil {
+	// One pipeline, which PostgreSQL runs as one transaction: the hits'
+	// call, then the slots'.
+	b := &pgx.Batch{}
+	if len(good) > 0 {
+		b.Queue(s.sql.hitBatch,
+			stored(namespace, maxStoredNamespace), idArg, idExpires,
+			ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
+			rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs)
+		})
+	}
+	s.queueSlots(b, namespace, hits, slots, results)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return s.sent(err)
+	}
+	if len(good) == 0 {
+		return nil
 	}
 	if len(rt.keys) > 0 && (len(rateOK) != len(good) || len(tats) != len(good) || nowUs == nil) {
 		return fmt.Errorf("the batch hit function returned %d rate decisions, %d TATs and a time of %v, for %d hits", len(rateOK), len(tats), nowUs, len(good))
@@ -176,6 +207,33 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 	}
 	return nil
+}
+
+// queueSlots queues the acquisitions of the slots of the hits at the
+// given indexes, which set their results' Slot. They take their keys'
+// advisory locks in ascending order, as releases and renewals do, so
+// that two batches never deadlock on them; the slots of one key keep the
+// batch's order.
+func (s *Store) queueSlots(b *pgx.Batch, namespace string, hits []strategy.HitRequest, slots []int, results []strategy.HitResult) {
+	locks := make(map[int]int64, len(slots))
+	for _, i := range slots {
+		locks[i] = s.names.slotLock(namespace, hits[i].Key)
+	}
+	slices.SortStableFunc(slots, func(a, b int) int { return cmp.Compare(locks[a], locks[b]) })
+	ns := stored(namespace, maxStoredNamespace)
+	for _, i := range slots {
+		h := &hits[i]
+		b.Queue(s.sql.acquire, ns, stored(h.Key, maxStoredKey), stored(h.Slot.ID, maxStoredID),
+			int64(h.Slot.Max), strategy.LeaseMs(h.Slot.Lease), locks[i]).QueryRow(func(row pgx.Row) error {
+			var held int64
+			var ok bool
+			if err := row.Scan(&held, &ok); err != nil {
+				return err
+			}
+			results[i].Slot = strategy.SlotReply{Held: int(held), OK: ok}
+			return nil
+		})
+	}
 }
 
 // batchRates are the rates of a batch's hits, as the batch hit function

@@ -150,3 +150,10 @@ func (n *names) slotLock(namespace, key string) int64 {
 	h = fnv1a(h, namespace)
 	return int64(fnv1a(h, key))
 }
+
+// TakesSlotsInBatches marks the store as a strategy.SlotBatcher: its
+// HitBatch calls the acquire function in the pipeline of the batch's
+// hits.
+func (*Store) TakesSlotsInBatches() {}
+
+var _ strategy.SlotBatcher = (*Store)(nil)
