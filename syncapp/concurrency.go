@@ -12,7 +12,10 @@ import (
 //
 // In a local namespace, or one whose store cannot hold slots, the
 // requests are counted on this node. Otherwise the place is a slot in
-// the store, shared by the fleet: one round trip, bounded by ctx; the
+// the store, shared by the fleet: one hit of the round trips that carry
+// the requests' synchronous hits (hitQueue, with its stall detection)
+// when the store can take slots in them, or else a round trip of its
+// own, bounded by ctx; the
 // slot is renewed while the request runs and released off the request's
 // path when it ends. When the store cannot be reached, requests are
 // counted on this node, and the failure is logged as for hits; once the
@@ -20,7 +23,7 @@ import (
 // in it, whatever the number held, so that the fleet's cap counts them.
 func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release func(), ok bool) {
 	if n.slotter != nil && !n.health.down() {
-		if slot, ok, decided := n.slots.acquire(ctx, n.slotter, n.name, key, max); decided {
+		if slot, ok, decided := n.slots.acquire(ctx, n.slotter, n.road.forSlots(), n.name, key, max); decided {
 			if !ok {
 				return nil, false
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // TestConcurrencyLocal limits requests in flight per key on one node, and
@@ -71,6 +72,7 @@ func fleetNodes(t *testing.T, s fleetStore, n int) []*Namespace {
 		if !ns.LimitsConcurrencyAcrossNodes() {
 			t.Fatal("the store cannot hold concurrency slots")
 		}
+		neverStall(ns.road.hits)                                     // see synchronousNodes
 		release, _ := ns.Acquire(context.Background(), "warm-up", 1) // connect first
 		if release != nil {
 			release()
@@ -103,6 +105,62 @@ func TestFleetConcurrency(t *testing.T) {
 				release()
 			}
 			return len(again) == 1
+		})
+	})
+}
+
+// slotHits counts the hits of a hit queue's round trips that take slots.
+type slotHits struct {
+	strategy.BatchHitter
+	n atomic.Int64
+}
+
+func (c *slotHits) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
+	for _, h := range hits {
+		if h.Slot != nil {
+			c.n.Add(1)
+		}
+	}
+	c.BatchHitter.HitBatch(ctx, namespace, id, hits, results)
+}
+
+// TestFleetConcurrencyInTheHitQueue: a request's slot is a hit of the
+// round trips of the hit queue; and a slot whose round trip failed after
+// the store took it does not keep its place: the node counts the request
+// on its own, and gives the slot back.
+func TestFleetConcurrencyInTheHitQueue(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		ns := fleetNodes(t, s, 1)[0]
+		ctx := context.Background()
+		counted := &slotHits{BatchHitter: ns.road.hits.store}
+		doubt := &inDoubt{BatchHitter: counted, applied: func(int64) bool { return true }}
+		ns.road.hits.store = doubt
+		release, ok := ns.Acquire(ctx, "k", 1)
+		if !ok {
+			t.Fatal("the first request of a key got no place")
+		}
+		if _, again := ns.Acquire(ctx, "k", 1); again {
+			t.Fatal("a second request got the key's one place")
+		}
+		release()
+		if got := counted.n.Load(); got != 2 {
+			t.Fatalf("%d slots went in the hit queue's round trips, want 2", got)
+		}
+
+		doubt.on.Store(true)
+		release, ok = ns.Acquire(ctx, "k2", 1)
+		doubt.on.Store(false)
+		if !ok || doubt.after.Load() != 1 {
+			t.Fatalf("a request whose slot's round trip was in doubt: ok %v after %d round trips applied, want counted on the node after 1", ok, doubt.after.Load())
+		}
+		release()
+		poll.Until(t, 10*time.Second, "the slot taken in doubt to be given back", func() bool {
+			probe := fmt.Sprint("probe-", time.Now().UnixNano())
+			_, ok, err := ns.slotter.AcquireSlot(ctx, "api", "k2", probe, 1, time.Minute)
+			if ok {
+				_ = ns.slotter.ReleaseSlots(ctx, "api", []strategy.Slot{{Key: "k2", ID: probe}})
+			}
+			return err == nil && ok
 		})
 	})
 }

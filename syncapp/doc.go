@@ -102,6 +102,12 @@
 //	              (its increments, and its rate's turn if the zone
 //	              admitted it) ──► (last hit of the round trip) outbox.retry
 //
+//	request: Namespace.Acquire(key) with max_concurrent and a store
+//	  health.down? ──yes──► inFlight (and slotHolder.admitLocal)
+//	  storeRoad.takeSlot: a hit of the hit queue, as above, that takes a
+//	    slot ──► slotHolder: held, renewed and released off the path; in
+//	    doubt, released again until its lease ends
+//
 //	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
 //	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch)

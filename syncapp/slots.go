@@ -90,15 +90,23 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 	}
 }
 
-// acquire takes a slot of key of a namespace in store. decided is false
+// acquire takes a slot of key of a namespace in store: on road, in the
+// round trip of the requests beside it, when it is not nil (the store
+// takes slots in batches), or else in a call of its own. decided is false
 // when the store could not answer, and the caller must count on this
 // node.
-func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
+func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, road *storeRoad, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
 	h.worker.start(h.logger, h.loop)
 	slot = newHeldSlot(store, namespace, key)
-	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
-	defer cancel()
-	_, ok, err := store.AcquireSlot(ctx, namespace, key, slot.slot.ID, max, slotLease)
+	req := strategy.SlotRequest{ID: slot.slot.ID, Max: max, Lease: slotLease}
+	var err error
+	if road != nil {
+		ok, err = road.takeSlot(ctx, key, req)
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
+		_, ok, err = store.AcquireSlot(ctx, namespace, key, req.ID, req.Max, req.Lease)
+		cancel()
+	}
 	switch {
 	case err == nil:
 		h.health.succeeded()
@@ -108,6 +116,7 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, namesp
 			h.mu.Unlock()
 		}
 		return slot, ok, true
+	case errors.Is(err, errStalled): // never sent, and health knows
 	case errors.Is(err, strategy.ErrRejected):
 		h.logger.Error("the store refused a concurrency slot; counting on this node", zap.String("namespace", namespace), zap.Error(err))
 	case errors.Is(err, strategy.ErrNotSent):

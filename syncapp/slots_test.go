@@ -90,7 +90,7 @@ func TestSlotsFreeAfterAnOutage(t *testing.T) {
 
 	var held []heldSlot
 	for range max {
-		slot, ok, decided := h.acquire(ctx, store, "api", "k", max)
+		slot, ok, decided := h.acquire(ctx, store, nil, "api", "k", max)
 		if !ok || !decided {
 			t.Fatal("a free slot was not taken")
 		}
@@ -101,7 +101,7 @@ func TestSlotsFreeAfterAnOutage(t *testing.T) {
 		h.release(slot)
 	}
 	for range 3 { // acquires that time out, and land when the store resumes
-		if _, _, decided := h.acquire(ctx, store, "api", "k", max); decided {
+		if _, _, decided := h.acquire(ctx, store, nil, "api", "k", max); decided {
 			t.Fatal("a paused store decided an acquire")
 		}
 	}

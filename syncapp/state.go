@@ -79,9 +79,11 @@ func (n *Namespace) use(s *fleetState) {
 	n.slots = s.slots
 	n.inFlight = s.inFlight
 	// Any namespace whose store takes synchronous hits has a road to it:
-	// a periodic one reads its stale keys on it (see refresh).
+	// a periodic one reads its stale keys on it (see refresh), and any
+	// takes its slots on it when the store can.
 	if h, ok := n.store.(strategy.Hitter); ok {
-		n.road = &storeRoad{hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
+		_, slots := n.store.(strategy.SlotBatcher)
+		n.road = &storeRoad{slots: slots, hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)

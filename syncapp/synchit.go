@@ -18,6 +18,9 @@ import (
 // hit queue is the config's, the health and the outbox the pooled fleet
 // state's, and the zone's counts are where the store's answers go.
 type storeRoad struct {
+	// slots says that the store takes concurrency slots in its round
+	// trips (strategy.SlotBatcher).
+	slots    bool
 	hits     *hitQueue
 	health   *health
 	outbox   *outbox
@@ -150,16 +153,42 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration)
 		return false
 	default:
 		r.health.failed(err, 0)
-		// Nothing of its own to retry, but the round trip's retry waits
-		// for every hit it carried.
-		if b, last := retry.add(nil, nil); last {
-			r.outbox.retry(b)
-		}
+		r.nothingToRetry(retry)
 		return false
 	}
 	r.health.succeeded()
 	r.observe(key, windows, res.Counts, make([]window.Sample, len(windows)))
 	return true
+}
+
+// takeSlot takes a concurrency slot of key in the store, as a hit of the
+// hit queue (see strategy.SlotBatcher), and reports whether it got one.
+// The error is the hit's: the caller handles it as AcquireSlot's, and
+// errStalled when the hit left the queue unsent.
+func (r *storeRoad) takeSlot(ctx context.Context, key string, slot strategy.SlotRequest) (bool, error) {
+	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Slot: &slot})
+	r.nothingToRetry(retry) // a slot in doubt is released, not pushed
+	return res.Slot.OK, res.Err
+}
+
+// forSlots returns r if its store takes slots in its round trips, and
+// nil otherwise (or if r is nil).
+func (r *storeRoad) forSlots() *storeRoad {
+	if r == nil || !r.slots {
+		return nil
+	}
+	return r
+}
+
+// nothingToRetry tells the retry of a round trip in doubt, if any, that a
+// hit of it has nothing to push: the retry waits for every hit it carried.
+func (r *storeRoad) nothingToRetry(retry *batchRetry) {
+	if retry == nil {
+		return
+	}
+	if b, last := retry.add(nil, nil); last {
+		r.outbox.retry(b)
+	}
 }
 
 // observe sets key's windows in the zone to the counts the store
