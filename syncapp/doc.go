@@ -63,8 +63,9 @@
 //	            until a success. Requests never probe; the loop's runs do.
 //	storeRoad   (one per config's Namespace, no lock of its own) the road
 //	            of what a request asks of the store (synchronous hits,
-//	            rates, a stale key's read): its hit queue, and what a
-//	            refusal, a failure, a stall or a doubt does to each.
+//	            rates, slots, a stale key's read, a peek): its hit queue,
+//	            and what a refusal, a failure, a stall or a doubt does to
+//	            each.
 //	hitQueue.mu the synchronous hits waiting for a round trip, the round
 //	            trips out, the stall check.
 //	batchRetry.mu   the increments of a failed round trip's hits.
@@ -88,6 +89,8 @@
 //	  periodic, rejected, a key the runs no longer fetch (stale.go):
 //	    storeRoad.read: a hit of the hit queue that increments nothing
 //	    ──► zone.Observe ──► fetchSet.touch ──► window zone: decide again
+//	  Peek (a concurrency rejection's Retry-After) at sync_rate 0:
+//	    storeRoad.read, which leaves the zone as it is
 //	  sync_rate 0, or near a limit with sync_above:
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no

@@ -2,7 +2,6 @@ package syncapp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -29,10 +28,10 @@ import (
 //
 // In local and periodic mode Peek reads this node's counts, as Hit decides
 // on them. In synchronous mode, where the store decides every hit, it
-// reads the store's counts (one round trip, bounded by ctx and by the
-// timeout of a hit), plus this node's diffs on their way to the store; if
-// the store cannot answer, it reads this node's counts, as Hit falls back
-// to them.
+// reads the store's counts (a hit of the hit queue that counts nothing,
+// in the round trip of the hits beside it), plus this node's diffs on
+// their way to the store; if the store cannot answer, it reads this
+// node's counts, as Hit falls back to them.
 //
 // Peek never changes a count, nor adds a key to the zone. When it reads
 // this node's counts it marks the key as used, as any read does, which
@@ -45,22 +44,9 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		for i, l := range limits {
 			sizes[i] = l.Size
 		}
-		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
-		samples, err := n.storeSamples(ctx, key, sizes, now)
-		cancel()
-		switch {
-		case errors.Is(err, strategy.ErrRejected): // the store is fine
-		case err != nil:
-			n.health.failed(err, 0)
-		default:
-			n.health.succeeded()
-			v := n.outbox.view()
-			for i, s := range samples {
-				s.Current += v.of(key, s.Size, s.Start)
-				s.Previous += v.of(key, s.Size, s.Start-int64(s.Size))
-				out[i] = s
-			}
-			v.close()
+		// Synchronous mode has a road: the store takes synchronous hits.
+		if samples, ok := n.road.read(ctx, key, sizes, now, false); ok {
+			copy(out, samples)
 			fromStore = true
 		}
 	}

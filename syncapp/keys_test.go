@@ -470,11 +470,13 @@ func TestResetWaitsForAPushInFlight(t *testing.T) {
 
 // TestPeekInSynchronousModeAsksTheStore: in synchronous mode the store
 // decides every hit, so a node peeks at the store's counts, which hold
-// the hits of the other nodes.
+// the hits of the other nodes, in a round trip of its hit queue.
 func TestPeekInSynchronousModeAsksTheStore(t *testing.T) {
 	s := memoryStore(t)
 	a := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
 	b := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
+	reads := &readCounter{BatchHitter: b.road.hits.store}
+	b.road.hits.store = reads
 	ctx := context.Background()
 	awayFromMinuteEnds()
 	limits := []Limit{{Size: time.Hour, Max: 4}}
@@ -485,6 +487,9 @@ func TestPeekInSynchronousModeAsksTheStore(t *testing.T) {
 	r, wait := b.Peek(ctx, "k", limits, 1, false, out)
 	if r != 0 || wait <= 0 || out[0].Current != 4 {
 		t.Fatalf("node b peeks at a key node a hit 4 times: rejected %d, wait %v, %+v; want 0, a wait, and the count 4", r, wait, out[0])
+	}
+	if got := reads.n.Load(); got != 1 {
+		t.Fatalf("the peek read the store %d times in the hit queue's round trips, want 1", got)
 	}
 	if got := b.SlidingWindow("k", time.Hour, nil).Current; got != 0 {
 		t.Fatalf("node b's own count is %v: the peek must not have come from it", got)

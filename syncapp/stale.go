@@ -48,7 +48,7 @@ func (n *Namespace) stale(key string) bool {
 // counts as they were.
 func (n *Namespace) refresh(ctx context.Context, key string) {
 	if n.road != nil {
-		if !n.road.read(ctx, key, n.WindowSizes()) {
+		if _, ok := n.road.read(ctx, key, n.WindowSizes(), window.SystemClock(), true); !ok {
 			return
 		}
 	} else if !n.fetchOne(ctx, key) {

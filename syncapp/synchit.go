@@ -132,13 +132,14 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 	return res.Rate.OK, res.Rejected, true
 }
 
-// read sets key's counts of the given window sizes in the zone to the
-// store's, plus this node's diffs on their way to it: a hit of the hit
-// queue that increments nothing and has no limit, so that a stale key's
-// refresh rides the round trip of the hits beside it. It reports whether
-// the store answered.
-func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration) bool {
-	now := window.SystemClock()
+// read reads key's windows of the given sizes at now (Unix nanoseconds)
+// from the store: a hit of the hit queue that increments nothing and has
+// no limit, so that it rides the round trip of the hits beside it. It
+// returns each window's state, the store's counts plus this node's diffs
+// on their way to it, and with observe sets the zone's counts to them
+// too (zone.Observe, which then adds its own diffs to the states). It
+// reports false when the store did not answer.
+func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration, now int64, observe bool) ([]window.Sample, bool) {
 	windows := make([]strategy.WindowHit, len(sizes))
 	for i, size := range sizes {
 		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Max: math.Inf(1)}
@@ -147,18 +148,31 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration)
 	switch err := res.Err; {
 	case err == nil:
 	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
-		return false
+		return nil, false
 	case errors.Is(err, strategy.ErrNotSent):
 		r.health.failed(err, 0)
-		return false
+		return nil, false
 	default:
 		r.health.failed(err, 0)
 		r.nothingToRetry(retry)
-		return false
+		return nil, false
 	}
 	r.health.succeeded()
-	r.observe(key, windows, res.Counts, make([]window.Sample, len(windows)))
-	return true
+	out := make([]window.Sample, len(windows))
+	if observe {
+		r.observe(key, windows, res.Counts, out)
+		return out, true
+	}
+	v := r.outbox.view()
+	defer v.close()
+	for i, w := range windows {
+		out[i] = window.Sample{
+			Current:  res.Counts[i].Current + v.of(key, w.Size, w.Start),
+			Previous: res.Counts[i].Previous + v.of(key, w.Size, w.Start-int64(w.Size)),
+			Weight:   window.Weight(now, w.Size), Start: w.Start, Size: w.Size, At: now,
+		}
+	}
+	return out, true
 }
 
 // takeSlot takes a concurrency slot of key in the store, as a hit of the
