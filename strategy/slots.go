@@ -72,6 +72,20 @@ type SlotBatcher interface {
 	TakesSlotsInBatches()
 }
 
+// SplitSlots splits the indexes good of hits into those of the hits
+// that count (windows, a rate) and those that take slots, each in order:
+// a SlotBatcher sends the two kinds its own ways in one round trip.
+func SplitSlots(hits []HitRequest, good []int) (counted, slots []int) {
+	for _, i := range good {
+		if hits[i].Slot != nil {
+			slots = append(slots, i)
+		} else {
+			counted = append(counted, i)
+		}
+	}
+	return counted, slots
+}
+
 // SlotRequest is the concurrency slot that a hit of a SlotBatcher's
 // HitBatch takes: AcquireSlot's id, max and lease.
 type SlotRequest struct {

@@ -53,14 +53,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 			return
 		}
 	}
-	var counted, slots []int
-	for _, i := range good {
-		if hits[i].Slot != nil {
-			slots = append(slots, i)
-		} else {
-			counted = append(counted, i)
-		}
-	}
+	counted, slots := strategy.SplitSlots(hits, good)
 	if err := s.hitBatch(ctx, namespace, id, hits, counted, slots, results); err != nil {
 		errs.FailBatch(results, namespace, good, err)
 	}

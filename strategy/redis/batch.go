@@ -286,14 +286,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		return
 	}
 	// The slots' runs go in the pipeline after the hits'.
-	var counted, slots []int
-	for _, i := range good {
-		if hits[i].Slot != nil {
-			slots = append(slots, i)
-		} else {
-			counted = append(counted, i)
-		}
-	}
+	counted, slots := strategy.SplitSlots(hits, good)
 
 	// One run per slot, in the order of their first hits.
 	nowMs := s.now().UnixMilli()
