@@ -6,14 +6,14 @@
 # ratio limited/bare per case (cmd/bench-http does the runs and the report),
 # then the results as the Markdown that docs/performance.md holds.
 #
-#	./scripts/bench-http.sh                     # 14 cases x 5 pairs of 3 s runs: about 8 minutes
+#	./scripts/bench-http.sh                     # 15 cases x 5 pairs of 3 s runs: about 9 minutes
 #	OUT=docs/performance.md ./scripts/bench-http.sh   # and write them into that page
 #	QUICK=1 ./scripts/bench-http.sh             # 2 pairs of 1 s runs: a smoke test
 #	PROFILE=local ./scripts/bench-http.sh       # also a 10 s CPU profile of Caddy under /local load
 #
 # Settings, from the environment:
 #	PAIRS=5 DURATION=3s WARMUP=1s CONNECTIONS=32 THREADS=1
-#	CASES=local,local-kong,local-both,local-hidden,local-one,local-newkey,periodic,sync,sync-rate,sync-32,sync-100,sync-1000,draft-only,headers-only  (a subset, in any order)
+#	CASES=local,local-kong,local-both,local-hidden,local-one,local-newkey,periodic,sync,sync-rate,sync-32,sync-100,sync-1000,sync-concurrent,draft-only,headers-only  (a subset, in any order)
 #	PROFILE=<case or bare> PROFILE_OUT=caddy-<case>.pprof PROFILE_SECONDS=10
 #	CADDY=<binary>: measure that Caddy (built with the plugin at another commit, say) instead of building one
 #	OUT=<page>: only its part between the two comments

@@ -63,6 +63,7 @@ var cases = []benchCase{
 	{name: "sync-32", label: "synchronous, 32 keys, Redis", path: "/sync-32", keys: 32, redis: true, shows: draftShown},
 	{name: "sync-100", label: "synchronous, 100 keys, Redis", path: "/sync-100", keys: 100, redis: true, shows: draftShown},
 	{name: "sync-1000", label: "synchronous, 1,000 keys, Redis", path: "/sync-1000", keys: 1000, redis: true, shows: draftShown},
+	{name: "sync-concurrent", label: "synchronous, 32 keys, max_concurrent, Redis", path: "/sync-concurrent", keys: 32, redis: true, shows: draftShown},
 	// The floors of the cases that show headers: what writing them costs
 	// net/http, with no limiter at all.
 	{name: "draft-only", label: "control: the draft's 2 fields, no limiter", path: "/draft-only", shows: draftShown},
