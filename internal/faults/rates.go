@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	pgstore "github.com/ratesync/caddy-ratelimit/strategy/postgres"
 	redisstore "github.com/ratesync/caddy-ratelimit/strategy/redis"
@@ -44,7 +46,10 @@ type Turns struct {
 	// Counted, the turns the store's TATs hold for those keys.
 	Admitted, Counted int
 	// InDoubt are the admitted requests answered InDoubtAfter or later
-	// after they were sent: each must be counted once.
+	// after they were sent, whose round trip timed out: each must be
+	// counted once. (A round trip that failed sooner, on a broken
+	// connection, is in doubt too, but is not told apart from a node
+	// deciding alone.)
 	InDoubt int
 	// Alone are the admitted requests the store does not count whose
 	// node may have held the store down while it served them: decided
@@ -168,7 +173,11 @@ func openRater(config json.RawMessage) (strategy.Rater, error) {
 		if err := json.Unmarshal(config, &r); err != nil {
 			return nil, err
 		}
-		return r.Open()
+		s, err := r.Open()
+		// The first store opened routes go-redis's log, one per process,
+		// to Caddy's: the harness's stays quiet (see stores.go).
+		redis.SetLogger(quiet{})
+		return s, err
 	case "postgres":
 		var p pgstore.Postgres
 		if err := json.Unmarshal(config, &p); err != nil {

@@ -66,7 +66,7 @@ func WriteCountsTable(w io.Writer, outcomes []*Outcome) {
 // rates: the turns admitted against the store's TATs, how they were
 // decided, and RatePath's latency during the fault.
 func WriteRatesTable(w io.Writer, outcomes []*Outcome) {
-	fmt.Fprintln(w, "| fault | turns admitted / counted in the store | admitted in doubt | decided by a node alone, not counted | lost | counted twice | no answer (counted) | latency during: p50 / p99 / max (ms) | ≥ 900 ms |")
+	fmt.Fprintln(w, "| fault | turns admitted / counted in the store | admitted after a timeout (in doubt) | decided by a node alone, not counted | lost | counted twice | no answer (counted) | latency during: p50 / p99 / max (ms) | ≥ 900 ms |")
 	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, o := range outcomes {
 		if !o.hasRates() {
