@@ -312,9 +312,10 @@ const wantMarkdown = `### The run
 - **Command:** ` + "`" + `./scripts/bench-faults.sh -o docs/faults.md` + "`" + ` (took 1m30s)
 - **Scale:** 1 (of the fault durations and the phases around them)
 - **Fleet:** 3 nodes, ` + "`" + `sync_rate 100ms` + "`" + ` (periodic) or ` + "`" + `sync_rate 0` + "`" + ` (synchronous)
-- **Load:** 600 requests per second: 390 to ` + "`" + `/count` + "`" + ` (5 new keys a second), 150 to ` + "`" + `/limit` + "`" + ` (50 per
-  second on one key), 60 to ` + "`" + `/conc` + "`" + ` (` + "`" + `max_concurrent 5` + "`" + `, the upstream holding each 100ms); ` + "`" + `/ban` + "`" + `
-  limits 5 per minute with ` + "`" + `ban 10m0s` + "`" + `; ` + "`" + `read_timeout` + "`" + ` 1s
+- **Load:** 600 requests per second: 330 to ` + "`" + `/count` + "`" + ` (5 new keys a second), 150 to ` + "`" + `/limit` + "`" + ` (50 per
+  second on one key), 60 to ` + "`" + `/conc` + "`" + ` (` + "`" + `max_concurrent 5` + "`" + `, the upstream holding each 100ms), 60 to
+  ` + "`" + `/rate` + "`" + ` (` + "`" + `rate 1/1h burst 100` + "`" + `, a new key per request; a periodic row, which refuses a rate, sends
+  them to ` + "`" + `/count` + "`" + `); ` + "`" + `/ban` + "`" + ` limits 5 per minute with ` + "`" + `ban 10m0s` + "`" + `; ` + "`" + `read_timeout` + "`" + ` 1s
 - **Plugin:** the working tree at commit abc1234
 - **Go:** go1.26
 - Redis: Redis server v=7.0.15

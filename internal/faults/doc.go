@@ -7,13 +7,15 @@
 // (internal/redistest, internal/pgtest: never the machine's own servers),
 // sends known traffic (a route whose every hit must reach the store, one
 // over its limit, one with max_concurrent in front of the harness's
-// upstream, and bans), injects the fault, and reports: hits admitted
-// against what the store holds (lost, counted twice), 5xx, latency during
-// the fault, admitted / limit during and after it, how soon every node
-// syncs again once the store serves (from each node's /metrics), when
-// max_concurrent admits again and whether its cap holds, how soon a ban
-// reaches every node, failure log lines, goroutines and store
-// connections; and, next to each row, whether its promises held.
+// upstream, bans, and at sync_rate 0 a rate whose every request has a key
+// of its own), injects the fault, and reports: hits admitted against what
+// the store holds (lost, counted twice), the rate's turns admitted against
+// the store's TATs (rates.go), 5xx, latency during the fault, admitted /
+// limit during and after it, how soon every node syncs again once the
+// store serves (from each node's /metrics), when max_concurrent admits
+// again and whether its cap holds, how soon a ban reaches every node,
+// failure log lines, goroutines and store connections; and, next to each
+// row, whether its promises held.
 //
 // TestFaultsQuick runs three short faults in every go test run (not under
 // -short); TestFaultsFull, run by scripts/bench-faults.sh, runs the whole

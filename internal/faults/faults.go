@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -194,6 +195,12 @@ var Faults = []*Fault{
 		},
 	},
 	{
+		Name: "reloads-pause", Title: "%s reloads per node under load, Redis paused (SIGSTOP) 2 s of every 3 s", Store: StoreRedis,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			return e.reloadsPaused(ctx)
+		},
+	},
+	{
 		Name: "redis-slow", Title: "Redis replies delayed 1.2 s (read_timeout 1 s) for %s, by a proxy", Store: StoreRedisProxy,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
 			if e.Proxy == nil {
@@ -292,6 +299,61 @@ var Faults = []*Fault{
 // scaled.
 func (e *Env) Reloads() int { return max(int(100*e.Scale), 5) }
 
+// reloadsPaused reloads every node Reloads times, ten in every three
+// seconds, while Redis is paused two seconds of every three: turns of
+// rates that a node decided while the store's answer was in doubt wait in
+// its outbox across reloads, and some reloads come as the store is back
+// and the outbox pushes. It returns when Redis was last resumed.
+func (e *Env) reloadsPaused(ctx context.Context) (time.Time, error) {
+	const (
+		perCycle = 10
+		cycle    = 3 * time.Second
+		paused   = 2 * time.Second
+	)
+	n := e.Reloads()
+	cycles := (n + perCycle - 1) / perCycle
+	e.Began()
+	began := time.Now()
+	errs := make([]error, len(e.Nodes))
+	drops := make([]int, len(e.Nodes))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for i, node := range e.Nodes {
+			wg.Go(func() {
+				for j := range n {
+					if Sleep(ctx, time.Until(began.Add(time.Duration(j)*cycle/perCycle))) != nil {
+						return
+					}
+					d, err := node.Reload(ctx)
+					drops[i] += d
+					if err != nil {
+						errs[i] = fmt.Errorf("%s, reload %d: %w", node.Name, j+1, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}()
+	var served time.Time
+	var err error
+	for c := 0; c < cycles && err == nil; c++ {
+		e.Redis.Pause()
+		err = Sleep(ctx, time.Until(began.Add(time.Duration(c)*cycle+paused)))
+		e.Redis.Resume()
+		served = time.Now()
+		if err == nil {
+			err = Sleep(ctx, time.Until(began.Add(time.Duration(c+1)*cycle)))
+		}
+	}
+	<-done
+	e.Note("%d reloads per node took %s, Redis paused %d times; the admin endpoint dropped the connection of a POST /load %v times per node (posted again)",
+		n, secs1(time.Since(began)), cycles, drops)
+	return served, errors.Join(append(errs, err)...)
+}
+
 // takeDown kills (kill -9) or stops (SIGINT) the last node, after the
 // load stops sending to it, and lets the rest run on.
 func (e *Env) takeDown(ctx context.Context, kill bool) error {
@@ -357,7 +419,7 @@ func (f *Fault) TitleFor(scale float64) string {
 		d = secs(e.Scaled(8*time.Second, time.Second))
 	case "redis-flap":
 		d = secs(e.Scaled(45*time.Second, 6*time.Second))
-	case "reloads":
+	case "reloads", "reloads-pause":
 		d = strconv.Itoa(e.Reloads())
 	}
 	return fmt.Sprintf(f.Title, d)

@@ -18,13 +18,14 @@ import (
 
 // TestFaultsQuick runs short versions of a few faults on every go test
 // run: Redis paused 2 s with periodic syncs, Redis killed and restarted
-// with synchronous hits, and a node killed with kill -9. It checks the
-// promises that hold on main and that a regression breaks loudly: no hit
-// counted twice, none lost beyond what the fault allows, no 5xx, every
-// node syncing again and every ban reaching every node. It waits for
-// events (a recovery, a ban), never asserts on latencies, and uses
-// bounds of 20 s where the promise is 5 s, so that a loaded machine does
-// not fail it. Skipped under -short.
+// with synchronous hits and rates, and a node killed with kill -9. It
+// checks the promises that hold on main and that a regression breaks
+// loudly: no hit counted twice, none lost beyond what the fault allows,
+// no turn of a rate lost or counted twice, no 5xx, every node syncing
+// again and every ban reaching every node. It waits for events (a
+// recovery, a ban), never asserts on latencies, and uses bounds of 20 s
+// where the promise is 5 s, so that a loaded machine does not fail it.
+// Skipped under -short.
 func TestFaultsQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Caddy processes and Redis: not under -short")
@@ -32,7 +33,7 @@ func TestFaultsQuick(t *testing.T) {
 	redistest.Require(t)
 	r := &Runner{
 		T: t, Caddy: caddyproc.TestBinary(t, "FAULTS_CADDY"), Dir: t.TempDir(), Nodes: 3, Scale: 0.2, Quick: true,
-		Rates: Rates{Count: 60, Limit: 30, Conc: 20},
+		Rates: Rates{Count: 40, Limit: 30, Conc: 20, Rate: 20},
 	}
 	t.Cleanup(r.Close)
 	rows := []Row{
@@ -48,6 +49,9 @@ func TestFaultsQuick(t *testing.T) {
 		t.Logf("%s: %s", row.ID(), o.Summary())
 		if o.Admitted == 0 {
 			t.Errorf("%s: no hit of the judged keys was admitted", row.ID())
+		}
+		if o.hasRates() && o.Turns.Admitted == 0 {
+			t.Errorf("%s: no request of %s was admitted", row.ID(), RatePath)
 		}
 		for _, c := range o.Checks() {
 			// Latency and time bounds are reported, not asserted: a

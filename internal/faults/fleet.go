@@ -26,6 +26,7 @@ const (
 	LimitPath   = "/limit" // a limit per second the traffic goes over: admitted / limit
 	BanPath     = "/ban"   // a limit per minute with ban
 	ConcPath    = "/conc"  // max_concurrent, in front of the harness's upstream
+	RatePath    = "/rate"  // a rate (GCRA), at sync_rate 0 only: see rates.go
 	KeyHeader   = "X-Key"
 	TimeHeader  = "X-Server-Time-Ms"
 	Namespace   = "api"
@@ -50,6 +51,8 @@ type NodeConfig struct {
 // JSON returns the node's Caddy config: an admin endpoint on its own
 // port (for /metrics, /debug/pprof, /load and the plugin's routes),
 // nothing persisted, logs at INFO in JSON, one namespace on the store.
+// RatePath is served at sync_rate 0 only: a periodic namespace refuses a
+// rate at load.
 func (c NodeConfig) JSON() ([]byte, error) {
 	ns := map[string]any{"sync_rate": c.SyncRate.String(), "strategy": c.Strategy}
 	if c.SyncRate == 0 {
@@ -78,6 +81,20 @@ func (c NodeConfig) JSON() ([]byte, error) {
 		"handler":   "reverse_proxy",
 		"upstreams": []any{map[string]any{"dial": c.Upstream}},
 	}
+	routes := []any{
+		map[string]any{
+			"match":  []any{map[string]any{"path": []string{BarePath}}},
+			"handle": []any{ok},
+		},
+		route(CountPath, map[string]any{"limits": limits(1e9, CountWindow)}, ok),
+		route(LimitPath, map[string]any{"limits": limits(c.Limit, time.Second)}, ok),
+		route(BanPath, map[string]any{"limits": limits(c.BanLimit, time.Minute), "ban": c.Ban.String()}, ok),
+		route(ConcPath, map[string]any{"limits": limits(1e9, CountWindow), "max_concurrent": c.MaxConcurrent}, proxy),
+	}
+	if c.SyncRate == 0 {
+		rate := map[string]any{"rate": 1, "window": RateWindow.String(), "burst": RateBurst}
+		routes = append(routes, route(RatePath, map[string]any{"rate": rate}, ok))
+	}
 	cfg := map[string]any{
 		"admin": map[string]any{
 			"listen": c.AdminListen,
@@ -93,16 +110,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 				"servers": map[string]any{"faults": map[string]any{
 					"listen":          []string{c.Listen},
 					"automatic_https": map[string]any{"disable": true},
-					"routes": []any{
-						map[string]any{
-							"match":  []any{map[string]any{"path": []string{BarePath}}},
-							"handle": []any{ok},
-						},
-						route(CountPath, map[string]any{"limits": limits(1e9, CountWindow)}, ok),
-						route(LimitPath, map[string]any{"limits": limits(c.Limit, time.Second)}, ok),
-						route(BanPath, map[string]any{"limits": limits(c.BanLimit, time.Minute), "ban": c.Ban.String()}, ok),
-						route(ConcPath, map[string]any{"limits": limits(1e9, CountWindow), "max_concurrent": c.MaxConcurrent}, proxy),
-					},
+					"routes":          routes,
 				}},
 			},
 		},

@@ -18,8 +18,12 @@ const (
 	Count Class = iota // CountPath, a new key set every second
 	Limit              // LimitPath, one key over its limit
 	Conc               // ConcPath, one key, more in flight than max_concurrent
+	Rate               // RatePath, a new key per request (sync_rate 0 only)
 	numClasses
 )
+
+// classPath is the route of each class.
+var classPath = [numClasses]string{Count: CountPath, Limit: LimitPath, Conc: ConcPath, Rate: RatePath}
 
 // Rates are the load's requests per second per class.
 type Rates [numClasses]float64
@@ -31,6 +35,16 @@ func (r Rates) Total() float64 {
 		t += v
 	}
 	return t
+}
+
+// For returns the rates of a row's load: a periodic namespace refuses a
+// rate at load, so its rows send the Rate class's requests to CountPath.
+func (r Rates) For(sync bool) Rates {
+	if !sync {
+		r[Count] += r[Rate]
+		r[Rate] = 0
+	}
+	return r
 }
 
 // CountKeysPerSecond is how many keys of CountPath the load uses per
@@ -99,6 +113,11 @@ func (l *Load) CountKey(sec, i int) string {
 	return l.Prefix + "c" + strconv.Itoa(sec) + "-" + strconv.Itoa(i)
 }
 
+// RateKey returns the key of the i-th request of RatePath.
+func (l *Load) RateKey(i int) string {
+	return l.Prefix + "r" + strconv.Itoa(i)
+}
+
 // SetDown makes the load skip node i (true) or send to it again.
 func (l *Load) SetDown(i int, down bool) { l.down[i].Store(down) }
 
@@ -164,6 +183,8 @@ func (l *Load) run(ctx context.Context) {
 			r.Key = l.LimitKey
 		case Conc:
 			r.Key = l.ConcKey
+		case Rate:
+			r.Key = l.RateKey(i)
 		}
 		r.Node = -1
 		for range l.Nodes {
@@ -198,8 +219,7 @@ func (l *Load) Stop() []*Result {
 
 // do sends one request and fills in its result.
 func (l *Load) do(ctx context.Context, r *Result) {
-	path := [...]string{Count: CountPath, Limit: LimitPath, Conc: ConcPath}[r.Class]
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.Nodes[r.Node].URL(path), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.Nodes[r.Node].URL(classPath[r.Class]), nil)
 	if err != nil {
 		r.Err = err
 		return

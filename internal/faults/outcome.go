@@ -115,6 +115,9 @@ type Outcome struct {
 	Notes   []string
 	Elapsed time.Duration
 
+	// Turns sums up the requests of RatePath, at sync_rate 0.
+	Turns Turns
+
 	// OnFailed and OnOthers split the judged hits of a Cluster row by
 	// where their keys live: on the killed master's slots, or on the
 	// other masters'.
@@ -159,7 +162,6 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	}
 	keys := map[string]*keyStat{}
 	var lat []time.Duration
-	var slow int
 	during := map[int64]float64{} // second → admitted of LimitPath
 	after := map[int64]float64{}
 	fEnd, from := o.faultEnd(), o.recoveryFrom()
@@ -172,7 +174,7 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 			o.NoAnswer++
 			if o.NoAnswerErr == "" && r.Err != nil {
 				o.NoAnswerErr = fmt.Sprintf("%s to node%d, %s after the fault began: %v",
-					[...]string{Count: CountPath, Limit: LimitPath, Conc: ConcPath}[r.Class], r.Node+1, secs1(r.Sent.Sub(o.Start)), r.Err)
+					classPath[r.Class], r.Node+1, secs1(r.Sent.Sub(o.Start)), r.Err)
 			}
 		case r.Status >= 500:
 			o.Status5xx++
@@ -206,9 +208,6 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 				o.LatencyErr++
 			} else {
 				lat = append(lat, r.Latency)
-				if r.Latency >= 900*time.Millisecond {
-					slow++
-				}
 			}
 		}
 		if r.Class == Limit && r.Status == http.StatusOK && r.ServerMs > 0 {
@@ -230,14 +229,9 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	// Whole seconds only: the first and last second of a span are partial.
 	o.LimitDuring = worstSecond(during, o.Start, fEnd)
 	o.LimitAfter = worstSecond(after, from.Add(time.Second), o.LoadEnd)
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		o.LatencyN = len(lat)
-		o.P50 = lat[len(lat)/2]
-		o.P99 = lat[min(len(lat)-1, int(math.Ceil(0.99*float64(len(lat))))-1)]
-		o.Max = lat[len(lat)-1]
-		o.Slow = float64(slow) / float64(len(lat))
-	}
+	var l Latency
+	l.of(lat)
+	o.P50, o.P99, o.Max, o.Slow, o.LatencyN = l.P50, l.P99, l.Max, l.Slow, l.N
 	o.recovery()
 	o.concurrency(up)
 
@@ -289,6 +283,32 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 		}
 	}
 	return nil
+}
+
+// Latency sums up the latencies of some requests.
+type Latency struct {
+	// P50, P99 and Max are the median, the 99th percentile and the
+	// longest; Slow is the share of 900 ms or more.
+	P50, P99, Max time.Duration
+	Slow          float64
+	// N is how many there are; Errors, how many requests got no answer
+	// (not among them).
+	N, Errors int
+}
+
+// of sums up lat, which it sorts.
+func (l *Latency) of(lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	fast, _ := slices.BinarySearch(lat, 900*time.Millisecond)
+	slow := len(lat) - fast
+	l.N = len(lat)
+	l.P50 = lat[len(lat)/2]
+	l.P99 = lat[min(len(lat)-1, int(math.Ceil(0.99*float64(len(lat))))-1)]
+	l.Max = lat[len(lat)-1]
+	l.Slow = float64(slow) / float64(len(lat))
 }
 
 // concurrency judges max_concurrent's cap from what the upstream ran,
@@ -466,6 +486,20 @@ func (o *Outcome) Checks() []Check {
 			Check{"nothing on stderr from dependencies", fmt.Sprintf("%d lines", foreign), foreign == 0},
 		)
 	}
+	if o.hasRates() {
+		t := &o.Turns
+		cs = append(cs,
+			Check{"rates: 0 turns lost (admitted at the store or in doubt, not in its TAT)", fmt.Sprintf("%d lost", t.Lost), t.Lost == 0},
+			Check{"rates: 0 turns counted twice", fmt.Sprintf("%d counted twice", t.Doubled), t.Doubled == 0},
+			Check{"rates: the store's TATs can be read", fmt.Sprintf("%d requests of unreadable keys", t.Unread), t.Unread == 0},
+		)
+		if o.Row.Fault.Name == "redis-pause" {
+			cs = append(cs,
+				Check{"rates: p99 ≤ read_timeout + 50 ms (1,050 ms)", ms(t.Latency.P99), t.Latency.P99 <= ReadTimeout+50*time.Millisecond},
+				Check{"rates: ≤ 1 % of requests wait ≥ 900 ms", pct(t.Latency.Slow), t.Latency.Slow <= 0.01},
+			)
+		}
+	}
 	return cs
 }
 
@@ -504,8 +538,13 @@ func (o *Outcome) Summary() string {
 	if len(failed) > 0 {
 		verdict = "FAILED " + strings.Join(failed, "; ")
 	}
-	return fmt.Sprintf("admitted %g lost %g doubled %g 5xx %d p99 %s sync-again %s  %s",
-		o.Admitted, o.Lost, o.Doubled, o.Status5xx, ms(o.P99), recoveryString(o), verdict)
+	turns := ""
+	if o.hasRates() {
+		t := &o.Turns
+		turns = fmt.Sprintf(" turns %d/%d alone %d lost %d doubled %d p99 %s", t.Admitted, t.Counted, t.Alone, t.Lost, t.Doubled, ms(t.Latency.P99))
+	}
+	return fmt.Sprintf("admitted %g lost %g doubled %g 5xx %d p99 %s%s sync-again %s  %s",
+		o.Admitted, o.Lost, o.Doubled, o.Status5xx, ms(o.P99), turns, recoveryString(o), verdict)
 }
 
 func recoveryString(o *Outcome) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/template"
 	"time"
@@ -58,6 +59,31 @@ func WriteCountsTable(w io.Writer, outcomes []*Outcome) {
 		fmt.Fprintf(w, "| %s | %s | %s | %g | %g | %d | %d | %.0f / %.0f / %.0f | %s | %.2f / %.2f |\n",
 			o.Title, o.Row.Mode(), admitted, o.Lost, o.Doubled, o.Status5xx, o.NoAnswer,
 			msf(o.P50), msf(o.P99), msf(o.Max), pct(o.Slow), o.LimitDuring, o.LimitAfter)
+	}
+}
+
+// WriteRatesTable writes one markdown row per outcome whose load had
+// rates: the turns admitted against the store's TATs, how they were
+// decided, and RatePath's latency during the fault.
+func WriteRatesTable(w io.Writer, outcomes []*Outcome) {
+	fmt.Fprintln(w, "| fault | turns admitted / counted in the store | admitted after a timeout (in doubt) | decided by a node alone, not counted | lost | counted twice | no answer (counted) | latency during: p50 / p99 / max (ms) | ≥ 900 ms |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, o := range outcomes {
+		if !o.hasRates() {
+			continue
+		}
+		t := &o.Turns
+		admitted := fmt.Sprintf("%d / %d", t.Admitted, t.Counted)
+		if t.Unread > 0 {
+			admitted += fmt.Sprintf(" (+%d of keys whose TAT could not be read)", t.Unread)
+		}
+		if t.Excluded > 0 {
+			admitted += fmt.Sprintf(" (+%d sent before the store lost its data, not judged)", t.Excluded)
+		}
+		l := t.Latency
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d (%d) | %.0f / %.0f / %.0f | %s |\n",
+			o.Title, admitted, t.InDoubt, t.Alone, t.Lost, t.Doubled, t.Unanswered, t.UnansweredCounted,
+			msf(l.P50), msf(l.P99), msf(l.Max), pct(l.Slow))
 	}
 }
 
@@ -212,7 +238,7 @@ func (r *Report) Notes() []string {
 		if len(dropped) > 0 {
 			lines = append(lines, fmt.Sprintf("caddy_rate_limit_dropped_diffs_total at the end: %s.", strings.Join(dropped, ", ")))
 		}
-		if o.Row.Fault.Name == "reloads" {
+		if strings.HasPrefix(o.Row.Fault.Name, "reloads") {
 			var loads []string
 			for _, l := range o.Logs {
 				loads = append(loads, fmt.Sprint(l.Loads))
@@ -229,6 +255,9 @@ func (r *Report) Notes() []string {
 		}
 		if o.UnreadErr != "" {
 			lines = append(lines, fmt.Sprintf("reading the store's counts through the nodes failed for %s: `%s`.", secs1(ReadBudget), o.UnreadErr))
+		}
+		if o.Turns.UnreadErr != "" {
+			lines = append(lines, fmt.Sprintf("reading the rates' TATs from the store failed for %s: `%s`.", secs1(ReadBudget), o.Turns.UnreadErr))
 		}
 		if o.Row.Fault.StoreLoses {
 			lines = append(lines, fmt.Sprintf("the ban set off before the fault (the store lost it) still held on the live nodes: %v.", o.BanKept))
@@ -290,6 +319,18 @@ func (r *Report) CountsTable() string {
 	return b.String()
 }
 
+// HasRates reports whether a row's load had rates.
+func (r *Report) HasRates() bool {
+	return slices.ContainsFunc(r.Outcomes, (*Outcome).hasRates)
+}
+
+// RatesTable is the markdown of WriteRatesTable.
+func (r *Report) RatesTable() string {
+	var b bytes.Buffer
+	WriteRatesTable(&b, r.Outcomes)
+	return b.String()
+}
+
 // RecoveryTable is the markdown of WriteRecoveryTable.
 func (r *Report) RecoveryTable() string {
 	var b bytes.Buffer
@@ -314,11 +355,7 @@ func (r *Report) RunLines() []string {
 		fmt.Sprintf("**Command:** `%s` (took %v)", r.Command, r.Elapsed.Round(time.Second)),
 		fmt.Sprintf("**Scale:** %g (of the fault durations and the phases around them)", r.Scale),
 		fmt.Sprintf("**Fleet:** %d nodes, `sync_rate %v` (periodic) or `sync_rate 0` (synchronous)", r.Nodes, PeriodicRate),
-		fmt.Sprintf("**Load:** %.0f requests per second: %.0f to `/count` (%d new keys a second), "+
-			"%.0f to `/limit` (%d per second on one key), %.0f to `/conc` (`max_concurrent %d`, the upstream holding each %v); "+
-			"`/ban` limits %d per minute with `ban %v`; `read_timeout` %v",
-			r.Rates.Total(), r.Rates[Count], CountKeysPerSecond, r.Rates[Limit], LimitPerSecond,
-			r.Rates[Conc], MaxConcurrent, Hold, BanLimit, BanFor, ReadTimeout),
+		r.loadLine(),
 		"**Plugin:** " + r.Source,
 		"**Go:** " + r.Go,
 	}
@@ -328,6 +365,20 @@ func (r *Report) RunLines() []string {
 		items[i] = docgen.WrapItem(l)
 	}
 	return items
+}
+
+// loadLine describes the load.
+func (r *Report) loadLine() string {
+	rates := ""
+	if r.Rates[Rate] > 0 {
+		rates = fmt.Sprintf(", %.0f to `/rate` (`%s`, a new key per request; a periodic row, which refuses a rate, sends them to `/count`)",
+			r.Rates[Rate], RateLine)
+	}
+	return fmt.Sprintf("**Load:** %.0f requests per second: %.0f to `/count` (%d new keys a second), "+
+		"%.0f to `/limit` (%d per second on one key), %.0f to `/conc` (`max_concurrent %d`, the upstream holding each %v)%s; "+
+		"`/ban` limits %d per minute with `ban %v`; `read_timeout` %v",
+		r.Rates.Total(), r.Rates[Count], CountKeysPerSecond, r.Rates[Limit], LimitPerSecond,
+		r.Rates[Conc], MaxConcurrent, Hold, rates, BanLimit, BanFor, ReadTimeout)
 }
 
 // ErrorLines are the rows that could not run, as items of a Markdown list.

@@ -68,8 +68,9 @@ const (
 )
 
 // DefaultRates are the load of a full run: 600 requests per second, as
-// docs/faults.md states the synchronous promise at.
-var DefaultRates = Rates{Count: 390, Limit: 3 * LimitPerSecond, Conc: 60}
+// docs/faults.md states the synchronous promise at (in a periodic row,
+// the Rate class's go to CountPath: see Rates.For).
+var DefaultRates = Rates{Count: 330, Limit: 3 * LimitPerSecond, Conc: 60, Rate: 60}
 
 // Runner runs rows on the stores it starts.
 type Runner struct {
@@ -196,15 +197,20 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	}
 
 	prefix := row.ID() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	load := NewLoad(prefix, r.Rates, nodes)
+	rates := r.Rates.For(row.Sync)
+	load := NewLoad(prefix, rates, nodes)
 	env.Nodes, env.Load = nodes, load
-	o := &Outcome{Row: row, Title: row.Fault.TitleFor(r.Scale), Nodes: r.Nodes, Rates: r.Rates, KilledNode: -1}
+	o := &Outcome{Row: row, Title: row.Fault.TitleFor(r.Scale), Nodes: r.Nodes, Rates: rates, KilledNode: -1}
 
 	// Warm-up: every node answers every route, and a first ban, set off
 	// on node 1 before the fault, must still hold on every node after it.
 	o.BanBeforeKey = prefix + "ban-before"
+	paths := []string{CountPath, LimitPath, ConcPath, BanPath}
+	if row.Sync {
+		paths = append(paths, RatePath)
+	}
 	for i, n := range nodes {
-		for _, path := range []string{CountPath, LimitPath, ConcPath, BanPath} {
+		for _, path := range paths {
 			if st := load.Burst(ctx, i, path, prefix+"warm", 1); st[0] != 200 {
 				return nil, fmt.Errorf("warm-up %s on %s: status %d; its log:\n%s", path, n.Name, st[0], n.Log(20))
 			}
@@ -335,6 +341,11 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	}
 	if err := o.account(ctx, results, live, r.upstream); err != nil {
 		return nil, err
+	}
+	if o.hasRates() {
+		if err := o.accountTurns(ctx, results, backend.Strategy()); err != nil {
+			return nil, err
+		}
 	}
 	o.Notes = append(o.Notes, env.notes...)
 	o.Elapsed = time.Since(began)
