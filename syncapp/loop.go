@@ -136,7 +136,10 @@ func signal(ch chan struct{}) {
 
 // loop runs the namespace's syncs until the loop is closed. Periodic runs
 // are aligned to multiples of sync_rate, and the next one is armed only
-// when a run ends, so runs never pile up.
+// when a run ends, so runs never pile up. A wake (a config attached or
+// detached) never puts the next run off: reloads that come faster than
+// the runs would otherwise starve them, and with them the bans and the
+// diffs they carry.
 func (l *loop) loop() {
 	stop := l.worker.stopping()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -145,6 +148,7 @@ func (l *loop) loop() {
 		<-stop
 		cancel() // abandon a run in flight
 	}()
+	var due time.Time // when the next run is due; zero once one ran
 	for {
 		ns := l.current()
 		syncs := ns != nil && ns.mode != Local
@@ -152,7 +156,11 @@ func (l *loop) loop() {
 		var wait <-chan time.Time
 		var backlog <-chan struct{}
 		if syncs {
-			timer = time.NewTimer(l.health.delay(ns.runInterval(), time.Now()))
+			now := time.Now()
+			if next := now.Add(l.health.delay(ns.runInterval(), now)); due.IsZero() || next.Before(due) {
+				due = next
+			}
+			timer = time.NewTimer(due.Sub(now))
 			wait = timer.C
 			backlog = ns.backlog()
 		}
@@ -191,6 +199,7 @@ func (l *loop) loop() {
 			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
 			l.runCurrent(runCtx, !early)
 			cancelRun()
+			due = time.Time{}
 		}
 	}
 }
