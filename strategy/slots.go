@@ -3,6 +3,7 @@ package strategy
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -74,8 +75,12 @@ type SlotBatcher interface {
 
 // SplitSlots splits the indexes good of hits into those of the hits
 // that count (windows, a rate) and those that take slots, each in order:
-// a SlotBatcher sends the two kinds its own ways in one round trip.
+// a SlotBatcher sends the two kinds its own ways in one round trip. A
+// batch without slots, the common case, returns good itself.
 func SplitSlots(hits []HitRequest, good []int) (counted, slots []int) {
+	if !slices.ContainsFunc(good, func(i int) bool { return hits[i].Slot != nil }) {
+		return good, nil
+	}
 	for _, i := range good {
 		if hits[i].Slot != nil {
 			slots = append(slots, i)
