@@ -159,19 +159,23 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		tats       []int64
 		nowUs      *int64
 	)
-	// One pipeline, which PostgreSQL runs as one transaction: the hits'
-	// call, then the slots'.
-	b := &pgx.Batch{}
-	if len(good) > 0 {
-		b.Queue(s.sql.hitBatch,
-			stored(namespace, maxStoredNamespace), idArg, idExpires,
-			ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
-			rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs)
-		})
+	args := []any{stored(namespace, maxStoredNamespace), idArg, idExpires,
+		ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
+		rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol}
+	scan := func(row pgx.Row) error { return row.Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs) }
+	if len(slots) == 0 {
+		err = scan(conn.QueryRow(ctx, s.sql.hitBatch, args...))
+	} else {
+		// One pipeline, which PostgreSQL runs as one transaction: the
+		// hits' call, then the slots'.
+		b := &pgx.Batch{}
+		if len(good) > 0 {
+			b.Queue(s.sql.hitBatch, args...).QueryRow(scan)
+		}
+		s.queueSlots(b, namespace, hits, slots, results)
+		err = conn.SendBatch(ctx, b).Close()
 	}
-	s.queueSlots(b, namespace, hits, slots, results)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return s.sent(err)
 	}
 	if len(good) == 0 {

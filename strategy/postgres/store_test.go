@@ -334,8 +334,9 @@ func TestFetchUsesThePrimaryKey(t *testing.T) {
 	}
 }
 
-// countingTracer counts the queries that a pool's connections send.
-type countingTracer struct{ queries atomic.Int64 }
+// countingTracer counts the queries that a pool's connections send, and
+// the batches (pipelines of queries, one round trip each).
+type countingTracer struct{ queries, batches atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.queries.Add(1)
@@ -343,6 +344,18 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.batches.Add(1)
+	return ctx
+}
+
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// roundTrips returns how many queries and batches the pool sent.
+func (c *countingTracer) roundTrips() int64 { return c.queries.Load() + c.batches.Load() }
 
 // TestOneStatementPerCall checks that every call of a store is one query:
 // one round trip, once the statement is prepared on the connection.
@@ -380,16 +393,26 @@ func TestOneStatementPerCall(t *testing.T) {
 			s.HitBatch(ctx, "ns", fmt.Sprint(time.Now().UnixNano()), hits, results)
 			return results[0].Err
 		}},
+		{"batch of 10 hits and 10 slots", func() error {
+			var hits []strategy.HitRequest
+			for i := range 10 {
+				hits = append(hits, strategy.HitRequest{Key: fmt.Sprint("k", i), Windows: hit},
+					strategy.HitRequest{Key: fmt.Sprint("k", i), Slot: &strategy.SlotRequest{ID: fmt.Sprint("s", i), Max: 5, Lease: time.Minute}})
+			}
+			results := make([]strategy.HitResult, len(hits))
+			s.HitBatch(ctx, "ns", fmt.Sprint(time.Now().UnixNano()), hits, results)
+			return errors.Join(results[0].Err, results[1].Err)
+		}},
 	} {
 		if err := tc.call(); err != nil { // creates the schema, prepares
 			t.Fatal(err)
 		}
-		before := tr.queries.Load()
+		before := tr.roundTrips()
 		if err := tc.call(); err != nil {
 			t.Fatal(err)
 		}
-		if n := tr.queries.Load() - before; n != 1 {
-			t.Errorf("%s: %d queries, want 1", tc.name, n)
+		if n := tr.roundTrips() - before; n != 1 {
+			t.Errorf("%s: %d round trips (queries and pipelines), want 1", tc.name, n)
 		}
 	}
 }
