@@ -79,9 +79,7 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 	default:
 		r.health.failed(err, 0)
 		rejected := r.counters.Hit(key, limits, value, fixed, undo, true, out)
-		if b, last := retry.add(hitDiffs(key, windows, rejected, undo), nil); last {
-			r.outbox.retry(b)
-		}
+		r.retry(retry, hitDiffs(key, windows, rejected, undo), nil)
 		r.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
@@ -120,9 +118,7 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 				turn = &strategy.RateDiff{Key: key, Window: rate.Window, Increment: req.Increment}
 			}
 		}
-		if b, last := retry.add(diffs, turn); last {
-			r.outbox.retry(b)
-		}
+		r.retry(retry, diffs, turn)
 		return rateOK, rejected, true
 	}
 	r.health.succeeded()
@@ -154,7 +150,7 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 		return nil, false
 	default:
 		r.health.failed(err, 0)
-		r.nothingToRetry(retry)
+		r.retry(retry, nil, nil)
 		return nil, false
 	}
 	r.health.succeeded()
@@ -181,7 +177,7 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 // errStalled when the hit left the queue unsent.
 func (r *storeRoad) takeSlot(ctx context.Context, key string, slot strategy.SlotRequest) (bool, error) {
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Slot: &slot})
-	r.nothingToRetry(retry) // a slot in doubt is released, not pushed
+	r.retry(retry, nil, nil) // a slot in doubt is released, not pushed
 	return res.Slot.OK, res.Err
 }
 
@@ -194,13 +190,15 @@ func (r *storeRoad) forSlots() *storeRoad {
 	return r
 }
 
-// nothingToRetry tells the retry of a round trip in doubt, if any, that a
-// hit of it has nothing to push: the retry waits for every hit it carried.
-func (r *storeRoad) nothingToRetry(retry *batchRetry) {
+// retry adds a hit's increments and its rate's turn, if any, to the
+// retry of its round trip in doubt, if any (nothing for a read or a
+// slot: the retry waits for every hit the round trip carried), and
+// queues the retry in the outbox once the last hit added its own.
+func (r *storeRoad) retry(retry *batchRetry, diffs []window.Diff, turn *strategy.RateDiff) {
 	if retry == nil {
 		return
 	}
-	if b, last := retry.add(nil, nil); last {
+	if b, last := retry.add(diffs, turn); last {
 		r.outbox.retry(b)
 	}
 }
