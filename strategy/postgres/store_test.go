@@ -19,6 +19,7 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -422,7 +423,8 @@ func TestOneStatementPerCall(t *testing.T) {
 func TestPurge(t *testing.T) {
 	srv, dsn := startServer(t)
 	s := open(t, &Postgres{DSN: dsn})
-	clock := fakeclock.New(time.Now())
+	// The clock moves 10 s: the hour-long window must not end meanwhile.
+	clock := fakeclock.New(strategytest.SteadyNow(time.Minute))
 	s.now = clock.Now
 	at := clock.Now().UnixNano()
 	short, long := time.Second, time.Hour

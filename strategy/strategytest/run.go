@@ -104,14 +104,22 @@ func newID() string { return unique("id") }
 
 // steadyNow returns the time at which a test chooses its windows: now,
 // unless the hour-long windows are about to roll over, in which case it
-// waits for the new hour. A previous window expires when the window after
-// the current one starts, so a test that chose its windows a moment before
-// that could see its previous-window counters skipped as expired.
-func steadyNow() time.Time {
+// waits for the new hour (see SteadyNow). A previous window expires when
+// the window after the current one starts, so a test that chose its
+// windows a moment before that could see its previous-window counters
+// skipped as expired.
+func steadyNow() time.Time { return SteadyNow(5 * time.Second) }
+
+// SteadyNow returns now, unless the current hour (and so the current
+// window of every size that divides an hour) ends within margin, in which
+// case it waits for the new hour and returns the time then: a test that
+// counts in the windows of now and takes less than margin never sees
+// them roll over.
+func SteadyNow(margin time.Duration) time.Time {
 	now := time.Now()
 	end := window.Start(now.UnixNano(), hour) + int64(hour)
-	if left := time.Duration(end - now.UnixNano()); left < 5*time.Second {
-		time.Sleep(left + 10*time.Millisecond)
+	if left := time.Duration(end - now.UnixNano()); left < margin {
+		time.Sleep(left + 10*time.Millisecond) // the hour's end: a deadline, not an event
 		now = time.Now()
 	}
 	return now
