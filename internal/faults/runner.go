@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -267,13 +268,27 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	} else {
 		o.BanFrom = o.Served
 	}
-	banLag := make(chan time.Duration, 1)
-	go func() { banLag <- r.banReach(ctx, nodes, o.KilledNode, o.BanDuringKey, o.BanFrom) }()
+	type reach struct {
+		lag  time.Duration
+		seen string
+	}
+	banReached := make(chan reach, 1)
+	go func() {
+		lag, seen := r.banReach(ctx, nodes, o.KilledNode, o.BanDuringKey, o.BanFrom)
+		banReached <- reach{lag, seen}
+	}()
+	banLag := func() time.Duration {
+		b := <-banReached
+		if b.lag < 0 {
+			o.Notes = append(o.Notes, "the ban set off during the fault, 20 s later: "+b.seen)
+		}
+		return b.lag
+	}
 
 	if r.Quick {
 		// Events, not wall-clock: the ban reaches every node, and every
 		// node syncs again (20 s at most), then half a second more.
-		o.BanLag = <-banLag
+		o.BanLag = banLag()
 		deadline := time.Now().Add(20 * time.Second)
 		for !o.Served.IsZero() && !poll.recovered(o.Served, o.KilledNode) && time.Now().Before(deadline) {
 			if err := Sleep(ctx, 100*time.Millisecond); err != nil {
@@ -289,7 +304,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	results := load.Stop()
 	o.LoadEnd = time.Now()
 	if !r.Quick {
-		o.BanLag = <-banLag
+		o.BanLag = banLag()
 	}
 
 	// Settle: every diff pushed, for up to ReadBudget (longer than
@@ -376,21 +391,28 @@ func liveNodes(nodes []*Node, killed int) []*Node {
 
 // banReach waits until every live node holds key as banned, and returns
 // how long after from that was (-1: not within 20 s).
-func (r *Runner) banReach(ctx context.Context, nodes []*Node, killed int, key string, from time.Time) time.Duration {
+func (r *Runner) banReach(ctx context.Context, nodes []*Node, killed int, key string, from time.Time) (time.Duration, string) {
 	deadline := from.Add(20 * time.Second)
 	for {
 		all := true
+		var seen []string // what each node said last: for a ban that never arrives
 		for _, n := range liveNodes(nodes, killed) {
-			if b, err := n.Banned(ctx, key); err != nil || !b {
-				all = false
-				break
+			b, err := n.Banned(ctx, key)
+			switch {
+			case err != nil:
+				seen = append(seen, fmt.Sprintf("%s: %v", n.Name, err))
+			case !b:
+				seen = append(seen, n.Name+": not banned")
+			default:
+				seen = append(seen, n.Name+": banned")
 			}
+			all = all && err == nil && b
 		}
 		if all {
-			return max(time.Since(from), 0)
+			return max(time.Since(from), 0), ""
 		}
 		if time.Now().After(deadline) || Sleep(ctx, 50*time.Millisecond) != nil {
-			return -1
+			return -1, strings.Join(seen, "; ")
 		}
 	}
 }
