@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,6 +37,10 @@ type outbox struct {
 	inflight inflight
 
 	retries retryQueue
+	// flying counts the diffs and turns that a run took out of the zone
+	// and the retry queue and is pushing: pending until the store has
+	// them, or back in the outbox.
+	flying atomic.Int64
 
 	mu     sync.Mutex
 	failed *strategy.Batch // a batch whose push failed, retried as is
@@ -64,6 +69,11 @@ func (o *outbox) lockTake() { o.taking.Lock() }
 func (o *outbox) load(diffs []window.Diff, track bool) flight {
 	defer o.taking.Unlock()
 	fl := flight{retries: o.retries.take()}
+	n := len(diffs)
+	for _, b := range fl.retries {
+		n += len(b.Diffs) + len(b.Rates)
+	}
+	o.flying.Store(int64(n))
 	if len(diffs) > 0 {
 		fl.batch = &strategy.Batch{ID: newBatchID(), Namespace: o.name, Diffs: diffs}
 	}
@@ -84,6 +94,7 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 // for the zone to take back: at most one batch waits. The caller holds
 // the run lock.
 func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight) (restore []window.Diff, contacted bool, err error) {
+	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batch or the zone
 	if fl.tracked {
 		defer func() {
 			o.mu.Lock()
@@ -182,8 +193,8 @@ func withoutKey(diffs []window.Diff, key string) []window.Diff {
 	return kept
 }
 
-// diffs returns how many diffs wait in the outbox: of the failed batch
-// and of hits to retry.
+// diffs returns how many diffs (and rates' turns) wait in the outbox: of
+// the failed batch, of hits to retry, and of a push in flight.
 func (o *outbox) diffs() int {
 	o.mu.Lock()
 	n := 0
@@ -191,7 +202,7 @@ func (o *outbox) diffs() int {
 		n = len(o.failed.Diffs)
 	}
 	o.mu.Unlock()
-	return n + o.retries.diffs()
+	return n + o.retries.diffs() + int(o.flying.Load())
 }
 
 // empty reports whether nothing waits in the outbox.

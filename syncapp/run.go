@@ -143,7 +143,8 @@ func (n *Namespace) storable(diffs []window.Diff) []window.Diff {
 }
 
 // pendingDiffs returns how many diffs wait to be pushed: those in the
-// zone, of a batch whose push failed and of hits to retry.
+// zone, of a batch whose push failed, of hits to retry, and of a push in
+// flight (a store that hangs holds them there).
 func (n *Namespace) pendingDiffs() int {
 	return n.counters.Pending() + n.outbox.diffs()
 }
