@@ -69,11 +69,7 @@ func (o *outbox) lockTake() { o.taking.Lock() }
 func (o *outbox) load(diffs []window.Diff, track bool) flight {
 	defer o.taking.Unlock()
 	fl := flight{retries: o.retries.take()}
-	n := len(diffs)
-	for _, b := range fl.retries {
-		n += len(b.Diffs) + len(b.Rates)
-	}
-	o.flying.Store(int64(n))
+	o.flying.Store(int64(len(diffs) + diffsIn(fl.retries)))
 	if len(diffs) > 0 {
 		fl.batch = &strategy.Batch{ID: newBatchID(), Namespace: o.name, Diffs: diffs}
 	}

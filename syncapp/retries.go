@@ -87,8 +87,14 @@ func (q *retryQueue) len() int {
 func (q *retryQueue) diffs() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return diffsIn(q.items)
+}
+
+// diffsIn returns how many diffs batches hold, a rate's turn counting as
+// one.
+func diffsIn(batches []strategy.Batch) int {
 	n := 0
-	for _, b := range q.items {
+	for _, b := range batches {
 		n += len(b.Diffs) + len(b.Rates)
 	}
 	return n

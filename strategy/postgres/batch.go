@@ -217,18 +217,9 @@ func (s *Store) queueSlots(b *pgx.Batch, namespace string, hits []strategy.HitRe
 		locks[i] = s.names.slotLock(namespace, hits[i].Key)
 	}
 	slices.SortStableFunc(slots, func(a, b int) int { return cmp.Compare(locks[a], locks[b]) })
-	ns := stored(namespace, maxStoredNamespace)
 	for _, i := range slots {
-		h := &hits[i]
-		b.Queue(s.sql.acquire, ns, stored(h.Key, maxStoredKey), stored(h.Slot.ID, maxStoredID),
-			int64(h.Slot.Max), strategy.LeaseMs(h.Slot.Lease), locks[i]).QueryRow(func(row pgx.Row) error {
-			var held int64
-			var ok bool
-			if err := row.Scan(&held, &ok); err != nil {
-				return err
-			}
-			results[i].Slot = strategy.SlotReply{Held: int(held), OK: ok}
-			return nil
+		b.Queue(s.sql.acquire, s.acquireArgs(namespace, hits[i].Key, *hits[i].Slot, locks[i])...).QueryRow(func(row pgx.Row) error {
+			return scanSlot(row, &results[i].Slot)
 		})
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -38,17 +40,30 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 		return 0, false, err
 	}
 	defer conn.Release()
-	var (
-		held int64
-		ok   bool
-	)
-	err = conn.QueryRow(ctx, s.sql.acquire,
-		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), stored(id, maxStoredID),
-		int64(max), strategy.LeaseMs(lease), s.names.slotLock(namespace, key)).Scan(&held, &ok)
+	var reply strategy.SlotReply
+	slot := strategy.SlotRequest{ID: id, Max: max, Lease: lease}
+	err = scanSlot(conn.QueryRow(ctx, s.sql.acquire, s.acquireArgs(namespace, key, slot, s.names.slotLock(namespace, key))...), &reply)
 	if err != nil {
 		return 0, false, s.sent(err)
 	}
-	return int(held), ok, nil
+	return reply.Held, reply.OK, nil
+}
+
+// acquireArgs are the arguments of a call of the acquire function that
+// takes slot of key, whose advisory lock is lock (see slotLock).
+func (s *Store) acquireArgs(namespace, key string, slot strategy.SlotRequest, lock int64) []any {
+	return []any{stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), stored(slot.ID, maxStoredID),
+		int64(slot.Max), strategy.LeaseMs(slot.Lease), lock}
+}
+
+// scanSlot reads the answer of a call of the acquire function into reply.
+func scanSlot(row pgx.Row, reply *strategy.SlotReply) error {
+	var held int64
+	if err := row.Scan(&held, &reply.OK); err != nil {
+		return err
+	}
+	reply.Held = int(held)
+	return nil
 }
 
 // ReleaseSlots frees the given slots of a namespace, in one call of the
