@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -23,16 +24,27 @@ import (
 // counter, however many hits share it: one MGET reads every counter whose
 // count the caller did not send, the hits are decided in Lua on running
 // counts, and each counter that changed is written once at the end, with
-// SET ... PXAT ... NX if it did not exist (its value and its fixed expiry)
-// and INCRBYFLOAT of the sum of its increments otherwise (which keeps its
-// expiry). Kong's order holds for each hit: window by window, while no
-// window has rejected it, the increment is added to the current count;
-// the first window whose rate, current + previous * weight, exceeds its
-// limit rejects it, and the windows after it are only read. With undo, a
-// rejected hit's increments are taken back at once, restoring the counts
-// it found exactly. A counter that a hit writes and a later hit reads as
-// its previous window's (hits of one key on both sides of a window's end)
-// is one running count, so the later hit sees the earlier one.
+// SET ... PXAT ... NX if it did not exist (its value and its fixed expiry),
+// SET ... KEEPTTL of a count that stays whole and INCRBYFLOAT of the sum
+// of its increments otherwise (both keep its expiry). Kong's order holds
+// for each hit: window by window, while no window has rejected it, the
+// increment is added to the current count; the first window whose rate,
+// current + previous * weight, exceeds its limit rejects it, and the
+// windows after it are only read. With undo, a rejected hit's increments
+// are taken back at once, restoring the counts it found exactly. A
+// counter that a hit writes and a later hit reads as its previous
+// window's is one running count, so the later hit sees the earlier one.
+//
+// Most batches are far from their limits, and deciding them hit by hit
+// is wasted work. When the caller allows it (every increment a whole
+// number at least 0, no rate, no limit of -Inf) and every current count
+// read is whole, the script first adds to each current count the
+// increments of all the hits that write it, and if every window of every
+// form then stays under its limit, with the greatest weight that any hit
+// of its shape gives the previous count, every hit is admitted, as
+// deciding hit by hit would find (counts only grow in such a batch, and
+// whole numbers add exactly in any order): the hits are not looked at,
+// and the reply holds no rejecting windows.
 //
 // The batch's markers (see Store.HitBatch) come first: with one, SET NX
 // PX checks and sets it in one command; with several, one EXISTS checks
@@ -47,33 +59,44 @@ import (
 // no counter; one a window then rejects leaves the TAT as it was; each
 // TAT that moved is written once at the end, living until it passes.
 //
-// KEYS[1..M] are the markers, KEYS[M+1..M+C] the counters and the last R
-// keys the TATs, each once, all in one slot on a Cluster. ARGV[1] is M,
-// ARGV[2] the markers' time to live in milliseconds and ARGV[3] R; then,
-// for counter j (KEYS[M+j]), ARGV[2j+2] is its expiry in Unix
-// milliseconds and ARGV[2j+3] its count, or "" to read it (only previous
-// windows' counts are sent: see prevCache). Then come the forms of the
-// hits: their number, then for each, "1" to undo a rejected hit (or "0"),
-// its number of windows, the index r of its TAT (0 for no rate) and, with
-// one, the rate's increment and tolerance in microseconds, and four
-// arguments per window: the indexes j of its current and previous
-// counters, its increment ("0" only reads) and its limit ("" for none,
-// "-" for one that every rate exceeds). The hits of a batch mostly share
-// a form (one key, one set of limits), so each hit, in order, is only the
-// index of its form and each window's previous weight.
+// What Redis spends on a batch is mostly its arguments (each costs about
+// as much as a command's dispatch) and tonumber (strtod), so the batch
+// is sent in few of them. Counters are numbered 1 to C: first the C1
+// current counters (those some window writes), then the C2 previous ones
+// to read, then the S previous ones whose counts the caller sends (see
+// prevCache), which are not keys of the script. KEYS[1..M] are the
+// markers, then the C1 + C2 counters and the R TATs, all in one slot on a
+// Cluster. ARGV[1] is M, ARGV[2] the markers' time to live in
+// milliseconds, ARGV[3] R, ARGV[4] C1. Then come the shapes that the
+// forms share (a shape is what hits of any key with the same limits
+// send): their number, then for each, "1" to undo a rejected hit (or
+// "0"), its number of windows, the rate's increment and tolerance in
+// microseconds ("" and "" for none), and four arguments per window: its
+// increment ("0" only reads), its limit ("" for none, "-" for one that
+// every rate exceeds), the current counter's expiry in Unix milliseconds
+// and the greatest weight any hit of the shape gives the previous count.
+// Then "1" if the caller allows the fast way above (or "0"); the forms,
+// the hits and the weights, each packed in one argument; and the S counts
+// sent. A form is a key's windows as its hits send them, which a batch's
+// hits of one key mostly share: its shape, the index of its TAT (0 for
+// none), its number of hits, and the indexes of each window's current and
+// previous counters, each a 16-bit big-endian number. A hit is the index
+// of its form, in 16 bits, in the batch's order; the weights are each
+// hit's windows' previous weights, in order, separated by spaces, read
+// only when the hits are decided one by one.
 //
-// It replies 1 if the hits applied (0 if a marker existed), each counter's
-// count before the hits, with TATs the server's now and each TAT before
-// the hits, then, for each hit in order, the 0-based index of the window
-// that rejected it or -1: what the caller needs to compute, in doubles as
-// the script does, every hit's counts and rates (see batchRun.answer),
-// in a reply a fifth the size of every hit's counts. A count that is a
-// whole number is replied as an integer, any other as a string of 17
-// significant digits (Redis would truncate a Lua number), which reads back
-// as the same double; formatting those cost more than the rest of a hit.
+// It replies 1 if the hits applied (0 if a marker existed), the count
+// before the hits of each counter it read (C1 + C2), with TATs the
+// server's now and each TAT before the hits, then, unless every hit was
+// admitted the fast way, for each hit in order the 0-based index of the
+// window that rejected it or -1: what the caller needs to compute, in
+// doubles as the script does, every hit's counts and rates (see
+// batchRun.answer). A count that is a whole number is replied as an
+// integer, any other as a string of 17 significant digits (Redis would
+// truncate a Lua number), which reads back as the same double.
 const batchSource = `
-local m, nr = tonumber(ARGV[1]), tonumber(ARGV[3])
-local nc = #KEYS - m - nr
+local m, nr, c1 = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local nread = #KEYS - m - nr
 local apply = true
 if m == 1 then
 	if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
@@ -92,147 +115,214 @@ elseif m > 1 then
 		end
 	end
 end
--- val[j] is counter j's running count; held[j] whether it exists; tat[r]
--- is TAT r's running value (0 for none).
-local val, held, tat, toread, at = {}, {}, {}, {}, {}
-for j = 1, nc do
-	local c = ARGV[2 * j + 3]
-	if c == '' then
-		toread[#toread + 1], at[#at + 1] = KEYS[m + j], j
-	else
-		val[j] = tonumber(c)
-	end
-end
-for r = 1, nr do
-	toread[#toread + 1], at[#at + 1] = KEYS[m + nc + r], -r
-end
-for i = 1, #toread, 1000 do
-	local last = math.min(#toread, i + 999)
-	local got = redis.call('MGET', unpack(toread, i, last))
+-- val[j] is counter j's running count; held[j] whether a current one
+-- exists; exp[j] a current one's expiry; tat[r] is TAT r's running value
+-- (0 for none).
+local val, held, exp, tat = {}, {}, {}, {}
+local reply, num = {apply and 1 or 0}, {}
+for i = m + 1, #KEYS, 1000 do
+	local last = math.min(#KEYS, i + 999)
+	local got = redis.call('MGET', unpack(KEYS, i, last))
 	for x = i, last do
-		local v, j = got[x - i + 1], at[x]
-		local n = tonumber(v or '0')
+		local v, j = got[x - i + 1], x - m
+		local n = v and num[v]
+		if not n then
+			n = tonumber(v or '0')
+			if v then
+				num[v] = n
+			end
+		end
 		if not n then
 			return redis.error_reply('a counter holds ' .. v .. ', not a number')
 		end
-		if j < 0 then
-			tat[-j] = n
+		if j > nread then
+			tat[j - nread] = n
 		else
 			held[j], val[j] = v ~= false, n
+			reply[j + 1] = v or '0' -- as stored: the caller reads the same double
 		end
 	end
 end
-local reply = {apply and 1 or 0}
-for j = 1, nc do
-	reply[j + 1] = val[j]
-end
+local h = nread + 1
 local now = 0
 if nr > 0 then
 	local t = redis.call('TIME')
 	now = t[1] * 1000000 + t[2]
-	reply[nc + 2] = now
+	h = h + 1
+	reply[h] = now
 	for r = 1, nr do
-		reply[nc + 2 + r] = tat[r]
+		h = h + 1
+		reply[h] = tat[r]
 	end
 end
--- The forms' windows, one after the other: form f's window i is window
--- fo[f] + i, with counters wc and wp, increment winc and limit wlim (false
--- for none, true for one that every rate exceeds). frate[f] is the index
--- of the form's TAT (0 for none), with its increment and tolerance.
-local p = 2 * nc + 4
-local nf = tonumber(ARGV[p])
+-- The shapes' windows, one after the other: shape s's window i is window
+-- so[s] + i, with increment sinc, limit slim (false for none, true for
+-- one that every rate exceeds) and greatest weight smax.
+local ne = tonumber(ARGV[5])
+local p = 6 + ne
+local ns = tonumber(ARGV[p])
 p = p + 1
-local fundo, fnw, fo, frate, finc, ftol, wc, wp, winc, wlim = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local sundo, snw, so, srinc, srtol, sinc, slim, smax = {}, {}, {}, {}, {}, {}, {}, {}
 local k = 0
-for f = 1, nf do
-	local nw, ri = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
-	fundo[f], fnw[f], fo[f], frate[f] = ARGV[p] == '1', nw, k, ri
-	p = p + 3
-	if ri > 0 then
-		finc[f], ftol[f] = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-		p = p + 2
+for s = 1, ns do
+	local nw = tonumber(ARGV[p + 1])
+	sundo[s], snw[s], so[s] = ARGV[p] == '1', nw, k
+	if ARGV[p + 2] ~= '' then
+		srinc[s], srtol[s] = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
 	end
+	p = p + 4
 	for i = 1, nw do
-		local a = p + 4 * i - 4
 		k = k + 1
-		wc[k], wp[k], winc[k] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-		local l = ARGV[a + 3]
+		sinc[k], smax[k] = tonumber(ARGV[p]), tonumber(ARGV[p + 2])
+		local l = ARGV[p + 1]
 		if l == '' then
-			wlim[k] = false
+			slim[k] = false
 		elseif l == '-' then
-			wlim[k] = true
+			slim[k] = true
 		else
-			wlim[k] = tonumber(l)
+			slim[k] = tonumber(l)
+		end
+		p = p + 3
+	end
+end
+local fast = apply and ARGV[p] == '1'
+local cs, fs, hs, ws = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
+for x = p + 5, #ARGV do
+	val[nread + x - p - 4] = tonumber(ARGV[x])
+end
+-- The current counters' expiries, and what all the hits add to each
+-- (for the fast way): fin[j] is counter j's count after them.
+local fin = {}
+for j = 1, c1 do
+	local a, b, c, d, e, g = string.byte(cs, 6 * j - 5, 6 * j)
+	exp[j] = ARGV[5 + a * 256 + b]
+	if fast then
+		local v = val[j]
+		if v % 1 ~= 0 then
+			fast = false
+		end
+		fin[j] = v + ((c * 256 + d) * 256 + e) * 256 + g
+	end
+end
+if fast then
+	-- Is every hit admitted? Every window, at the final counts.
+	local q = 1
+	while q <= #fs do
+		local a, b = string.byte(fs, q, q + 1)
+		local s = a * 256 + b
+		q = q + 6
+		local o = so[s]
+		for i = o + 1, o + snw[s] do
+			local l = slim[i]
+			if l then
+				local c, d, e, g = string.byte(fs, q, q + 3)
+				local cur, prev = c * 256 + d, e * 256 + g
+				local rate = fin[cur] + (fin[prev] or val[prev]) * smax[i]
+				if rate > l - 1e-12 * math.max(math.abs(l), math.abs(rate)) then
+					fast = false
+					break
+				end
+			end
+			q = q + 4
+		end
+		if not fast then
+			break
 		end
 	end
-	p = p + 4 * nw
 end
 -- delta[j] is the sum of counter j's increments; saved* hold what a hit
 -- found, to restore when it is undone; moved[r] says TAT r moved.
 local delta, savedc, savedv, savedd, moved = {}, {}, {}, {}, {}
-local nargv, h = #ARGV, #reply
-while p <= nargv do
-	local f = tonumber(ARGV[p])
-	local nw, o, undo, rej, ns = fnw[f], fo[f], fundo[f], 0, 0
-	local ri, admit, due = frate[f], true, 0
-	if ri > 0 then
-		due = math.max(tat[ri], now) + finc[f]
-		admit = due - now <= ftol[f]
+if fast then
+	for j = 1, c1 do
+		if fin[j] ~= val[j] then
+			delta[j], val[j] = fin[j] - val[j], fin[j]
+		end
 	end
-	for i = 1, admit and nw or 0 do
-		local ci, d = wc[o + i], winc[o + i]
-		if apply and rej == 0 and d ~= 0 then
-			if undo then
-				ns = ns + 1
-				savedc[ns], savedv[ns], savedd[ns] = ci, val[ci], delta[ci] or 0
+else
+	-- The forms' windows, one after the other: form f's window i is
+	-- window fo[f] + i, with counters wc and wp. fshape[f] is the form's
+	-- shape and fr[f] its TAT's index.
+	local fshape, fr, fo, wc, wp = {}, {}, {}, {}, {}
+	local f, w, q = 0, 0, 1
+	while q <= #fs do
+		local a, b, c, d = string.byte(fs, q, q + 3)
+		f = f + 1
+		local s = a * 256 + b
+		fshape[f], fr[f], fo[f] = s, c * 256 + d, w
+		q = q + 6
+		for i = 1, snw[s] do
+			a, b, c, d = string.byte(fs, q, q + 3)
+			w = w + 1
+			wc[w], wp[w] = a * 256 + b, c * 256 + d
+			q = q + 4
+		end
+	end
+	local nextw = string.gmatch(ws, '[^ ]+')
+	for q = 1, #hs, 2 do
+		local a, b = string.byte(hs, q, q + 1)
+		local x = a * 256 + b
+		local s = fshape[x]
+		local nw, o, so_, undo, rej, nsv = snw[s], fo[x], so[s], sundo[s], 0, 0
+		local ri, admit, due = fr[x], true, 0
+		if ri > 0 then
+			due = math.max(tat[ri], now) + srinc[s]
+			admit = due - now <= srtol[s]
+		end
+		for i = 1, nw do
+			local weight = nextw()
+			if admit then
+				local ci, d = wc[o + i], sinc[so_ + i]
+				if apply and rej == 0 and d ~= 0 then
+					if undo then
+						nsv = nsv + 1
+						savedc[nsv], savedv[nsv], savedd[nsv] = ci, val[ci], delta[ci] or 0
+					end
+					val[ci] = val[ci] + d
+					delta[ci] = (delta[ci] or 0) + d
+				end
+				local l = slim[so_ + i]
+				if rej == 0 and l and (l == true or val[ci] + val[wp[o + i]] * tonumber(weight) > l) then
+					rej = i
+				end
 			end
-			val[ci] = val[ci] + d
-			delta[ci] = (delta[ci] or 0) + d
 		end
-		local l = wlim[o + i]
-		if rej == 0 and l and (l == true or val[ci] + val[wp[o + i]] * tonumber(ARGV[p + i]) > l) then
-			rej = i
+		if undo and rej > 0 and nsv > 0 then
+			for y = nsv, 1, -1 do
+				val[savedc[y]], delta[savedc[y]] = savedv[y], savedd[y]
+			end
 		end
-	end
-	if undo and rej > 0 and ns > 0 then
-		for x = ns, 1, -1 do
-			val[savedc[x]], delta[savedc[x]] = savedv[x], savedd[x]
+		if ri > 0 and admit and apply and rej == 0 then
+			tat[ri], moved[ri] = due, true
 		end
+		h = h + 1
+		reply[h] = rej - 1
 	end
-	if ri > 0 and admit and apply and rej == 0 then
-		tat[ri], moved[ri] = due, true
-	end
-	h = h + 1
-	reply[h] = rej - 1
-	p = p + 1 + nw
 end
 local function whole(v)
 	return v ~= 0 and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992
 end
-for j = 1, nc do
+for j = 1, c1 do
 	local d = delta[j]
 	if d and d ~= 0 then
 		local key, v = KEYS[m + j], nil
-		if whole(d) then
-			v = string.format('%d', d)
-		else
-			v = string.format('%.17g', d)
-		end
 		if held[j] and whole(d) and whole(val[j]) then
 			redis.call('SET', key, string.format('%d', val[j]), 'KEEPTTL')
-		elseif held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[2 * j + 2], 'NX') then
-			redis.call('INCRBYFLOAT', key, v)
+		else
+			if whole(d) then
+				v = string.format('%d', d)
+			else
+				v = string.format('%.17g', d)
+			end
+			if held[j] or not redis.call('SET', key, v, 'PXAT', exp[j], 'NX') then
+				redis.call('INCRBYFLOAT', key, v)
+			end
 		end
 	end
 end
 for r = 1, nr do
 	if moved[r] then
-		redis.call('SET', KEYS[m + nc + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
-	end
-end
-for j = 2, nc + 1 do
-	if not whole(reply[j]) then
-		reply[j] = string.format('%.17g', reply[j])
+		redis.call('SET', KEYS[m + nread + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
 	end
 end
 return reply
@@ -311,13 +401,24 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		r.add(s.layout, i, ks[x], nsp, &hits[i])
 	}
 	scripts := make([]scriptRun, 0, len(runs)+len(slots))
+	sendable := runs[:0]
 	for _, r := range runs {
-		scripts = append(scripts, scriptRun{batchScript, batchSource, r.command(s, id, nowMs)})
+		cmd, err := r.command(s, id, nowMs)
+		if err != nil {
+			errs.FailBatch(results, namespace, r.hits, err)
+			continue
+		}
+		sendable = append(sendable, r)
+		scripts = append(scripts, scriptRun{batchScript, batchSource, cmd})
 	}
+	runs = sendable
 	for _, i := range slots {
 		scripts = append(scripts, s.acquireSlotRun(namespace, hits[i].Key, *hits[i].Slot))
 	}
 
+	if len(scripts) == 0 {
+		return
+	}
 	cmds := s.runOncePipelined(ctx, scripts)
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
@@ -357,14 +458,14 @@ type batchRun struct {
 	// latest form.
 	forms    []batchForm
 	lastForm map[string]int
-	formArgs []any  // the forms' arguments to the script
-	hitArgs  []any  // the hits' arguments to the script
-	lastExp  int64  // the latest expiry of a current counter
-	buf      []byte // scratch space for counter keys
-	weights  []byte // the hits' weights, formatted (see weightArg)
-	// The hits of a batch mostly share their values, limits and weights:
-	// the last of each formatted, to reuse rather than format again.
-	value, limit, weight formatted
+	// fast says that the script may admit every hit at once when their
+	// counts stay under their limits (see batchSource): no hit has a
+	// rate, an increment that is not a whole number at least 0, or a
+	// limit of -Inf.
+	fast    bool
+	weights []byte // the hits' weights, formatted, each followed by a space
+	lastExp int64  // the latest expiry of a current counter
+	buf     []byte // scratch space for counter keys
 }
 
 // batchForm is the form of a run's hits of one key with the same windows
@@ -372,6 +473,7 @@ type batchRun struct {
 type batchForm struct {
 	undo    bool
 	windows []formWindow
+	hits    int // the run's hits of the form
 	// rate, for hits with a rate, is the index of its TAT in the run,
 	// plus 1 (0 for none), and inc and tol its increment and tolerance in
 	// microseconds.
@@ -387,6 +489,9 @@ type formWindow struct {
 	start      int64
 	value, max float64
 	cur, prev  int
+	// maxWeight is the greatest weight the form's hits give the
+	// previous count.
+	maxWeight float64
 }
 
 // matches reports whether h sends f's windows.
@@ -406,19 +511,20 @@ func (f *batchForm) matches(h *strategy.HitRequest) bool {
 	return true
 }
 
-// formatted is a number formatted for a script, and the number.
-type formatted struct {
-	v   float64
-	arg any
-}
-
-// format returns f's argument if it formats v, or else v formatted by
-// with, which it remembers.
-func (f *formatted) format(v float64, with func(float64) any) any {
-	if f.arg == nil || f.v != v {
-		f.v, f.arg = v, with(v)
+// sameShape reports whether forms f and g send the script the same
+// shape: all but their counters, TATs and hits.
+func sameShape(f, g *batchForm) bool {
+	if f.undo != g.undo || len(f.windows) != len(g.windows) || (f.rate != 0) != (g.rate != 0) ||
+		f.rate != 0 && (f.inc != g.inc || f.tol != g.tol) {
+		return false
 	}
-	return f.arg
+	for w := range f.windows {
+		fw, gw := &f.windows[w], &g.windows[w]
+		if fw.value != gw.value || fw.max != gw.max {
+			return false
+		}
+	}
+	return true
 }
 
 // batchCounter is what a batchRun knows of one of its counters.
@@ -439,13 +545,16 @@ type batchCounter struct {
 	// (prevCache), and sentAt when it was read; "" when it is read.
 	sent   string
 	sentAt int64
+	// script is the counter's number in the script (see batchSource).
+	script int
 }
 
 // newBatchRun returns a run with room for n hits of two windows.
 func newBatchRun(n int) *batchRun {
 	return &batchRun{
 		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int),
-		hits: make([]int, 0, n), formOf: make([]int, 0, n), hitArgs: make([]any, 0, 3*n),
+		hits: make([]int, 0, n), formOf: make([]int, 0, n), weights: make([]byte, 0, 24*n),
+		fast: true,
 	}
 }
 
@@ -470,27 +579,19 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 		r.windows[k]++ // a retry's RateDiff counts as a window (see HitBatch)
 	}
 	f := r.form(l, k, nsp, h)
+	form := &r.forms[f]
+	form.hits++
 	r.formOf = append(r.formOf, f)
-	r.hitArgs = append(r.hitArgs, f+1)
 	for w := range h.Windows {
 		weight := h.Windows[w].Weight
-		p := &r.counters[r.forms[f].windows[w].prev]
+		form.windows[w].maxWeight = max(form.windows[w].maxWeight, weight)
+		p := &r.counters[form.windows[w].prev]
 		p.weighted = p.weighted || weight != 0
 		p.lastHit, p.lastWin = len(r.hits), w
-		r.hitArgs = append(r.hitArgs, r.weight.format(weight, r.weightArg))
+		r.weights = appendScriptValue(r.weights, weight)
+		r.weights = append(r.weights, ' ')
 	}
 	r.hits = append(r.hits, i)
-}
-
-// weightArg formats a weight as scriptValue does, as bytes of one buffer
-// that the run's weights share: a batch's hits have weights of their own.
-func (r *batchRun) weightArg(w float64) any {
-	if w == 0 {
-		return "0"
-	}
-	at := len(r.weights)
-	r.weights = strconv.AppendFloat(r.weights, w, 'g', -1, 64)
-	return r.weights[at:len(r.weights):len(r.weights)]
 }
 
 // form returns the index of the form of h, of bucket k: its key's latest
@@ -500,14 +601,8 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 		return f
 	}
 	form := batchForm{undo: h.Undo, windows: make([]formWindow, len(h.Windows))}
-	var undo any = "0"
-	if h.Undo {
-		undo = "1"
-	}
-	r.formArgs = append(r.formArgs, undo, len(h.Windows))
-	if rate := h.Rate; rate == nil {
-		r.formArgs = append(r.formArgs, 0)
-	} else {
+	if rate := h.Rate; rate != nil {
+		r.fast = false
 		t := l.rateKey(k, rate.Window.Milliseconds(), nsp, h.Key)
 		j, ok := r.tatIndex[t]
 		if !ok {
@@ -519,7 +614,6 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 			r.tats = append(r.tats, t)
 		}
 		form.rate, form.rateWin, form.inc, form.tol = j+1, rate.Window, rate.Increment.Microseconds(), rate.Tolerance.Microseconds()
-		r.formArgs = append(r.formArgs, j+1, form.inc, form.tol)
 	}
 	for w := range h.Windows {
 		win := &h.Windows[w]
@@ -530,8 +624,9 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 		c.current, c.expMs = true, expireAtMs(sizeMs, startMs)
 		r.lastExp = max(r.lastExp, c.expMs)
 		form.windows[w] = formWindow{size: win.Size, start: win.Start, value: win.Value, max: win.Max, cur: cur, prev: prev}
-		r.formArgs = append(r.formArgs, cur+1, prev+1,
-			r.value.format(win.Value, scriptValue), r.limit.format(win.Max, scriptLimit))
+		if win.Value < 0 || win.Value != math.Trunc(win.Value) || math.IsInf(win.Max, -1) {
+			r.fast = false
+		}
 	}
 	f := len(r.forms)
 	r.forms = append(r.forms, form)
@@ -539,13 +634,13 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 	return f
 }
 
-// scriptValue formats an increment or a weight for the scripts: "0" for
-// zero (and never "-0").
-func scriptValue(v float64) any {
+// appendScriptValue appends an increment or a weight as the scripts read
+// it: "0" for zero (and never "-0").
+func appendScriptValue(b []byte, v float64) []byte {
 	if v == 0 {
-		return "0"
+		return append(b, '0')
 	}
-	return formatValue(v)
+	return strconv.AppendFloat(b, v, 'g', -1, 64)
 }
 
 // scriptLimit formats a limit for the scripts: "" for +Inf, which no rate
@@ -561,10 +656,16 @@ func scriptLimit(v float64) any {
 	return formatValue(v)
 }
 
+// maxPacked is the greatest number a 16-bit field of the script's packed
+// arguments holds: a run with more counters, forms or TATs than that
+// cannot be sent (a batch holds a few hundred hits).
+const maxPacked = 1<<16 - 1
+
 // command returns the run's EVALSHA command (two slots for runOnce to
-// fill, then the number of keys, the keys and the arguments), sending the
-// previous counts that the store remembers and may use (see prevCache).
-func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
+// fill, then the number of keys, the keys and the arguments: see
+// batchSource), sending the previous counts that the store remembers and
+// may use (see prevCache).
+func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	var markers []string
 	switch {
 	case id == "":
@@ -583,31 +684,157 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) []any {
 			markers = append(markers, s.dedupeKey(0, n, id))
 		}
 	}
-	nkeys := len(markers) + len(r.keys) + len(r.tats)
-	cmd := make([]any, 3, 3+nkeys+4+2*len(r.keys)+len(r.formArgs)+len(r.hitArgs))
+	if len(r.counters) > maxPacked || len(r.forms) > maxPacked || len(r.tats) > maxPacked {
+		return nil, fmt.Errorf("%w: a batch of %d counters, %d forms and %d rates is too large for one script run",
+			strategy.ErrRejected, len(r.counters), len(r.forms), len(r.tats))
+	}
+
+	// Number the counters as the script does: the current ones, then
+	// the previous ones to read, then those whose counts are sent.
+	c1, sent := 0, 0
+	for j := range r.counters {
+		c := &r.counters[j]
+		switch {
+		case c.current:
+			c1++
+		case s.prevs != nil:
+			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
+				c.sent, c.sentAt = e.prev, e.readAt
+				sent++
+			}
+		}
+	}
+	nread := len(r.counters) - sent
+	next := [3]int{1, c1 + 1, nread + 1} // current, to read, sent
+	for j := range r.counters {
+		c := &r.counters[j]
+		kind := 1
+		if c.current {
+			kind = 0
+		} else if c.sent != "" {
+			kind = 2
+		}
+		c.script = next[kind]
+		next[kind]++
+	}
+	byScript := make([]int, len(r.counters)+1)
+	for j := range r.counters {
+		byScript[r.counters[j].script] = j
+	}
+
+	nkeys := len(markers) + nread + len(r.tats)
+	cmd := make([]any, 3, 3+nkeys+9+8*len(r.forms)+sent)
 	cmd[2] = nkeys
 	for _, m := range markers {
 		cmd = append(cmd, m)
 	}
-	for _, k := range r.keys {
-		cmd = append(cmd, k)
+	for x := 1; x <= nread; x++ {
+		cmd = append(cmd, r.keys[byScript[x]])
 	}
 	for _, t := range r.tats {
 		cmd = append(cmd, t)
 	}
-	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats))
-	for j := range r.counters {
-		c := &r.counters[j]
-		if !c.current && s.prevs != nil {
-			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
-				c.sent, c.sentAt = e.prev, e.readAt
-			}
+	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats), c1)
+
+	// The current counters' expiries, each once, and for each counter
+	// its expiry's number and what its hits add (for the fast way).
+	var exps []int64
+	counters := make([]byte, 0, 6*c1)
+	tots := make([]float64, c1+1)
+	for f := range r.forms {
+		form := &r.forms[f]
+		for w := range form.windows {
+			fw := &form.windows[w]
+			tots[r.counters[fw.cur].script] += float64(form.hits) * fw.value
 		}
-		cmd = append(cmd, c.expMs, c.sent)
 	}
-	cmd = append(cmd, len(r.forms))
-	cmd = append(cmd, r.formArgs...)
-	return append(cmd, r.hitArgs...)
+	fast := r.fast
+	for x := 1; x <= c1; x++ {
+		c := &r.counters[byScript[x]]
+		e := slices.Index(exps, c.expMs)
+		if e < 0 {
+			e = len(exps)
+			exps = append(exps, c.expMs)
+		}
+		tot := tots[x]
+		if tot > math.MaxUint32 {
+			fast, tot = false, 0
+		}
+		counters = appendUint16s(counters, e+1)
+		counters = binary.BigEndian.AppendUint32(counters, uint32(tot))
+	}
+	cmd = append(cmd, len(exps))
+	for _, e := range exps {
+		cmd = append(cmd, e)
+	}
+
+	// The shapes, and the forms packed with their shapes' numbers.
+	var shapes []int // the first form of each shape
+	maxWeights := make([][]float64, 0, 1)
+	packed := make([]byte, 0, len(r.forms)*(6+4*len(r.forms[0].windows))+2*len(r.hits))
+	for f := range r.forms {
+		form := &r.forms[f]
+		shape := slices.IndexFunc(shapes, func(g int) bool { return sameShape(form, &r.forms[g]) })
+		if shape < 0 {
+			shape = len(shapes)
+			shapes = append(shapes, f)
+			maxWeights = append(maxWeights, make([]float64, len(form.windows)))
+		}
+		for w := range form.windows {
+			maxWeights[shape][w] = max(maxWeights[shape][w], form.windows[w].maxWeight)
+		}
+		packed = appendUint16s(packed, shape+1, form.rate, form.hits)
+		for w := range form.windows {
+			fw := &form.windows[w]
+			packed = appendUint16s(packed, r.counters[fw.cur].script, r.counters[fw.prev].script)
+		}
+	}
+	forms := len(packed)
+	cmd = append(cmd, len(shapes))
+	var values []byte // the shapes' increments and weights, formatted
+	for shape, f := range shapes {
+		form := &r.forms[f]
+		undo := "0"
+		if form.undo {
+			undo = "1"
+		}
+		cmd = append(cmd, undo, len(form.windows))
+		if form.rate > 0 {
+			cmd = append(cmd, form.inc, form.tol)
+		} else {
+			cmd = append(cmd, "", "")
+		}
+		for w := range form.windows {
+			fw := &form.windows[w]
+			at := len(values)
+			values = appendScriptValue(values, fw.value)
+			inc := values[at:len(values):len(values)]
+			at = len(values)
+			values = appendScriptValue(values, maxWeights[shape][w])
+			cmd = append(cmd, inc, scriptLimit(fw.max), values[at:len(values):len(values)])
+		}
+	}
+	for _, f := range r.formOf {
+		packed = appendUint16s(packed, f+1)
+	}
+	flag := "0"
+	if fast {
+		flag = "1"
+	}
+	cmd = append(cmd, flag, counters, packed[:forms:forms], packed[forms:], r.weights)
+	for x := nread + 1; x <= len(r.counters); x++ {
+		cmd = append(cmd, r.counters[byScript[x]].sent)
+	}
+	return cmd, nil
+}
+
+// appendUint16s appends each of vs to b as a 16-bit big-endian number,
+// as the batch script unpacks them.
+func appendUint16s(b []byte, vs ...int) []byte {
+	for _, v := range vs {
+		b = append(b, byte(v>>8), byte(v))
+	}
+	return b
 }
 
 // boolWeight is a weight that is 0 or not, as prevEntry.usablePrev tells
@@ -622,23 +849,49 @@ func boolWeight(weighted bool) float64 {
 // answer fills the results of the run's hits from the script's reply, and
 // has the store remember the previous counts it read.
 //
-// The reply holds the counters' counts before the hits and each hit's
-// rejecting window: each hit's counts are computed here as the script
-// computed them, in the same order and the same doubles: window by
-// window, while no window has rejected the hit (the rejecting one
-// included), the increment is added to the running count of the current
-// counter, and the window's counts are the running counts of its two
-// counters; a rejected hit with undo then restores the counts it found,
-// and its windows up to the rejecting one report their current counts
-// restored. Nothing is added when the hits did not apply.
+// The reply holds the counts before the hits of the counters read and
+// each hit's rejecting window (none when every hit was admitted at once):
+// each hit's counts are computed here as the script computed them, in
+// the same order and the same doubles: window by window, while no window
+// has rejected the hit (the rejecting one included), the increment is
+// added to the running count of the current counter, and the window's
+// counts are the running counts of its two counters; a rejected hit with
+// undo then restores the counts it found, and its windows up to the
+// rejecting one report their current counts restored. Nothing is added
+// when the hits did not apply.
 func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, nowMs int64) error {
 	nc, nr := len(r.counters), len(r.tats)
-	head := 1 + nc // the reply before the hits' rejecting windows
+	// The counts before the hits: read, in the reply, or sent.
+	val := make([]float64, nc)
+	nread := 0
+	for j := range r.counters {
+		c := &r.counters[j]
+		if c.sent != "" {
+			v, err := strconv.ParseFloat(c.sent, 64)
+			if err != nil {
+				return fmt.Errorf("%s: sent %q, not a count", r.keys[j], c.sent)
+			}
+			val[j] = v
+			continue
+		}
+		nread++
+		if c.script >= len(reply) {
+			return fmt.Errorf("the batch script replied %d values, too few for its counters", len(reply))
+		}
+		v, err := replyCount(reply[c.script])
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.keys[j], err)
+		}
+		val[j] = v
+	}
+	head := 1 + nread // the reply before the hits' rejecting windows
 	if nr > 0 {
 		head += 1 + nr
 	}
-	if len(reply) != head+len(r.hits) {
-		return fmt.Errorf("the batch script replied %d values, not %d", len(reply), head+len(r.hits))
+	// A reply without rejecting windows admitted every hit at once.
+	allAdmitted := len(reply) == head
+	if !allAdmitted && len(reply) != head+len(r.hits) {
+		return fmt.Errorf("the batch script replied %d values, not %d or %d", len(reply), head, head+len(r.hits))
 	}
 	apply := reply[0] == int64(1)
 	// The TATs and the server's clock, in microseconds.
@@ -646,29 +899,14 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	tats := make([]int64, nr)
 	if nr > 0 {
 		var ok bool
-		if now, ok = reply[1+nc].(int64); !ok || now <= 0 {
-			return fmt.Errorf("the batch script replied %v, not a time", reply[1+nc])
+		if now, ok = reply[1+nread].(int64); !ok || now <= 0 {
+			return fmt.Errorf("the batch script replied %v, not a time", reply[1+nread])
 		}
 		for x := range tats {
-			if tats[x], ok = reply[2+nc+x].(int64); !ok {
-				return fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nc+x])
+			if tats[x], ok = reply[2+nread+x].(int64); !ok {
+				return fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nread+x])
 			}
 		}
-	}
-	val := make([]float64, nc)
-	for j := range val {
-		v, err := replyCount(reply[1+j])
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.keys[j], err)
-		}
-		val[j] = v
-	}
-	// Read-only counters keep their counts through the run.
-	prevText := func(j int) string {
-		if str, ok := reply[1+j].(string); ok {
-			return str
-		}
-		return strconv.FormatInt(reply[1+j].(int64), 10)
 	}
 
 	parsed := make([]strategy.HitResult, len(r.hits))
@@ -680,9 +918,13 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	var found []saved
 	for x, i := range r.hits {
 		f := &r.forms[r.formOf[x]]
-		rejected, ok := reply[head+x].(int64)
-		if !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
-			return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[head+x])
+		rejected := int64(-1)
+		if !allAdmitted {
+			var ok bool
+			rejected, ok = reply[head+x].(int64)
+			if !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
+				return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[head+x])
+			}
 		}
 		// The rate first, as the script decides it.
 		admit, due := true, int64(0)
@@ -731,9 +973,14 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 			continue
 		}
 		counts := parsed[c.lastHit].Counts[c.lastWin]
-		e := prevEntry{prev: prevText(j), readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
-		if c.sent != "" {
-			e.prev = c.sent // as it was, to the byte
+		e := prevEntry{prev: c.sent, readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
+		if c.sent == "" { // as the script replied it
+			switch v := reply[c.script].(type) {
+			case string:
+				e.prev = v
+			case int64:
+				e.prev = strconv.FormatInt(v, 10)
+			}
 		}
 		if e.readAt == 0 {
 			e.readAt = nowMs
