@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -116,9 +115,8 @@ elseif m > 1 then
 	end
 end
 -- val[j] is counter j's running count; held[j] whether a current one
--- exists; exp[j] a current one's expiry; tat[r] is TAT r's running value
--- (0 for none).
-local val, held, exp, tat = {}, {}, {}, {}
+-- exists; tat[r] is TAT r's running value (0 for none).
+local val, held, tat = {}, {}, {}
 local reply, num = {apply and 1 or 0}, {}
 for i = m + 1, #KEYS, 1000 do
 	local last = math.min(#KEYS, i + 999)
@@ -157,12 +155,13 @@ if nr > 0 then
 end
 -- The shapes' windows, one after the other: shape s's window i is window
 -- so[s] + i, with increment sinc, limit slim (false for none, true for
--- one that every rate exceeds) and greatest weight smax.
+-- one that every rate exceeds; sfast a hair under it, for the fast way)
+-- and greatest weight smax.
 local ne = tonumber(ARGV[5])
 local p = 6 + ne
 local ns = tonumber(ARGV[p])
 p = p + 1
-local sundo, snw, so, srinc, srtol, sinc, slim, smax = {}, {}, {}, {}, {}, {}, {}, {}
+local sundo, snw, so, srinc, srtol, sinc, slim, sfast, smax = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local k = 0
 for s = 1, ns do
 	local nw = tonumber(ARGV[p + 1])
@@ -180,7 +179,8 @@ for s = 1, ns do
 		elseif l == '-' then
 			slim[k] = true
 		else
-			slim[k] = tonumber(l)
+			l = tonumber(l)
+			slim[k], sfast[k] = l, l - 1e-12 * math.abs(l)
 		end
 		p = p + 3
 	end
@@ -190,54 +190,42 @@ local cs, fs, hs, ws = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
 for x = p + 5, #ARGV do
 	val[nread + x - p - 4] = tonumber(ARGV[x])
 end
--- The current counters' expiries, and what all the hits add to each
--- (for the fast way): fin[j] is counter j's count after them.
-local fin = {}
-for j = 1, c1 do
-	local a, b, c, d, e, g = string.byte(cs, 6 * j - 5, 6 * j)
-	exp[j] = ARGV[5 + a * 256 + b]
-	if fast then
-		local v = val[j]
-		if v % 1 ~= 0 then
-			fast = false
-		end
-		fin[j] = v + ((c * 256 + d) * 256 + e) * 256 + g
-	end
-end
+-- The fast way: each window, at the count all the hits of its form
+-- make (no counter is in two forms' windows then), under its limit?
+-- delta[j] is the sum of counter j's increments.
+local delta = {}
 if fast then
-	-- Is every hit admitted? Every window, at the final counts.
 	local q = 1
 	while q <= #fs do
-		local a, b = string.byte(fs, q, q + 1)
-		local s = a * 256 + b
+		local a, b, c, d, e, g = string.byte(fs, q, q + 5)
+		local s, n = a * 256 + b, e * 256 + g
 		q = q + 6
 		local o = so[s]
 		for i = o + 1, o + snw[s] do
-			local l = slim[i]
-			if l then
-				local c, d, e, g = string.byte(fs, q, q + 3)
-				local cur, prev = c * 256 + d, e * 256 + g
-				local rate = fin[cur] + (fin[prev] or val[prev]) * smax[i]
-				if rate > l - 1e-12 * math.max(math.abs(l), math.abs(rate)) then
-					fast = false
-					break
-				end
-			end
+			a, b, c, d = string.byte(fs, q, q + 3)
 			q = q + 4
+			local cur, prev = a * 256 + b, c * 256 + d
+			local v, inc, l = val[cur], n * sinc[i], slim[i]
+			if v % 1 ~= 0 or l and v + inc + val[prev] * smax[i] > sfast[i] then
+				fast = false
+				break
+			end
+			if inc ~= 0 then
+				delta[cur] = inc
+			end
 		end
 		if not fast then
+			delta = {}
 			break
 		end
 	end
 end
--- delta[j] is the sum of counter j's increments; saved* hold what a hit
--- found, to restore when it is undone; moved[r] says TAT r moved.
-local delta, savedc, savedv, savedd, moved = {}, {}, {}, {}, {}
+-- saved* hold what a hit found, to restore when it is undone; moved[r]
+-- says TAT r moved.
+local savedc, savedv, savedd, moved = {}, {}, {}, {}
 if fast then
-	for j = 1, c1 do
-		if fin[j] ~= val[j] then
-			delta[j], val[j] = fin[j] - val[j], fin[j]
-		end
+	for j, d in pairs(delta) do
+		val[j] = val[j] + d
 	end
 else
 	-- The forms' windows, one after the other: form f's window i is
@@ -314,7 +302,8 @@ for j = 1, c1 do
 			else
 				v = string.format('%.17g', d)
 			end
-			if held[j] or not redis.call('SET', key, v, 'PXAT', exp[j], 'NX') then
+			local a, b = string.byte(cs, 2 * j - 1, 2 * j)
+			if held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[5 + a * 256 + b], 'NX') then
 				redis.call('INCRBYFLOAT', key, v)
 			end
 		end
@@ -736,19 +725,25 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	}
 	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats), c1)
 
-	// The current counters' expiries, each once, and for each counter
-	// its expiry's number and what its hits add (for the fast way).
+	// The current counters' expiries, each once, and each counter's
+	// expiry's number. The fast way needs each current counter in one
+	// window of one form (see batchSource).
 	var exps []int64
-	counters := make([]byte, 0, 6*c1)
-	tots := make([]float64, c1+1)
-	for f := range r.forms {
-		form := &r.forms[f]
-		for w := range form.windows {
-			fw := &form.windows[w]
-			tots[r.counters[fw.cur].script] += float64(form.hits) * fw.value
+	counters := make([]byte, 0, 2*c1)
+	fast := r.fast
+	if fast {
+		uses := make([]int, c1+1)
+		for f := range r.forms {
+			for _, fw := range r.forms[f].windows {
+				for _, j := range [2]int{fw.cur, fw.prev} {
+					if x := r.counters[j].script; x <= c1 {
+						uses[x]++
+						fast = fast && uses[x] == 1
+					}
+				}
+			}
 		}
 	}
-	fast := r.fast
 	for x := 1; x <= c1; x++ {
 		c := &r.counters[byScript[x]]
 		e := slices.Index(exps, c.expMs)
@@ -756,12 +751,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			e = len(exps)
 			exps = append(exps, c.expMs)
 		}
-		tot := tots[x]
-		if tot > math.MaxUint32 {
-			fast, tot = false, 0
-		}
 		counters = appendUint16s(counters, e+1)
-		counters = binary.BigEndian.AppendUint32(counters, uint32(tot))
 	}
 	cmd = append(cmd, len(exps))
 	for _, e := range exps {

@@ -140,7 +140,9 @@ var batchSizes = []time.Duration{hour, twoHours, day}
 // counts exactly as the same hits sent one at a time with Hit: several
 // keys, a key hit several times in a batch, one to three windows of
 // fixed or sliding weight, undo, costs, zero values (reads), and limits of
-// -Inf (count_status peeks), +Inf and numbers. The values are binary
+// -Inf (count_status peeks), +Inf and numbers, near the counts and far
+// from them; then batches of whole values only, which a store may decide
+// at once while they stay under their limits. The values are binary
 // fractions, so every store sums them exactly, in any order.
 func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 	c := newBatchCase(t, s)
@@ -149,6 +151,7 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 	t.Logf("seed %d", seed)
 	batchNS, hitNS := c.ns, unique("hits")
 	keys := []string{"a", "b{1}", "c:\x00", "d", "e"}
+	wholeKeys := []string{"f", "g{2}", "h", "i", "j", "k"}
 
 	// The same previous windows in both namespaces.
 	var prevs []window.Diff
@@ -164,23 +167,35 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 	}
 
 	values := []float64{0, 0.25, 0.5, 1, 1, 1, 2}
+	wholeValues := []float64{0, 1, 1, 2}
 	weights := []float64{0, 0, 0.25, 0.5, 1}
-	randomHit := func() strategy.HitRequest {
+	// A whole hit has whole values and no limit of -Inf: a store may
+	// decide a batch of such hits far from their limits at once.
+	randomHit := func(whole bool) strategy.HitRequest {
 		h := strategy.HitRequest{Key: keys[rng.IntN(len(keys))], Undo: rng.IntN(2) == 0}
+		if whole { // keys of their own, whose counts stay whole
+			h.Key = wholeKeys[rng.IntN(len(wholeKeys))]
+		}
 		// One to three sizes, ascending, as a handler sends them.
 		sizes := slices.Clone(batchSizes)
 		rng.Shuffle(len(sizes), func(i, j int) { sizes[i], sizes[j] = sizes[j], sizes[i] })
 		sizes = sizes[:1+rng.IntN(len(sizes))]
 		slices.Sort(sizes)
-		peek := rng.IntN(10) == 0 // count_status: read, and reject
+		peek := !whole && rng.IntN(10) == 0 // count_status: read, and reject
 		for _, size := range sizes {
 			w := c.w(size, values[rng.IntN(len(values))], float64(rng.IntN(16))/2, weights[rng.IntN(len(weights))])
+			if whole {
+				w.Value = wholeValues[rng.IntN(len(wholeValues))]
+				w.Max = float64(10 + rng.IntN(50))
+			}
 			switch {
 			case peek:
 				w.Value, w.Max = 0, math.Inf(-1)
 			case rng.IntN(6) == 0:
 				w.Max = inf
-			case rng.IntN(12) == 0:
+			case !whole && rng.IntN(3) == 0:
+				w.Max = float64(20 + rng.IntN(40)) // far from the counts
+			case !whole && rng.IntN(12) == 0:
 				w.Max = math.Inf(-1)
 			}
 			h.Windows = append(h.Windows, w)
@@ -188,7 +203,10 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 		return h
 	}
 
-	for b := range 12 {
+	// Any hits first, then whole ones, whose counts grow until the
+	// limits far from them at first reject.
+	for b := range 24 {
+		whole := b >= 12
 		hits := make([]strategy.HitRequest, 1+rng.IntN(12))
 		for i := range hits {
 			if i > 0 && rng.IntN(2) == 0 {
@@ -202,7 +220,7 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 				hits[i] = h
 				continue
 			}
-			hits[i] = randomHit()
+			hits[i] = randomHit(whole)
 		}
 		id := newID()
 		if b%4 == 3 {
@@ -215,8 +233,9 @@ func testBatchAsHits(t *testing.T, s strategy.BatchHitter) {
 			return
 		}
 	}
-	batched := fetch(t, c.ctx, s, batchNS, keys, batchSizes, c.now)
-	oneByOne := fetch(t, c.ctx, s, hitNS, keys, batchSizes, c.now)
+	all := append(slices.Clone(keys), wholeKeys...)
+	batched := fetch(t, c.ctx, s, batchNS, all, batchSizes, c.now)
+	oneByOne := fetch(t, c.ctx, s, hitNS, all, batchSizes, c.now)
 	assertCounts(t, fmt.Sprintf("the counters of the batches against those of the hits (seed %d)", seed), nonZero(batched), nonZero(oneByOne))
 }
 
