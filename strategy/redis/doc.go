@@ -240,13 +240,20 @@
 // count INCRBYFLOAT stores: the two agree exactly for counts that doubles
 // hold exactly (binary fractions, such as whole or half costs); otherwise
 // a count may differ by a rounding in its last digit, and a rate within
-// such a rounding of its limit be decided the other way. The hits of one
-// key with the same windows share one form of arguments, each hit sending
-// only its weights, and the script replies each counter's count before
-// the hits and each hit's rejecting window, from which the store computes
-// every hit's counts in the script's order and doubles: a reply a fifth
-// the size, as formatting numbers cost Redis more than deciding hits. A
-// batch of one hit is sent as a Hit. A script run is sent at most once, as a hit is; a
+// such a rounding of its limit be decided the other way. What Redis
+// spends on a batch is mostly its arguments and Lua's tonumber, so the
+// batch is sent in few of them: the limits once for all the keys that
+// share them, the counters, the forms (a key's windows as its hits send
+// them) and the hits packed in 16-bit fields of three arguments, the
+// weights in one, and no key for a previous count the store sends. When
+// every increment is whole, no hit has a rate, and every window stays
+// under its limit at the count all its form's hits make (with the
+// greatest weight any of them gives the previous count), every hit is
+// admitted at once, without deciding them one by one: most batches, far
+// from their limits. The script replies each count it read before the
+// hits and, unless it admitted them all at once, each hit's rejecting
+// window, from which the store computes every hit's counts in the
+// script's order and doubles. A batch of one hit is sent as a Hit. A script run is sent at most once, as a hit is; a
 // run that fails fails its hits (every hit on a standalone server, those
 // of its slot on a Cluster), each with an error that wraps
 // strategy.ErrNotSent if the run surely never reached Redis. A batch is
