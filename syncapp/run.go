@@ -15,10 +15,10 @@ import (
 // runner does the sync runs of a config's namespace with its store. A run
 // pushes what the zone and the outbox hold, fetches the counts of the keys
 // touched lately (periodic mode), and syncs the bans. The loop runs the
-// runner of the config attached to it on its timer; Sync, the flushes at
-// stop and the admin API run it too. Fetch and a reset's part in the store
-// are the runner's as well: like a run, they must not fall between a
-// push and what it took. One of them at a time: each holds the run lock.
+// runner of the config attached to it on its timer; Sync and the flushes
+// at stop run it too. Fetch and a reset's part in the store are the
+// runner's as well: like a run, they must not fall between a push and
+// what it took. One of them at a time: each holds the run lock.
 //
 // A config's Namespace holds its runner, made of the config's settings
 // and store and of the pooled parts of the namespace's fleet state. The
