@@ -3,19 +3,12 @@ package syncapp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-)
-
-const (
-	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
-	minRunTimeout = 5 * time.Second
-	maxRunTimeout = 30 * time.Second
 )
 
 // loop is a namespace's sync timer and its reload hand-off, pooled with
@@ -228,34 +221,3 @@ func (l *loop) close() {
 	l.worker.close()
 	l.releaseStores(true)
 }
-
-// runLock serializes a namespace's runs (the loop's, Sync and Fetch
-// calls, the flushes at stop, resets): what a run took from the zone is
-// never pushed by two runs at once, and a reset never falls between a
-// push and what the push took. It is a channel so that waiting for it can
-// give up at a deadline.
-type runLock chan struct{}
-
-func newRunLock() runLock { return make(runLock, 1) }
-
-// lock waits for the run lock, or for ctx to end.
-func (l runLock) lock(ctx context.Context, namespace string) error {
-	select {
-	case l <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
-	}
-}
-
-// tryLock takes the run lock if no run holds it.
-func (l runLock) tryLock() bool {
-	select {
-	case l <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-func (l runLock) unlock() { <-l }

@@ -12,6 +12,12 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
+const (
+	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
+	minRunTimeout = 5 * time.Second
+	maxRunTimeout = 30 * time.Second
+)
+
 // runner does the sync runs of a config's namespace with its store. A run
 // pushes what the zone and the outbox hold, fetches the counts of the keys
 // touched lately (periodic mode), and syncs the bans. The loop runs the
@@ -293,3 +299,34 @@ func fetchAfter(now time.Time, interval time.Duration) time.Time {
 func fetchBeat(interval time.Duration) time.Duration {
 	return min(interval/5, 10*time.Millisecond)
 }
+
+// runLock serializes a namespace's runs (the loop's, Sync and Fetch
+// calls, the flushes at stop, resets): what a run took from the zone is
+// never pushed by two runs at once, and a reset never falls between a
+// push and what the push took. It is a channel so that waiting for it can
+// give up at a deadline.
+type runLock chan struct{}
+
+func newRunLock() runLock { return make(runLock, 1) }
+
+// lock waits for the run lock, or for ctx to end.
+func (l runLock) lock(ctx context.Context, namespace string) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
+	}
+}
+
+// tryLock takes the run lock if no run holds it.
+func (l runLock) tryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l runLock) unlock() { <-l }
