@@ -77,10 +77,23 @@ func (s *fleetState) Destruct() error {
 func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 	n.health, n.bans, n.slots, n.inFlight = s.health, s.bans, s.slots, s.inFlight
 	n.runner = &runner{
-		name: n.name, mode: n.mode, rate: n.rate, logger: logger, counters: n.counters, sizes: n.sizes,
-		store: n.store, storeKey: storeKey, storeModule: n.storeModule, banner: n.banner,
-		answers: n.store != nil && (n.mode == Synchronous || n.syncAbove > 0),
-		lock:    s.runs, outbox: s.outbox, fetched: s.fetched, health: s.health, bans: s.bans, slots: s.slots,
+		name:        n.name,
+		mode:        n.mode,
+		rate:        n.rate,
+		logger:      logger,
+		counters:    n.counters,
+		sizes:       n.sizes,
+		store:       n.store,
+		storeKey:    storeKey,
+		storeModule: n.storeModule,
+		banner:      n.banner,
+		answers:     n.store != nil && (n.mode == Synchronous || n.syncAbove > 0),
+		lock:        s.runs,
+		outbox:      s.outbox,
+		fetched:     s.fetched,
+		health:      s.health,
+		bans:        s.bans,
+		slots:       s.slots,
 	}
 	// Any namespace whose store takes synchronous hits has a road to it:
 	// a periodic one reads its stale keys on it, and any takes its slots
@@ -90,8 +103,14 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		n.road = &storeRoad{slots: slots, hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
 	}
 	n.periodic = &periodicHits{
-		name: n.name, counters: n.counters, sizes: n.sizes, store: n.store, road: n.road,
-		health: s.health, fetched: s.fetched, outbox: s.outbox,
+		name:     n.name,
+		counters: n.counters,
+		sizes:    n.sizes,
+		store:    n.store,
+		road:     n.road,
+		health:   s.health,
+		fetched:  s.fetched,
+		outbox:   s.outbox,
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)
