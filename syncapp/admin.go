@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -257,7 +258,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			SyncAbove:    ns.syncAbove,
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
-			PendingDiffs: ns.pendingDiffs(),
+			PendingDiffs: ns.runner.pendingDiffs(),
 			Bans:         ns.bans.inForce(time.Now().UnixNano()),
 			Store:        ns.storeModule,
 		}
@@ -376,7 +377,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace st
 			break
 		}
 	}
-	info, err := ns.describeKey(ctx, held, source)
+	info, err := describeKey(ctx, ns, held, source)
 	if err != nil {
 		return apiError(http.StatusBadGateway, err)
 	}
@@ -384,27 +385,26 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace st
 	return writeJSON(w, info)
 }
 
-// describeKey reads key's windows, of the namespace's window sizes and of
-// any other size this node holds for it, from this node or from the store.
-func (n *Namespace) describeKey(ctx context.Context, key, source string) (keyInfo, error) {
-	held := n.counters.Inspect(key)
-	sizes := n.WindowSizes()
-	for _, w := range held {
-		if !slices.Contains(sizes, w.Size) && (source == sourceNode || n.validWindow == nil || n.validWindow(w.Size) == nil) {
-			sizes = append(sizes, w.Size)
-		}
+// describeKey reads key's windows in ns, of the namespace's window sizes
+// and of any other size this node holds for it, from this node or from
+// the store.
+func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInfo, error) {
+	held := ns.counters.Inspect(key)
+	heldSizes := make([]time.Duration, len(held))
+	for i, w := range held {
+		heldSizes[i] = w.Size
 	}
-	slices.Sort(sizes)
-	info := keyInfo{Namespace: n.name, Key: url.QueryEscape(key), Source: source, Windows: []windowInfo{}}
-	if until := n.BannedUntil(key); !until.IsZero() {
+	sizes := ns.sizes.with(heldSizes, source == sourceStore)
+	info := keyInfo{Namespace: ns.name, Key: url.QueryEscape(key), Source: source, Windows: []windowInfo{}}
+	if until := ns.BannedUntil(key); !until.IsZero() {
 		info.BannedUntil = &until
 	}
 	now := time.Now().UnixNano()
 	var samples []windowInfo
 	if source == sourceStore {
-		store, err := n.storeSamples(ctx, key, sizes, now)
+		store, err := storeSamples(ctx, ns.store, ns.name, key, sizes, now)
 		if err != nil {
-			return info, fmt.Errorf("reading a key of namespace %q from the %s store: %w", n.name, n.storeModule, err)
+			return info, fmt.Errorf("reading a key of namespace %q from the %s store: %w", ns.name, ns.storeModule, err)
 		}
 		for _, s := range store {
 			samples = append(samples, windowOf(s))
@@ -426,6 +426,35 @@ func (n *Namespace) describeKey(ctx context.Context, key, source string) (keyInf
 	}
 	info.Windows = append(info.Windows, samples...)
 	return info, nil
+}
+
+// storeSamples reads key's windows of the given sizes in a namespace from
+// its store, at now (Unix nanoseconds): a window the store does not hold
+// counts zero.
+func storeSamples(ctx context.Context, store strategy.Store, namespace, key string, sizes []time.Duration, now int64) ([]window.Sample, error) {
+	if store == nil {
+		return nil, fmt.Errorf("namespace %q is local only: it has no store", namespace)
+	}
+	counts, err := store.GetCounters(ctx, namespace, []string{key}, sizes, time.Unix(0, now))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]window.Sample, len(sizes))
+	for i, size := range sizes {
+		out[i] = emptySample(size, now)
+	}
+	for _, c := range counts {
+		for i := range out {
+			switch {
+			case c.Key != key || c.Size != out[i].Size:
+			case c.Start == out[i].Start:
+				out[i].Current = c.Value
+			case c.Start == out[i].Start-int64(c.Size):
+				out[i].Previous = c.Value
+			}
+		}
+	}
+	return out, nil
 }
 
 // windowOf is a window's sample as the admin API shows it.

@@ -160,7 +160,7 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if err := cfg.SyncRate.Validate(); err != nil {
 		return nil, err
 	}
-	ns := &Namespace{name: name, mode: cfg.SyncRate.Mode(), logger: a.logger.Named("sync")}
+	ns := &Namespace{name: name, mode: cfg.SyncRate.Mode()}
 	if err := validateSyncAbove(cfg.SyncAbove, ns.mode); err != nil {
 		return nil, err
 	}
@@ -175,7 +175,9 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 		return nil, err
 	}
 	ns.counters = counters
+	ns.sizes = &windowSizes{namespace: name} // openStore adds its store's check
 
+	var storeKey poolKey // of the store in the pool, unless local
 	switch {
 	case cfg.SyncRate == nil && cfg.StrategyRaw != nil:
 		// Without sync_rate a namespace is local only, so the strategy
@@ -187,7 +189,7 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	case ns.mode != Local && cfg.StrategyRaw == nil:
 		return nil, fmt.Errorf("sync_rate %v needs a strategy, such as redis", cfg.SyncRate)
 	case ns.mode != Local:
-		if err := a.openStore(ctx, ns, cfg); err != nil {
+		if storeKey, err = a.openStore(ctx, ns, cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -201,7 +203,7 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	}
 	a.acquired = append(a.acquired, key)
 	state := v.(*fleetState)
-	ns.use(state)
+	ns.use(state, storeKey, a.logger.Named("sync"))
 	a.loops[name] = state.loop
 	for _, d := range cfg.WindowSizes {
 		if err := ns.AddWindowSizes(time.Duration(d)); err != nil {
@@ -220,8 +222,8 @@ func (a *App) Start() error {
 		zh.start(a.logger)
 	}
 	for name, ns := range a.namespaces {
-		ns.track()
-		a.loops[name].attach(ns)
+		ns.runner.track()
+		a.loops[name].attach(ns.runner)
 		if ns.mode == Periodic {
 			if sizes := ns.WindowSizes(); len(sizes) > 0 && ns.rate > sizes[0] {
 				a.logger.Warn("sync_rate is longer than the namespace's smallest window: other nodes will see its hits late, or not at all",
@@ -234,10 +236,10 @@ func (a *App) Start() error {
 	return nil
 }
 
-// takesOver reports whether next, the namespace that runs after ns, pushes
-// what ns has pending: it counts in the same zone and syncs with a store.
-func takesOver(next, ns *Namespace) bool {
-	return next != nil && next.counters == ns.counters && next.store != nil
+// takesOver reports whether next, the runner that runs after r, pushes
+// what r has pending: it counts in the same zone and syncs with a store.
+func takesOver(next, r *runner) bool {
+	return next != nil && next.counters == r.counters && next.store != nil
 }
 
 // Stop hands the namespaces' sync loops back to the config that runs next,
@@ -251,11 +253,11 @@ func (a *App) Stop() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		next := a.loops[name].detach(ns)
+		next := a.loops[name].detach(ns.runner)
 		if next != nil {
 			next.track() // on a failed reload, the config that keeps running
 		}
-		if !takesOver(next, ns) {
+		if !takesOver(next, ns.runner) {
 			flush = append(flush, ns)
 		}
 	}
@@ -279,7 +281,7 @@ func (a *App) flush(ctx context.Context, namespaces []*Namespace) map[*Namespace
 			continue
 		}
 		wg.Go(func() {
-			if err := ns.run(ctx, false); err != nil {
+			if err := ns.runner.run(ctx, false); err != nil {
 				a.logger.Error("pushing pending diffs", zap.String("namespace", ns.name), zap.Error(err))
 				mu.Lock()
 				failed[ns] = true
@@ -301,7 +303,7 @@ func (a *App) Cleanup() error {
 	var flush []*Namespace
 	for _, name := range slices.Sorted(maps.Keys(a.namespaces)) {
 		ns := a.namespaces[name]
-		if !a.unflushed[ns] && !takesOver(a.loops[name].current(), ns) && ns.hasPending() {
+		if !a.unflushed[ns] && !takesOver(a.loops[name].current(), ns.runner) && ns.runner.hasPending() {
 			flush = append(flush, ns)
 		}
 	}

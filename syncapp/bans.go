@@ -40,7 +40,7 @@ func (n *Namespace) BansAcrossNodes() bool { return n.banner != nil }
 // UseBans tells the namespace that a handler bans keys in it, so that its
 // sync runs read the store's bans (one more round trip per run): a
 // namespace no handler of the running config bans in reads none.
-func (n *Namespace) UseBans() { n.bansUsed.Store(true) }
+func (n *Namespace) UseBans() { n.runner.useBans() }
 
 // banSweepInterval is how often a ban drops the bans that ended, so that
 // the bans of keys never seen again do not stay in memory (and keep

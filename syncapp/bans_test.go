@@ -137,13 +137,13 @@ func TestBanReadsFollowTheConfig(t *testing.T) {
 	first := start(t, pool, cfg)
 	ns := first.ns("api")
 	ctx := context.Background()
-	if asked, err := ns.syncBans(ctx); err != nil || asked {
+	if asked, err := ns.runner.syncBans(ctx); err != nil || asked {
 		t.Fatalf("before any handler bans: asked the store %v (%v), want no round trip", asked, err)
 	}
 	ns.UseBans()
 	until := time.Now().Add(time.Hour)
 	ns.Ban(ctx, "k", until)
-	if asked, err := ns.syncBans(ctx); err != nil || !asked {
+	if asked, err := ns.runner.syncBans(ctx); err != nil || !asked {
 		t.Fatalf("with a handler that bans: asked the store %v (%v), want a round trip", asked, err)
 	}
 
@@ -151,7 +151,7 @@ func TestBanReadsFollowTheConfig(t *testing.T) {
 	next := start(t, pool, cfg)
 	first.stop()
 	ns = next.ns("api")
-	if asked, err := ns.syncBans(ctx); err != nil || asked {
+	if asked, err := ns.runner.syncBans(ctx); err != nil || asked {
 		t.Fatalf("after a reload without bans: asked the store %v (%v), want no round trip", asked, err)
 	}
 	if ns.BannedUntil("k").IsZero() {

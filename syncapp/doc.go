@@ -13,35 +13,59 @@
 //   - zones ("zone", by name): a zoneHolder, the window.Zone holding the
 //     counters, and its sweeper;
 //   - fleet states ("namespace", by name): a fleetState, whose parts each
-//     own one piece of what a node knows of its fleet;
+//     own one piece of what a node knows of its fleet, and the loop;
 //   - stores ("store", by module and settings): a pooledStore, the open
 //     connections; the loop of each namespace that syncs with one holds
 //     a reference too, so a store outlives every run that uses it.
 //
-// A Namespace holds the parts of its fleetState directly, and its own
-// config's store; a request goes from the Namespace to a part and on to
-// the store, and never comes back. Only drivers call the Namespace: the
-// config (App), the admin API, the loop that starts its runs, and the
-// fleet state reading its pending diffs for the metrics.
-// TestOneOwnerPerState holds that shape.
+// # A façade over parts
+//
+// A Namespace is a façade: its methods are the Go API, and each hands the
+// work to the part whose job it is. It holds the parts of its fleetState
+// that it asks itself (health, banTable, slotHolder, inFlight), its
+// windowSizes, and three parts that join its config's store to the fleet
+// state, built when the config is provisioned (Namespace.use):
+//
+//   - runner (run.go): the sync runs, and what must not fall between a
+//     run's push and what it took: Fetch, the store's part of Reset;
+//   - storeRoad (synchit.go): the road of the requests that ask the store
+//     (synchronous hits and rates, sync_above's near hits, slots, reads);
+//   - periodicHits (stale.go): a periodic namespace's hits, decided again
+//     on the store's counts when they rejected a stale key.
+//
+// A request goes from the Namespace to a part and on to the store; a run
+// goes from the loop (or Sync, or a flush at stop) to the runner and on to
+// the store; neither comes back. Only drivers call the Namespace: the
+// config (App) and the admin API (AdminAPI). The loop holds runners, never
+// a Namespace: when it calls back through loop.current, it reaches the
+// runner attached and nothing above it; the fleet state's metrics read
+// the same runner. TestOneOwnerPerState holds that shape.
 //
 // # Goroutines
 //
-// Each goroutine the app starts has one owner that stops it: a pooled
-// object's worker (worker.go: the zone's sweeper, the namespace's loop,
-// its slot holder), started when first needed and stopped when the
-// object is destructed; a worker recovers and logs a panic and runs its
-// function again. The loop also cancels a run in flight when it stops.
-// A config's Stop pushes its namespaces' diffs in goroutines it waits
-// for. The hit queue's stall check is a timer (time.AfterFunc) armed
-// while hits wait, which ends on its own. Requests start no goroutine:
-// a synchronous round trip runs on a request's own goroutine.
+// Each goroutine the app starts has one owner that stops it:
+//
+//   - a pooled object's worker (worker.go): the zone's sweeper, the
+//     namespace's loop, its slot holder. Each starts when first needed and
+//     stops when its object is destructed; a worker recovers and logs a
+//     panic and runs its function again.
+//   - the loop's canceller, started by the loop's function: it waits for
+//     the loop's stop, and cancels the run in flight.
+//   - the flushes of a config's Stop and Cleanup (App.flush): one per
+//     namespace that pushes, all waited for.
+//   - the hit queue's stall check: a timer (time.AfterFunc) armed while
+//     hits wait, which ends on its own.
+//
+// Requests start no goroutine: a synchronous round trip runs on a
+// request's own goroutine.
 //
 // # The parts, and what each lock guards
 //
-//	runLock     one run at a time (the loop's, Sync, Fetch, the flushes at
-//	            stop, Reset): what a run took from the zone is never pushed
-//	            twice, and a reset never falls between a push and what it took.
+//	runLock     one run at a time: the loop's, Sync, the flushes at stop,
+//	            and Fetch and Reset, all the runner's; the loop takes it
+//	            too, to let go of stores between runs. What a run took from
+//	            the zone is never pushed twice, and a reset never falls
+//	            between a push and what it took.
 //	outbox      what was taken from the zone and is not in the store yet.
 //	  .taking   held by a run from zone.Take until the outbox records what it
 //	            took; shared by views, which synchronous hits read: a diff is
@@ -61,57 +85,83 @@
 //	health.mu   failures, backoff and the failure log's throttle; whether
 //	            hits skip the store is an atomic: from a failure or a stall
 //	            until a success. Requests never probe; the loop's runs do.
+//	windowSizes.mu  (one per config's Namespace) the namespace's window
+//	            sizes, which its runs fetch and a reset clears.
+//	runner      (one per config's Namespace, no lock of its own) the sync
+//	            runs with the config's store; whether they read the store's
+//	            bans is an atomic, set by the config's handlers.
 //	storeRoad   (one per config's Namespace, no lock of its own) the road
 //	            of what a request asks of the store (synchronous hits,
 //	            rates, slots, a stale key's read, a peek): its hit queue,
 //	            and what a refusal, a failure, a stall or a doubt does to
 //	            each.
+//	periodicHits    (one per config's Namespace, no lock of its own) a
+//	            periodic namespace's second look at a stale key.
 //	hitQueue.mu the synchronous hits waiting for a round trip, the round
 //	            trips out, the stall check.
 //	batchRetry.mu   the increments of a failed round trip's hits.
-//	loop.mu     the namespaces attached (the reload hand-off) and the store
+//	loop.mu     the runners attached (the reload hand-off) and the store
 //	            references the loop holds.
 //	zoneHolder.mu   the capacities the configs that hold a zone want.
+//	running.mu  the started apps, newest last, for the admin API.
 //
 // Locks are taken in this order, and no other lock is taken while holding
 // one of the later ones: runLock, then outbox.taking, then the zone's shard
-// locks or outbox.mu and retryQueue.mu. Two more orders: hitQueue.mu,
-// then health.mu (the stall check marks the store stalled under the
-// queue's lock, so that the hits that leave find it down); zoneHolder.mu,
-// then every shard lock of its zone (a capacity change resizes the zone).
-// Every other lock is a leaf: held only for its own fields, never across
-// a store's round trip.
+// locks or outbox.mu and retryQueue.mu. A view (outbox.taking, shared)
+// is held while the zone observes what the store answered, so outbox.taking
+// comes before the shard locks there too. More orders: hitQueue.mu, then
+// health.mu (the stall check marks the store stalled under the queue's
+// lock, so that the hits that leave find it down); zoneHolder.mu, then
+// every shard lock of its zone (a capacity change resizes the zone);
+// runLock, then loop.mu (the loop lets go of stores between runs); loop.mu,
+// then the pool's lock (attach takes a reference to its runner's store).
+// The metrics' collector holds the pool's read lock while it reads each
+// fleet state, which takes loop.mu (loop.current), outbox.mu,
+// retryQueue.mu and banTable.mu: the opposite order to attach's for
+// loop.mu and the pool's lock. Every other lock is a leaf: held only for
+// its own fields, never across a store's round trip.
 //
 // # One request and one run
 //
-//	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0)
-//	  local / periodic ──► window zone: count, decide
-//	  periodic, rejected, a key the runs no longer fetch (stale.go):
-//	    storeRoad.read: a hit of the hit queue that increments nothing
-//	    ──► zone.Observe ──► fetchSet.touch ──► window zone: decide again
-//	  Peek (a concurrency rejection's Retry-After) at sync_rate 0:
-//	    storeRoad.read, which leaves the zone as it is
-//	  sync_rate 0, or near a limit with sync_above:
+//	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0,
+//	  or local); HitIfRoom and HitRateIfRoom take the same roads
+//	  local ──► window zone: count, decide (a rate first, then the limits)
+//	  periodic ──► periodicHits.hit ──► window zone: count, decide
+//	    rejected, a key the runs no longer fetch: periodicHits.refresh
+//	      ──► storeRoad.read: a hit of the hit queue that increments nothing
+//	          (or store.GetCounters, when the store takes no hits)
+//	      ──► zone.Observe ──► fetchSet.touch ──► window zone: decide again
+//	  periodic with sync_above ──► storeRoad.hitNear ──► zone.HitUnlessNear:
+//	    far from every limit ──► counted, decided; near one ──► as below,
+//	    with the key's diffs taken from the zone
+//	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
 //	      round trip is out, else waits and goes with the others when one
 //	      ends, or in a second round trip once 8 wait
 //	      ──► store.HitBatch (one round trip; the store decides each hit,
 //	          a rate first, its turn given back when a limit rejects)
-//	      ok      ──► health.succeeded ──► zone.Observe (store + on its way)
+//	      ok      ──► health.succeeded ──► zone.Observe (store + on its way),
+//	              and for a rate zone.ObserveRate (the store's TAT)
 //	      stalled (no answer 250 ms while hits wait) ──► health.stalled
 //	              ──► the waiting hits: window zone
 //	      failed  ──► health.failed ──► zone counts it ──► batchRetry
 //	              (its increments, and its rate's turn if the zone
 //	              admitted it) ──► (last hit of the round trip) outbox.retry
+//	  Peek (a concurrency rejection's Retry-After) at sync_rate 0:
+//	    storeRoad.read, which leaves the zone as it is; PeekRate reads the
+//	    zone's TAT, without a round trip
 //
 //	request: Namespace.Acquire(key) with max_concurrent and a store
 //	  health.down? ──yes──► inFlight (and slotHolder.admitLocal)
-//	  storeRoad.takeSlot: a hit of the hit queue, as above, that takes a
-//	    slot ──► slotHolder: held, renewed and released off the path; in
-//	    doubt, released again until its lease ends
+//	  slotHolder.acquire ──► storeRoad.takeSlot: a hit of the hit queue,
+//	    as above, that takes a slot (or store.AcquireSlot, when the store
+//	    takes no slots in its round trips) ──► slotHolder: held, renewed
+//	    and released off the path; in doubt, released again until its
+//	    lease ends
 //
-//	run: loop timer (or Sync, a flush, the admin API) ──► Namespace.runLocked
+//	run: loop timer (loop.current: the runner attached), or Sync, or a
+//	  flush at stop ──► runner.runLocked, under the run lock
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
 //	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply

@@ -200,13 +200,13 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 		}
 		// withRunLock holds a's loop between runs.
 		withRunLock := func(f func(f *fetchSet)) {
-			if err := a.runs.lock(ctx, a.name); err != nil {
+			if err := a.runner.lock.lock(ctx, a.name); err != nil {
 				t.Fatal(err)
 			}
-			defer a.runs.unlock()
-			a.fetched.mu.Lock()
-			defer a.fetched.mu.Unlock()
-			f(a.fetched)
+			defer a.runner.lock.unlock()
+			a.runner.fetched.mu.Lock()
+			defer a.runner.fetched.mu.Unlock()
+			f(a.runner.fetched)
 		}
 		for _, ns := range []*Namespace{a, b} { // connect first
 			ns.Increment(ctx, "warm-up", time.Hour, 1)
@@ -218,14 +218,14 @@ func TestFleetFetchesASparseKey(t *testing.T) {
 		// two that fetch a busy key: b's hits still reach a. Under the run
 		// lock, so that a's loop runs neither in between nor after the
 		// push and before the count of runs is set.
-		if err := a.runs.lock(ctx, a.name); err != nil {
+		if err := a.runner.lock.lock(ctx, a.name); err != nil {
 			t.Fatal(err)
 		}
 		a.Increment(ctx, "sparse", time.Hour, 1)
-		if _, err := a.pushPending(ctx); err != nil {
+		if _, err := a.runner.pushPending(ctx); err != nil {
 			t.Fatal(err)
 		}
-		a.runs.unlock()
+		a.runner.lock.unlock()
 		withRunLock(func(f *fetchSet) {
 			touched, ok := f.touched["sparse"]
 			if !ok {

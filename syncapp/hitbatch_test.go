@@ -113,7 +113,7 @@ func TestSynchronousBatchRetriedOnce(t *testing.T) {
 			t.Fatal("no round trip lost its reply")
 		}
 		poll.Until(t, 10*time.Second, "the retries to be pushed", func() bool {
-			return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+			return ns.Sync(context.Background()) == nil && ns.runner.pendingDiffs() == 0
 		})
 		if got := s.total(t, "k", time.Hour); got != tries {
 			t.Fatalf("store holds %v, want %d: a retried round trip was counted twice, or not at all", got, tries)
@@ -242,7 +242,7 @@ func TestSynchronousRateRetriedOnce(t *testing.T) {
 		}
 		doubt.on.Store(false)
 		poll.Until(t, 10*time.Second, "the retries to be pushed", func() bool {
-			return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+			return ns.Sync(context.Background()) == nil && ns.runner.pendingDiffs() == 0
 		})
 		c.check(doubt)
 	})
@@ -271,15 +271,15 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 				c := newTurnsCase(t, ns)
 				doubt.on.Store(true)
 				c.requests(ns, 10)
-				if doubt.trips.Load() == 0 || ns.pendingDiffs() == 0 {
-					t.Fatalf("%d round trips in doubt, %d diffs pending: want turns waiting", doubt.trips.Load(), ns.pendingDiffs())
+				if doubt.trips.Load() == 0 || ns.runner.pendingDiffs() == 0 {
+					t.Fatalf("%d round trips in doubt, %d diffs pending: want turns waiting", doubt.trips.Load(), ns.runner.pendingDiffs())
 				}
 				next := start(t, pool, cfg)
 				old.stop() // its push fails: the store is away
 				s.up()
 				ns = next.ns("api")
 				poll.Until(t, 20*time.Second, "the new config to push the turns", func() bool {
-					return ns.Sync(context.Background()) == nil && ns.pendingDiffs() == 0
+					return ns.Sync(context.Background()) == nil && ns.runner.pendingDiffs() == 0
 				})
 				c.check(doubt)
 			})

@@ -2,11 +2,8 @@ package syncapp
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"time"
 
-	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -95,64 +92,5 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 // the store just before the store's reset may leave this node's view of
 // the key stale until the key's next hit.
 func (n *Namespace) Reset(ctx context.Context, key string) error {
-	if n.store == nil {
-		n.bans.lift(key)
-		n.counters.Reset(key)
-		return nil
-	}
-	if err := n.runs.lock(ctx, n.name); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: nothing was reset: %w", n.name, err)
-	}
-	defer n.runs.unlock()
-	// Lifted under the run lock: a run that read the store's bans before
-	// the lift must not put the ban back after it.
-	n.bans.lift(key)
-	held := n.counters.Reset(key)
-	n.outbox.dropKey(key, n.hitter != nil)
-	sizes := n.WindowSizes()
-	for _, s := range held {
-		if !slices.Contains(sizes, s) && (n.validWindow == nil || n.validWindow(s) == nil) {
-			sizes = append(sizes, s)
-		}
-	}
-	slices.Sort(sizes)
-	if err := n.store.Reset(ctx, n.name, key, sizes, time.Now()); err != nil {
-		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",
-			n.name, n.storeModule, err)
-	}
-	if n.banner != nil {
-		if err := n.banner.SetBans(ctx, n.name, []strategy.Ban{{Key: key}}); err != nil {
-			return fmt.Errorf("resetting a key of namespace %q: its counts were reset, but its ban in the %s store maybe not (reset again): %w",
-				n.name, n.storeModule, err)
-		}
-	}
-	return nil
-}
-
-// storeSamples reads key's windows of the given sizes from the store, at
-// now (Unix nanoseconds): a window the store does not hold counts zero.
-func (n *Namespace) storeSamples(ctx context.Context, key string, sizes []time.Duration, now int64) ([]window.Sample, error) {
-	if n.store == nil {
-		return nil, fmt.Errorf("namespace %q is local only: it has no store", n.name)
-	}
-	counts, err := n.store.GetCounters(ctx, n.name, []string{key}, sizes, time.Unix(0, now))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]window.Sample, len(sizes))
-	for i, size := range sizes {
-		out[i] = window.Sample{Weight: window.Weight(now, size), Start: window.Start(now, size), Size: size, At: now}
-	}
-	for _, c := range counts {
-		for i := range out {
-			switch {
-			case c.Key != key || c.Size != out[i].Size:
-			case c.Start == out[i].Start:
-				out[i].Current = c.Value
-			case c.Start == out[i].Start-int64(c.Size):
-				out[i].Previous = c.Value
-			}
-		}
-	}
-	return out, nil
+	return n.runner.reset(ctx, key)
 }

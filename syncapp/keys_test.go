@@ -154,7 +154,7 @@ func TestPeekCountsNothing(t *testing.T) {
 			if got := states(ns, "k", time.Minute, time.Hour); !sameCounts(got, before) {
 				t.Fatalf("counts after 1000 peeks: %+v, before: %+v", got, before)
 			}
-			if got := ns.pendingDiffs(); got != 0 {
+			if got := ns.runner.pendingDiffs(); got != 0 {
 				t.Fatalf("%d diffs wait to be pushed after peeks", got)
 			}
 			if got := ns.counters.Zone().Len(); got != keys {
@@ -297,8 +297,8 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			diff := func(key string, v float64) window.Diff {
 				return window.Diff{Key: key, Size: time.Hour, Start: start, Value: v}
 			}
-			box := ns.outbox
-			if err := ns.runs.lock(ctx, ns.name); err != nil {
+			box := ns.runner.outbox
+			if err := ns.runner.lock.lock(ctx, ns.name); err != nil {
 				t.Fatal(err)
 			}
 			box.setFailed(&strategy.Batch{ID: "failed-push", Namespace: "api", Diffs: []window.Diff{diff("k", 2), diff("other", 1), diff("k", 1)}})
@@ -307,7 +307,7 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			if syncRate == "0" {
 				box.inflight.set(box.retries.queued(), box.failed)
 			}
-			ns.runs.unlock()
+			ns.runner.lock.unlock()
 
 			if err := ns.Reset(ctx, "k"); err != nil {
 				t.Fatal(err)
@@ -322,11 +322,11 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 					t.Fatalf("in flight for k after the reset: %v, want 0", got)
 				}
 			} else {
-				if err := ns.runs.lock(ctx, ns.name); err != nil {
+				if err := ns.runner.lock.lock(ctx, ns.name); err != nil {
 					t.Fatal(err)
 				}
 				pending, retries := box.failed, box.retries.queued()
-				ns.runs.unlock()
+				ns.runner.lock.unlock()
 				if pending == nil || pending.ID != "failed-push" || !slices.Equal(pending.Diffs, []window.Diff{diff("other", 1)}) {
 					t.Fatalf("the failed batch after the reset: %+v, want failed-push with other's diff only", pending)
 				}

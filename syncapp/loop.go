@@ -3,7 +3,6 @@ package syncapp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -12,23 +11,18 @@ import (
 	"go.uber.org/zap"
 )
 
-const (
-	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
-	minRunTimeout = 5 * time.Second
-	maxRunTimeout = 30 * time.Second
-)
-
 // loop is a namespace's sync timer and its reload hand-off, pooled with
 // the rest of the namespace's fleet state (fleetState) so that it
-// outlives config reloads. Configs attach their Namespace when they start
-// and detach it when they stop; the loop always runs for the most
+// outlives config reloads. Configs attach their namespace's runner when
+// they start and detach it when they stop; the loop always runs the most
 // recently attached one, so that while an old and a new config overlap
 // only one loop pushes, and a new config that fails to start hands the
 // loop back to the old one.
 //
-// A run is the Namespace's (run.go): the loop only says when. It also
-// holds a reference to the stores of the namespaces attached, so that a
-// store outlives every run of the loop that uses it.
+// A run is the runner's (run.go): the loop only says when, and never
+// sees a Namespace. It also holds a reference to the stores of the
+// runners attached, so that a store outlives every run of the loop that
+// uses it.
 type loop struct {
 	name   string
 	logger *zap.Logger
@@ -37,13 +31,13 @@ type loop struct {
 	runs   runLock
 
 	mu       sync.Mutex
-	attached []*Namespace
+	attached []*runner
 	// held are the pool keys of the stores the loop holds a reference to:
-	// those of the attached namespaces, and of namespaces detached since
-	// the last run ended.
+	// those of the attached runners, and of runners detached since the
+	// last run ended.
 	held []poolKey
 
-	wake   chan struct{} // the attached namespace changed
+	wake   chan struct{} // the attached runner changed
 	worker worker
 }
 
@@ -59,19 +53,19 @@ func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, 
 	}
 }
 
-// attach makes ns the namespace the loop runs for, takes a reference to
-// its store, and starts the loop the first time a namespace needs one.
-func (l *loop) attach(ns *Namespace) {
+// attach makes r the runner the loop runs, takes a reference to its
+// store, and starts the loop the first time a runner needs one.
+func (l *loop) attach(r *runner) {
 	l.mu.Lock()
-	l.attached = append(l.attached, ns)
-	if ns.store != nil && !slices.Contains(l.held, ns.storeKey) {
-		// ns's config holds the store, so this only counts a reference.
-		if _, loaded, _ := l.pool.LoadOrNew(ns.storeKey, noNewStore); loaded {
-			l.held = append(l.held, ns.storeKey)
+	l.attached = append(l.attached, r)
+	if r.store != nil && !slices.Contains(l.held, r.storeKey) {
+		// r's config holds the store, so this only counts a reference.
+		if _, loaded, _ := l.pool.LoadOrNew(r.storeKey, noNewStore); loaded {
+			l.held = append(l.held, r.storeKey)
 		}
 	}
 	l.mu.Unlock()
-	if ns.mode != Local {
+	if r.mode != Local {
 		l.worker.start(l.logger, l.loop)
 	}
 	signal(l.wake)
@@ -83,12 +77,12 @@ func noNewStore() (caddy.Destructor, error) {
 	return nil, errors.New("the store is not open")
 }
 
-// detach forgets ns, whose config is stopping, and returns the namespace
-// the loop runs for now: the next config's, or on a failed reload the one
-// that keeps running; nil if none.
-func (l *loop) detach(ns *Namespace) (next *Namespace) {
+// detach forgets r, whose config is stopping, and returns the runner the
+// loop runs now: the next config's, or on a failed reload the one that
+// keeps running; nil if none.
+func (l *loop) detach(r *runner) (next *runner) {
 	l.mu.Lock()
-	if i := slices.Index(l.attached, ns); i >= 0 {
+	if i := slices.Index(l.attached, r); i >= 0 {
 		l.attached = slices.Delete(l.attached, i, i+1)
 	}
 	l.mu.Unlock()
@@ -96,8 +90,8 @@ func (l *loop) detach(ns *Namespace) (next *Namespace) {
 	return l.current()
 }
 
-// current returns the namespace the loop runs for, or nil.
-func (l *loop) current() *Namespace {
+// current returns the runner the loop runs, or nil.
+func (l *loop) current() *runner {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n := len(l.attached); n > 0 {
@@ -107,13 +101,13 @@ func (l *loop) current() *Namespace {
 }
 
 // releaseStores gives back the references to stores that no attached
-// namespace uses any more (all of them when all is set). The caller holds
+// runner uses any more (all of them when all is set). The caller holds
 // the run lock, or the loop has ended, so no run uses them.
 func (l *loop) releaseStores(all bool) {
 	l.mu.Lock()
 	var release []poolKey
 	l.held = slices.DeleteFunc(l.held, func(k poolKey) bool {
-		used := !all && slices.ContainsFunc(l.attached, func(ns *Namespace) bool { return ns.storeKey == k })
+		used := !all && slices.ContainsFunc(l.attached, func(r *runner) bool { return r.storeKey == k })
 		if !used {
 			release = append(release, k)
 		}
@@ -150,19 +144,19 @@ func (l *loop) loop() {
 	}()
 	var due time.Time // when the next run is due; zero once one ran
 	for {
-		ns := l.current()
-		syncs := ns != nil && ns.mode != Local
+		r := l.current()
+		syncs := r != nil && r.mode != Local
 		var timer *time.Timer
 		var wait <-chan time.Time
 		var backlog <-chan struct{}
 		if syncs {
 			now := time.Now()
-			if next := now.Add(l.health.delay(ns.runInterval(), now)); due.IsZero() || next.Before(due) {
+			if next := now.Add(l.health.delay(r.interval(), now)); due.IsZero() || next.Before(due) {
 				due = next
 			}
 			timer = time.NewTimer(due.Sub(now))
 			wait = timer.C
-			backlog = ns.backlog()
+			backlog = r.backlog()
 		}
 		run, early, woken := false, false, false
 		select {
@@ -196,7 +190,7 @@ func (l *loop) loop() {
 			l.runs.unlock()
 		}
 		if run || early {
-			runCtx, cancelRun := context.WithTimeout(ctx, ns.runTimeout())
+			runCtx, cancelRun := context.WithTimeout(ctx, r.timeout())
 			l.runCurrent(runCtx, !early)
 			cancelRun()
 			due = time.Time{}
@@ -204,8 +198,8 @@ func (l *loop) loop() {
 	}
 }
 
-// runCurrent does one run for the namespace attached once the run lock is
-// taken (a namespace detached meanwhile has its config's Stop and Cleanup
+// runCurrent does one run of the runner attached once the run lock is
+// taken (a runner detached meanwhile has its config's Stop and Cleanup
 // push for it): a periodic run, or with periodic false a push alone.
 func (l *loop) runCurrent(ctx context.Context, periodic bool) {
 	defer recoverAndLog(l.logger, "syncing namespace")
@@ -213,11 +207,11 @@ func (l *loop) runCurrent(ctx context.Context, periodic bool) {
 		return
 	}
 	defer l.runs.unlock()
-	if ns := l.current(); ns != nil && ns.store != nil {
+	if r := l.current(); r != nil && r.store != nil {
 		if periodic {
-			_ = ns.runLocked(ctx, true, fetchAfter(time.Now(), ns.runInterval()))
+			_ = r.runLocked(ctx, true, fetchAfter(time.Now(), r.interval()))
 		} else {
-			_ = ns.runLocked(ctx, false, time.Time{})
+			_ = r.runLocked(ctx, false, time.Time{})
 		}
 	}
 }
@@ -227,34 +221,3 @@ func (l *loop) close() {
 	l.worker.close()
 	l.releaseStores(true)
 }
-
-// runLock serializes a namespace's runs (the loop's, Sync and Fetch
-// calls, the flushes at stop, resets): what a run took from the zone is
-// never pushed by two runs at once, and a reset never falls between a
-// push and what the push took. It is a channel so that waiting for it can
-// give up at a deadline.
-type runLock chan struct{}
-
-func newRunLock() runLock { return make(runLock, 1) }
-
-// lock waits for the run lock, or for ctx to end.
-func (l runLock) lock(ctx context.Context, namespace string) error {
-	select {
-	case l <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
-	}
-}
-
-// tryLock takes the run lock if no run holds it.
-func (l runLock) tryLock() bool {
-	select {
-	case l <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-func (l runLock) unlock() { <-l }

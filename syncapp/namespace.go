@@ -2,14 +2,8 @@ package syncapp
 
 import (
 	"context"
-	"fmt"
 	"math"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -27,6 +21,9 @@ const hitTimeout = time.Second
 // functions (increment, sliding_window, sync, fetch), plus Hit, which
 // checks one hit against several limits the way the handler does. It is
 // safe for concurrent use.
+//
+// A Namespace is a façade: each method picks, by the namespace's mode,
+// the part that does the work, and the parts never call it back.
 type Namespace struct {
 	name string
 	mode Mode
@@ -35,39 +32,28 @@ type Namespace struct {
 	// periodic namespace counts a key's hits at the store.
 	syncAbove float64
 	counters  *window.Namespace
-	logger    *zap.Logger
+	sizes     *windowSizes
 
 	// The parts of the namespace's fleet state (fleetState), pooled by
 	// name so that they outlive this config: each owns one piece of
 	// state, with its own lock.
-	runs     runLock
 	health   *health
-	outbox   *outbox
-	fetched  *fetchSet
 	bans     *banTable
 	slots    *slotHolder
 	inFlight *inFlight
 
-	// The store, unless the namespace is local: shared through the pool
-	// by storeKey; hitter is the same store when the namespace's hits are
-	// answered by it (sync_rate 0, sync_above; checked at load), and road
-	// the round trips of the requests that ask the store, whenever it can
-	// take synchronous hits.
+	// The parts that join this config's store to the fleet state: the
+	// sync runs, the round trips of requests that ask the store, the
+	// second look of a periodic namespace at a stale key.
+	runner   *runner
+	road     *storeRoad // when the store takes synchronous hits
+	periodic *periodicHits
+
+	// The store, unless the namespace is local, shared through the pool.
 	store       strategy.Store
-	hitter      strategy.Hitter
-	road        *storeRoad
+	storeModule string
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	banner      strategy.Banner  // the store, when it can hold bans
-	storeKey    poolKey
-	storeModule string
-	validWindow func(time.Duration) error
-	// bansUsed says that a handler of this config bans in the namespace:
-	// its sync runs then read the store's bans. It belongs to the config,
-	// so a reload that drops the last ban handler stops the reads.
-	bansUsed atomic.Bool
-
-	sizesMu sync.Mutex
-	sizes   []time.Duration
 }
 
 // Limit is one limit a hit is checked against: a window size and the most
@@ -109,42 +95,13 @@ func (n *Namespace) Mode() Mode { return n.mode }
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
 	switch {
 	case n.syncAbove > 0:
-		return n.hitNear(ctx, key, limits, value, fixed, undo, out)
+		return n.road.hitNear(ctx, key, limits, value, fixed, undo, n.syncAbove, out)
 	case n.mode == Synchronous && !n.health.down():
 		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
 	case n.mode == Periodic:
-		return n.hitPeriodic(ctx, key, limits, value, fixed, undo, out)
-	}
-	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
-}
-
-// hitNear is Hit in a namespace with sync_above: local unless the hit is
-// near a limit.
-func (n *Namespace) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
-	var buf [4]window.Unsynced
-	unsynced := buf[:]
-	if len(limits) > len(buf) {
-		unsynced = make([]window.Unsynced, len(limits))
-	}
-	unsynced = unsynced[:len(limits)]
-	rejected, near := n.counters.HitUnlessNear(key, limits, value, fixed, undo, n.syncAbove, out, unsynced)
-	if !near {
-		return rejected
-	}
-	if !n.health.down() {
-		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
-			return rejected
-		}
-	} else {
-		// The store is skipped: what the near hit took goes back, and the
-		// hit counts locally.
-		windows := make([]strategy.WindowHit, len(limits))
-		for i, l := range limits {
-			windows[i] = strategy.WindowHit{Size: l.Size, Start: out[i].Start}
-		}
-		n.road.giveBack(key, windows, unsynced, 0, true)
+		return n.periodic.hit(ctx, key, limits, value, fixed, undo, out)
 	}
 	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
 }
@@ -178,26 +135,14 @@ func (n *Namespace) SlidingWindow(key string, size time.Duration, curDiff *float
 // periodic mode, fetches the merged counts of the keys touched recently. A
 // local namespace has nothing to sync.
 func (n *Namespace) Sync(ctx context.Context) error {
-	return n.run(ctx, true)
+	return n.runner.run(ctx, true)
 }
 
 // Fetch sets the local counts of the given keys, for every window size of
 // the namespace, to the store's. It waits for a sync run in progress, whose
 // diffs would otherwise be missing from the store's counts.
 func (n *Namespace) Fetch(ctx context.Context, keys []string) error {
-	if n.store == nil || len(keys) == 0 {
-		return nil
-	}
-	if err := n.runs.lock(ctx, n.name); err != nil {
-		return err
-	}
-	defer n.runs.unlock()
-	counts, err := n.store.GetCounters(ctx, n.name, keys, n.WindowSizes(), time.Now())
-	if err != nil {
-		return err
-	}
-	n.counters.Apply(counts)
-	return nil
+	return n.runner.fetch(ctx, keys)
 }
 
 // AddWindowSizes merges window sizes into the namespace's: handlers call it
@@ -205,28 +150,8 @@ func (n *Namespace) Fetch(ctx context.Context, keys []string) error {
 // ones synced. A namespace that syncs with a store takes only the sizes
 // its store can keep.
 func (n *Namespace) AddWindowSizes(sizes ...time.Duration) error {
-	n.sizesMu.Lock()
-	defer n.sizesMu.Unlock()
-	for _, s := range sizes {
-		if err := window.ValidateSize(s); err != nil {
-			return err
-		}
-		if n.validWindow != nil {
-			if err := n.validWindow(s); err != nil {
-				return fmt.Errorf("window %v: namespace %q syncs with the %s store: %w", s, n.name, n.storeModule, err)
-			}
-		}
-		if !slices.Contains(n.sizes, s) {
-			n.sizes = append(n.sizes, s)
-		}
-	}
-	slices.Sort(n.sizes)
-	return nil
+	return n.sizes.add(sizes...)
 }
 
 // WindowSizes returns the namespace's window sizes, ascending.
-func (n *Namespace) WindowSizes() []time.Duration {
-	n.sizesMu.Lock()
-	defer n.sizesMu.Unlock()
-	return slices.Clone(n.sizes)
-}
+func (n *Namespace) WindowSizes() []time.Duration { return n.sizes.list() }

@@ -361,7 +361,7 @@ func TestSynchronousAnswersCountHitsOnTheirWay(t *testing.T) {
 	}
 	// Let a retry run take the 5 hits and fail with them.
 	poll.Until(t, 10*time.Second, "a failed retry run", func() bool {
-		return ns.pendingDiffs() == 1 && ns.counters.Pending() == 0
+		return ns.runner.pendingDiffs() == 1 && ns.counters.Pending() == 0
 	})
 	srv.Restart()
 	// Hits try the store again once a run found it back.
@@ -508,7 +508,7 @@ func TestIdleRunsDoNotHideAnOutage(t *testing.T) {
 		return logs.FilterMessageSnippet("reachable again").Len() == 1
 	})
 	poll.Until(t, 20*time.Second, "the retries to be pushed", func() bool {
-		return ns.pendingDiffs() == 0
+		return ns.runner.pendingDiffs() == 0
 	})
 	if got := storeTotal(t, srv.Addr, "k", time.Hour); got != 5 {
 		t.Fatalf("store holds %v after the retries, want 5", got)

@@ -20,13 +20,11 @@ import (
 // rejected, and the wait is when the store's rate (sliding or fixed)
 // admits the hit, as Retry-After says.
 func (n *Namespace) HitIfRoom(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
-	if n.mode != Synchronous && n.syncAbove == 0 {
-		rejected, wait = n.counters.HitIfRoom(key, limits, value, out)
-		if rejected >= 0 && n.mode == Periodic && n.stale(key) {
-			n.refresh(ctx, key) // see hitPeriodic
-			rejected, wait = n.counters.HitIfRoom(key, limits, value, out)
-		}
-		return rejected, wait
+	switch {
+	case n.mode == Local:
+		return n.counters.HitIfRoom(key, limits, value, out)
+	case n.mode == Periodic && n.syncAbove == 0:
+		return n.periodic.hitIfRoom(ctx, key, limits, value, out)
 	}
 	if rejected = n.Hit(ctx, key, limits, value, fixed, true, out); rejected < 0 {
 		return -1, 0

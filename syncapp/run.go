@@ -2,6 +2,8 @@ package syncapp
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -10,63 +12,105 @@ import (
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// A run is one sync of a namespace with its store: it pushes what the
-// zone and the outbox hold, fetches the counts of the keys touched lately
-// (periodic mode), and syncs the bans. The loop runs it on its timer;
-// Sync, the flushes at stop and the admin API run it too. One run at a
-// time: the callers hold the run lock.
+const (
+	// minRunTimeout and maxRunTimeout bound one run (push and fetch).
+	minRunTimeout = 5 * time.Second
+	maxRunTimeout = 30 * time.Second
+)
+
+// runner does the sync runs of a config's namespace with its store. A run
+// pushes what the zone and the outbox hold, fetches the counts of the keys
+// touched lately (periodic mode), and syncs the bans. The loop runs the
+// runner of the config attached to it on its timer; Sync and the flushes
+// at stop run it too. Fetch and a reset's part in the store are the
+// runner's as well: like a run, they must not fall between a push and
+// what it took. One of them at a time: each holds the run lock.
+//
+// A config's Namespace holds its runner, made of the config's settings
+// and store and of the pooled parts of the namespace's fleet state. The
+// runner never calls the Namespace: what it needs of it is in its fields.
+type runner struct {
+	name     string
+	mode     Mode
+	rate     time.Duration
+	logger   *zap.Logger
+	counters *window.Namespace
+	sizes    *windowSizes
+
+	// The config's store, nil in a local namespace, and its pool key: the
+	// loop holds a reference to the store of each runner attached.
+	store       strategy.Store
+	storeKey    poolKey
+	storeModule string
+	banner      strategy.Banner // the store, when it can hold bans
+	// answers says that the store answers the namespace's hits (sync_rate
+	// 0, sync_above): the outbox then tracks all that is on its way, which
+	// the answers add to the store's counts.
+	answers bool
+	// bansUsed says that a handler of this config bans in the namespace:
+	// its runs then read the store's bans. It belongs to the config, so a
+	// reload that drops the last ban handler stops the reads.
+	bansUsed atomic.Bool
+
+	lock    runLock
+	outbox  *outbox
+	fetched *fetchSet
+	health  *health
+	bans    *banTable
+	slots   *slotHolder
+}
 
 // run takes the run lock and does a run; with fetch, a periodic namespace
 // fetches at once.
-func (n *Namespace) run(ctx context.Context, fetch bool) error {
-	if n.store == nil {
+func (r *runner) run(ctx context.Context, fetch bool) error {
+	if r.store == nil {
 		return nil
 	}
-	if err := n.runs.lock(ctx, n.name); err != nil {
+	if err := r.lock.lock(ctx, r.name); err != nil {
 		return err
 	}
-	defer n.runs.unlock()
-	return n.runLocked(ctx, fetch, time.Time{})
+	defer r.lock.unlock()
+	return r.runLocked(ctx, fetch, time.Time{})
 }
 
 // runLocked is run, with the run lock held; with fetch, the fetch waits
 // until fetchAt, which the run's duration does not count.
-func (n *Namespace) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) error {
+func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) error {
 	start := time.Now()
-	contacted, waited, err := n.pushAndFetch(ctx, fetch && n.mode == Periodic, fetchAt)
+	contacted, waited, err := r.pushAndFetch(ctx, fetch && r.mode == Periodic, fetchAt)
 	if err == nil {
 		var asked bool
-		asked, err = n.syncBans(ctx)
+		asked, err = r.syncBans(ctx)
 		contacted = contacted || asked
 	}
-	if err == nil && !contacted && n.health.down() {
+	if err == nil && !contacted && r.health.down() {
 		// Requests skip the store until a run finds it back; this one
 		// had nothing else to ask it.
-		contacted, err = n.ping(ctx)
+		contacted, err = r.ping(ctx)
 	}
-	if err == nil && n.slots.hasLocal() {
+	if err == nil && r.slots.hasLocal() {
 		// Requests admitted while the store could not be asked take
 		// their slots in it before the node counts as syncing again.
-		contacted, err = true, n.slots.adopt(ctx)
+		contacted, err = true, r.slots.adopt(ctx)
 	}
-	metrics.syncDuration.WithLabelValues(n.name).Observe((time.Since(start) - waited).Seconds())
+	metrics.syncDuration.WithLabelValues(r.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
 	case err != nil:
-		n.health.failedRun(err, n.rate)
+		r.health.failedRun(err, r.rate)
 	case contacted: // a run with nothing to do says nothing of the store
-		n.health.succeeded()
+		r.health.succeeded()
 	}
 	return err
 }
 
 // pushAndFetch does one run's work on counts, and reports whether it
 // asked the store anything and how long it waited for fetchAt.
-func (n *Namespace) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
-	contacted, err = n.pushPending(ctx)
+func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
+	contacted, err = r.pushPending(ctx)
 	if err != nil || !fetch {
 		return contacted, 0, err
 	}
-	keys := n.fetched.due(fetchRuns(n.runInterval()))
+	keys := r.fetched.due(fetchRuns(r.interval()))
 	if len(keys) == 0 {
 		return contacted, 0, nil
 	}
@@ -80,12 +124,12 @@ func (n *Namespace) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.T
 		}
 		waited = wait
 	}
-	counts, err := n.store.GetCounters(ctx, n.name, keys, n.WindowSizes(), time.Now())
+	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Now())
 	if err != nil {
 		return true, waited, err
 	}
-	n.counters.Apply(counts)
-	n.fetched.fetched()
+	r.counters.Apply(counts)
+	r.fetched.fetched()
 	return true, waited, nil
 }
 
@@ -93,24 +137,24 @@ func (n *Namespace) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.T
 // what the zone gained since the last run, and reports whether it asked
 // the store anything. In a periodic namespace, the keys touched join
 // those the next fetch reads.
-func (n *Namespace) pushPending(ctx context.Context) (contacted bool, err error) {
-	n.outbox.lockTake()
-	diffs, keys := n.counters.Take()
-	fl := n.outbox.load(n.storable(diffs), n.hitter != nil)
-	if n.mode == Periodic {
-		n.fetched.touch(keys, n.counters.Zone().Capacity())
+func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
+	r.outbox.lockTake()
+	diffs, keys := r.counters.Take()
+	fl := r.outbox.load(r.storable(diffs), r.answers)
+	if r.mode == Periodic {
+		r.fetched.touch(keys, r.counters.Zone().Capacity())
 	}
-	restore, contacted, err := n.outbox.deliver(ctx, n.store, fl)
+	restore, contacted, err := r.outbox.deliver(ctx, r.store, fl)
 	if len(restore) > 0 {
-		n.counters.Restore(restore)
+		r.counters.Restore(restore)
 	}
 	return contacted, err
 }
 
 // ping asks the store whether it serves, when it can tell, and reports
 // whether it asked.
-func (n *Namespace) ping(ctx context.Context) (asked bool, err error) {
-	p, ok := n.store.(strategy.Pinger)
+func (r *runner) ping(ctx context.Context) (asked bool, err error) {
+	p, ok := r.store.(strategy.Pinger)
 	if !ok {
 		return false, nil
 	}
@@ -119,44 +163,121 @@ func (n *Namespace) ping(ctx context.Context) (asked bool, err error) {
 
 // syncBans syncs the bans with the store when it holds bans and a handler
 // of this config bans, and reports whether it asked the store anything.
-func (n *Namespace) syncBans(ctx context.Context) (asked bool, err error) {
-	if n.banner == nil || !n.bansUsed.Load() {
+func (r *runner) syncBans(ctx context.Context) (asked bool, err error) {
+	if r.banner == nil || !r.bansUsed.Load() {
 		return false, nil
 	}
-	return true, n.bans.sync(ctx, n.banner)
+	return true, r.bans.sync(ctx, r.banner)
 }
+
+// useBans has the runs read the store's bans (see bansUsed).
+func (r *runner) useBans() { r.bansUsed.Store(true) }
 
 // storable drops diffs of windows the store cannot keep, which only the
 // Go API can create: AddWindowSizes refuses them in configs.
-func (n *Namespace) storable(diffs []window.Diff) []window.Diff {
+func (r *runner) storable(diffs []window.Diff) []window.Diff {
 	kept := diffs[:0]
 	for _, d := range diffs {
-		if n.validWindow == nil || n.validWindow(d.Size) == nil {
+		if r.sizes.storable(d.Size) {
 			kept = append(kept, d)
 		}
 	}
 	if dropped := len(diffs) - len(kept); dropped > 0 {
-		n.logger.Warn("dropping diffs of windows the store cannot keep",
-			zap.String("namespace", n.name), zap.Int("diffs", dropped))
+		r.logger.Warn("dropping diffs of windows the store cannot keep",
+			zap.String("namespace", r.name), zap.Int("diffs", dropped))
 	}
 	return kept
+}
+
+// fetch is Namespace.Fetch: it sets the local counts of keys to the
+// store's, once a run in progress has pushed its diffs.
+func (r *runner) fetch(ctx context.Context, keys []string) error {
+	if r.store == nil || len(keys) == 0 {
+		return nil
+	}
+	if err := r.lock.lock(ctx, r.name); err != nil {
+		return err
+	}
+	defer r.lock.unlock()
+	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Now())
+	if err != nil {
+		return err
+	}
+	r.counters.Apply(counts)
+	return nil
+}
+
+// reset is Namespace.Reset: it erases key's counts and ban on this node
+// and in the store, between two runs.
+func (r *runner) reset(ctx context.Context, key string) error {
+	if r.store == nil {
+		r.bans.lift(key)
+		r.counters.Reset(key)
+		return nil
+	}
+	if err := r.lock.lock(ctx, r.name); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: nothing was reset: %w", r.name, err)
+	}
+	defer r.lock.unlock()
+	// Lifted under the run lock: a run that read the store's bans before
+	// the lift must not put the ban back after it.
+	r.bans.lift(key)
+	held := r.counters.Reset(key)
+	r.outbox.dropKey(key, r.answers)
+	sizes := r.sizes.with(held, true)
+	if err := r.store.Reset(ctx, r.name, key, sizes, time.Now()); err != nil {
+		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",
+			r.name, r.storeModule, err)
+	}
+	if r.banner != nil {
+		if err := r.banner.SetBans(ctx, r.name, []strategy.Ban{{Key: key}}); err != nil {
+			return fmt.Errorf("resetting a key of namespace %q: its counts were reset, but its ban in the %s store maybe not (reset again): %w",
+				r.name, r.storeModule, err)
+		}
+	}
+	return nil
 }
 
 // pendingDiffs returns how many diffs wait to be pushed: those in the
 // zone, of a batch whose push failed, of hits to retry, and of a push in
 // flight (a store that hangs holds them there).
-func (n *Namespace) pendingDiffs() int {
-	return n.counters.Pending() + n.outbox.diffs()
+func (r *runner) pendingDiffs() int {
+	return r.counters.Pending() + r.outbox.diffs()
 }
 
 // hasPending reports whether a run would have anything to push, or one
 // is busy pushing: a flush then waits for it.
-func (n *Namespace) hasPending() bool {
-	if n.counters.Pending() > 0 || !n.outbox.empty() || !n.runs.tryLock() {
+func (r *runner) hasPending() bool {
+	if r.counters.Pending() > 0 || !r.outbox.empty() || !r.lock.tryLock() {
 		return true
 	}
-	n.runs.unlock()
+	r.lock.unlock()
 	return false
+}
+
+// track has the zone keep track of the namespace's changes while it syncs:
+// when its config starts, and when it runs again after a failed reload.
+func (r *runner) track() { r.counters.SetTracked(r.mode != Local) }
+
+// backlog receives when keys with diffs leave the zone faster than the
+// runs take them (window.Namespace.Backlog).
+func (r *runner) backlog() <-chan struct{} { return r.counters.Backlog() }
+
+// interval is the time between two runs of the namespace's loop: its
+// sync_rate, or for a synchronous namespace the retry interval of hits that
+// failed.
+func (r *runner) interval() time.Duration {
+	if r.mode == Periodic {
+		return r.rate
+	}
+	return retryInterval
+}
+
+// timeout bounds one sync run of the loop: two sync intervals, within
+// [minRunTimeout, maxRunTimeout], so a hung store cannot hold up the
+// namespace's Sync and Fetch calls and stop flushes for long.
+func (r *runner) timeout() time.Duration {
+	return min(max(minRunTimeout, 2*r.rate), maxRunTimeout)
 }
 
 // fetchAfter returns when the periodic run aligned at or just before now
@@ -179,23 +300,33 @@ func fetchBeat(interval time.Duration) time.Duration {
 	return min(interval/5, 10*time.Millisecond)
 }
 
-// backlog receives when keys with diffs leave the zone faster than the
-// runs take them (window.Namespace.Backlog).
-func (n *Namespace) backlog() <-chan struct{} { return n.counters.Backlog() }
+// runLock serializes a namespace's runs (the loop's, Sync and Fetch
+// calls, the flushes at stop, resets): what a run took from the zone is
+// never pushed by two runs at once, and a reset never falls between a
+// push and what the push took. It is a channel so that waiting for it can
+// give up at a deadline.
+type runLock chan struct{}
 
-// runInterval is the time between two runs of the namespace's loop: its
-// sync_rate, or for a synchronous namespace the retry interval of hits that
-// failed.
-func (n *Namespace) runInterval() time.Duration {
-	if n.mode == Periodic {
-		return n.rate
+func newRunLock() runLock { return make(runLock, 1) }
+
+// lock waits for the run lock, or for ctx to end.
+func (l runLock) lock(ctx context.Context, namespace string) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
 	}
-	return retryInterval
 }
 
-// runTimeout bounds one sync run of the loop: two sync intervals, within
-// [minRunTimeout, maxRunTimeout], so a hung store cannot hold up the
-// namespace's Sync and Fetch calls and stop flushes for long.
-func (n *Namespace) runTimeout() time.Duration {
-	return min(max(minRunTimeout, 2*n.rate), maxRunTimeout)
+// tryLock takes the run lock if no run holds it.
+func (l runLock) tryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
+
+func (l runLock) unlock() { <-l }

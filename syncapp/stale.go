@@ -4,9 +4,14 @@ import (
 	"context"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
+// periodicHits decides the hits of a periodic namespace (without
+// sync_above) on this node's counts, and again on the store's when they
+// rejected a key that may be stale.
+//
 // A periodic node keeps what it last fetched of a key after its runs stop
 // fetching it: a lower bound of the fleet's count, so that a client who
 // comes back slowly still meets the limit. A reset elsewhere (the admin
@@ -15,29 +20,50 @@ import (
 // rejection of a key the runs no longer fetch is decided again on the
 // store's counts, at the cost of one round trip, after which the runs
 // fetch the key again.
+type periodicHits struct {
+	name     string
+	counters *window.Namespace
+	sizes    *windowSizes
+	store    strategy.Store
+	road     *storeRoad // the store's hit queue, when it takes synchronous hits
+	health   *health
+	fetched  *fetchSet
+	outbox   *outbox
+}
 
-// hitPeriodic is Hit in a periodic namespace: on this node's counts, and
-// on fresh ones when they rejected a key the runs no longer fetch.
-func (n *Namespace) hitPeriodic(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
-	rejected := n.counters.Hit(key, limits, value, fixed, undo, false, out)
-	if rejected < 0 || !n.stale(key) {
+// hit is Hit in a periodic namespace: on this node's counts, and on fresh
+// ones when they rejected a key the runs no longer fetch.
+func (p *periodicHits) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
+	rejected := p.counters.Hit(key, limits, value, fixed, undo, false, out)
+	if rejected < 0 || !p.stale(key) {
 		return rejected
 	}
 	if !undo {
 		// Take back what the rejected hit counted (Kong's order counts
 		// the windows up to the one that rejected), to count it again.
 		for i := 0; i <= rejected; i++ {
-			n.counters.Increment(key, limits[i].Size, -value)
+			p.counters.Increment(key, limits[i].Size, -value)
 		}
 	}
-	n.refresh(ctx, key)
-	return n.counters.Hit(key, limits, value, fixed, undo, false, out)
+	p.refresh(ctx, key)
+	return p.counters.Hit(key, limits, value, fixed, undo, false, out)
+}
+
+// hitIfRoom is HitIfRoom in a periodic namespace, with the second look of
+// hit.
+func (p *periodicHits) hitIfRoom(ctx context.Context, key string, limits []Limit, value float64, out []window.Sample) (rejected int, wait time.Duration) {
+	rejected, wait = p.counters.HitIfRoom(key, limits, value, out)
+	if rejected >= 0 && p.stale(key) {
+		p.refresh(ctx, key)
+		rejected, wait = p.counters.HitIfRoom(key, limits, value, out)
+	}
+	return rejected, wait
 }
 
 // stale reports whether key's counts may be older than the last run: the
 // runs no longer fetch it, and the store is there to ask.
-func (n *Namespace) stale(key string) bool {
-	return n.store != nil && n.health.ok() && !n.fetched.has(key)
+func (p *periodicHits) stale(key string) bool {
+	return p.store != nil && p.health.ok() && !p.fetched.has(key)
 }
 
 // refresh sets key's counts to the store's, plus this node's diffs on
@@ -46,32 +72,32 @@ func (n *Namespace) stale(key string) bool {
 // takes synchronous hits, the read is an item of the hit queue's round
 // trip (storeRoad.read), with its stall detection. A failure leaves the
 // counts as they were.
-func (n *Namespace) refresh(ctx context.Context, key string) {
-	if n.road != nil {
-		if _, ok := n.road.read(ctx, key, n.WindowSizes(), window.SystemClock(), true); !ok {
+func (p *periodicHits) refresh(ctx context.Context, key string) {
+	if p.road != nil {
+		if _, ok := p.road.read(ctx, key, p.sizes.list(), window.SystemClock(), true); !ok {
 			return
 		}
-	} else if !n.fetchOne(ctx, key) {
+	} else if !p.fetchOne(ctx, key) {
 		return
 	}
-	n.fetched.touch([]string{key}, n.counters.Zone().Capacity())
+	p.fetched.touch([]string{key}, p.counters.Zone().Capacity())
 }
 
 // fetchOne is refresh's read for a store that cannot take synchronous
 // hits: GetCounters, in a call of its own.
-func (n *Namespace) fetchOne(ctx context.Context, key string) bool {
+func (p *periodicHits) fetchOne(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
-	counts, err := n.store.GetCounters(ctx, n.name, []string{key}, n.WindowSizes(), time.Now())
+	counts, err := p.store.GetCounters(ctx, p.name, []string{key}, p.sizes.list(), time.Now())
 	if err != nil {
-		n.health.failed(err, 0)
+		p.health.failed(err, 0)
 		return false
 	}
-	v := n.outbox.view()
+	v := p.outbox.view()
 	for i, c := range counts {
 		counts[i].Value += v.of(c.Key, c.Size, c.Start)
 	}
-	n.counters.Apply(counts)
+	p.counters.Apply(counts)
 	v.close()
 	return true
 }

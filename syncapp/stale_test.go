@@ -37,13 +37,13 @@ func (c *readCounter) HitBatch(ctx context.Context, namespace, id string, hits [
 // touched for a few runs.
 func forget(t *testing.T, ns *Namespace, key string) {
 	t.Helper()
-	if err := ns.runs.lock(context.Background(), ns.name); err != nil {
+	if err := ns.runner.lock.lock(context.Background(), ns.name); err != nil {
 		t.Fatal(err)
 	}
-	defer ns.runs.unlock()
-	ns.fetched.mu.Lock()
-	defer ns.fetched.mu.Unlock()
-	delete(ns.fetched.touched, key)
+	defer ns.runner.lock.unlock()
+	ns.runner.fetched.mu.Lock()
+	defer ns.runner.fetched.mu.Unlock()
+	delete(ns.runner.fetched.touched, key)
 }
 
 // TestResetReachesANodeThatForgotTheKey: node b filled a key's limit and

@@ -11,9 +11,10 @@ import (
 
 // fleetState is what a node keeps of one namespace across config reloads,
 // pooled by the namespace's name. Each part owns one piece of state, with
-// its own lock, and each loaded config's Namespace holds the parts
-// directly: a request goes from the Namespace to a part and on to the
-// store, never back through the loop.
+// its own lock. A loaded config's Namespace holds those it asks itself,
+// and builds on the others its runner, its storeRoad and its
+// periodicHits (Namespace.use): a request goes from the Namespace to a
+// part and on to the store, never back through the loop.
 type fleetState struct {
 	name     string
 	runs     runLock     // one run at a time
@@ -43,19 +44,19 @@ func newFleetState(name string, logger *zap.Logger, pool *caddy.UsagePool) *flee
 }
 
 // pendingDiffs returns how many diffs wait to be pushed: those in the
-// zone of the namespace attached, and those in the outbox.
+// zone of the runner attached, and those in the outbox.
 func (s *fleetState) pendingDiffs() int {
-	if ns := s.loop.current(); ns != nil {
-		return ns.pendingDiffs()
+	if r := s.loop.current(); r != nil {
+		return r.pendingDiffs()
 	}
 	return s.outbox.diffs()
 }
 
-// syncInterval returns the loop's interval for the namespace attached,
-// and false when none is attached or it has no store.
+// syncInterval returns the loop's interval for the runner attached, and
+// false when none is attached or it has no store.
 func (s *fleetState) syncInterval() (time.Duration, bool) {
-	if ns := s.loop.current(); ns != nil && ns.store != nil {
-		return ns.runInterval(), true
+	if r := s.loop.current(); r != nil && r.store != nil {
+		return r.interval(), true
 	}
 	return 0, false
 }
@@ -69,27 +70,49 @@ func (s *fleetState) Destruct() error {
 	return nil
 }
 
-// use makes the parts of s the namespace's own.
-func (n *Namespace) use(s *fleetState) {
-	n.runs = s.runs
-	n.health = s.health
-	n.outbox = s.outbox
-	n.fetched = s.fetched
-	n.bans = s.bans
-	n.slots = s.slots
-	n.inFlight = s.inFlight
+// use makes the parts of s the namespace's own, and builds on them the
+// parts that join them to the config's store (storeKey its pool key): the
+// runner, the road of the requests that ask the store, and the second
+// look of a periodic namespace at a stale key.
+func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
+	n.health, n.bans, n.slots, n.inFlight = s.health, s.bans, s.slots, s.inFlight
+	n.runner = &runner{
+		name:        n.name,
+		mode:        n.mode,
+		rate:        n.rate,
+		logger:      logger,
+		counters:    n.counters,
+		sizes:       n.sizes,
+		store:       n.store,
+		storeKey:    storeKey,
+		storeModule: n.storeModule,
+		banner:      n.banner,
+		answers:     n.store != nil && (n.mode == Synchronous || n.syncAbove > 0),
+		lock:        s.runs,
+		outbox:      s.outbox,
+		fetched:     s.fetched,
+		health:      s.health,
+		bans:        s.bans,
+		slots:       s.slots,
+	}
 	// Any namespace whose store takes synchronous hits has a road to it:
-	// a periodic one reads its stale keys on it (see refresh), and any
-	// takes its slots on it when the store can.
+	// a periodic one reads its stale keys on it, and any takes its slots
+	// on it when the store can.
 	if h, ok := n.store.(strategy.Hitter); ok {
 		_, slots := n.store.(strategy.SlotBatcher)
 		n.road = &storeRoad{slots: slots, hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
+	}
+	n.periodic = &periodicHits{
+		name:     n.name,
+		counters: n.counters,
+		sizes:    n.sizes,
+		store:    n.store,
+		road:     n.road,
+		health:   s.health,
+		fetched:  s.fetched,
+		outbox:   s.outbox,
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)
 	}
 }
-
-// track has the zone keep track of the namespace's changes while it syncs:
-// when its config starts, and when it runs again after a failed reload.
-func (n *Namespace) track() { n.counters.SetTracked(n.mode != Local) }

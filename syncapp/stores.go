@@ -30,17 +30,18 @@ func storeKey(module caddy.ModuleID, st strategy.Strategy) poolKey {
 
 // openStore loads a namespace's strategy module (it checks its settings
 // and connects to nothing) and takes the store its settings name from the
-// pool, opening it if no loaded config uses it yet. Stores connect when
-// first used, so a config that is only validated never reaches them.
-func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) error {
+// pool, opening it if no loaded config uses it yet, and returns its pool
+// key. Stores connect when first used, so a config that is only validated
+// never reaches them.
+func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) (poolKey, error) {
 	mod, err := ctx.LoadModule(cfg, "StrategyRaw")
 	if err != nil {
-		return fmt.Errorf("strategy: %w", err)
+		return poolKey{}, fmt.Errorf("strategy: %w", err)
 	}
 	id := mod.(caddy.Module).CaddyModule().ID
 	st, ok := mod.(strategy.Strategy)
 	if !ok {
-		return fmt.Errorf("strategy: module %s is not a rate limit strategy", id)
+		return poolKey{}, fmt.Errorf("strategy: module %s is not a rate limit strategy", id)
 	}
 	key := storeKey(id, st)
 	v, _, err := a.pool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -51,24 +52,21 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 		return &pooledStore{store: s}, nil
 	})
 	if err != nil {
-		return fmt.Errorf("strategy %s: opening the store: %w", id.Name(), err)
+		return poolKey{}, fmt.Errorf("strategy %s: opening the store: %w", id.Name(), err)
 	}
 	a.acquired = append(a.acquired, key)
 	ns.store = v.(*pooledStore).store
-	ns.storeKey = key
 	ns.storeModule = id.Name()
-	ns.validWindow = st.ValidateWindow
+	ns.sizes = &windowSizes{namespace: ns.name, store: id.Name(), valid: st.ValidateWindow}
 	ns.slotter, _ = ns.store.(strategy.Slotter)
 	ns.banner, _ = ns.store.(strategy.Banner)
-	if ns.mode == Synchronous || ns.syncAbove > 0 {
-		h, ok := ns.store.(strategy.Hitter)
+	if _, ok := ns.store.(strategy.Hitter); !ok {
 		switch {
-		case !ok && ns.mode == Synchronous:
-			return fmt.Errorf("sync_rate 0: the %s store cannot apply synchronous hits; use a periodic sync_rate such as 100ms", id.Name())
-		case !ok:
-			return fmt.Errorf("sync_above: the %s store cannot apply synchronous hits, which keys near their limits need", id.Name())
+		case ns.mode == Synchronous:
+			return poolKey{}, fmt.Errorf("sync_rate 0: the %s store cannot apply synchronous hits; use a periodic sync_rate such as 100ms", id.Name())
+		case ns.syncAbove > 0:
+			return poolKey{}, fmt.Errorf("sync_above: the %s store cannot apply synchronous hits, which keys near their limits need", id.Name())
 		}
-		ns.hitter = h
 	}
-	return nil
+	return key, nil
 }

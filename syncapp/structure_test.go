@@ -12,12 +12,18 @@ import (
 )
 
 // TestOneOwnerPerState holds the shape of the package (see doc.go): each
-// piece of a namespace's fleet state has one owner, a request goes from
-// the Namespace to an owner and on to the store, and nothing comes back.
+// piece of a namespace's fleet state has one owner; a request goes from
+// the Namespace to an owner and on to the store, a run from the loop or
+// a driver to the runner and on to the store, and nothing comes back.
 //
-//   - No method of another type takes a *Namespace and calls into it: an
-//     owner that needs the namespace's zone or store gets the part it
-//     needs, or hands the work back in its results.
+//   - Only the types that callers names for a type hold it (in a field, a
+//     parameter or a result) or call its methods, or call a function of
+//     the package that does: the parts never reach the Namespace, the
+//     runner, the loop or the drivers above them. An owner that needs the
+//     namespace's zone or store gets the part it needs, or hands the work
+//     back in its results. So the loop, which may hold a runner and
+//     nothing above it, reaches only the runner attached when it calls
+//     back through current.
 //   - No expression reaches through two fields into another type's state
 //     (n.outbox.retries.items): each owner is changed through its methods.
 //
@@ -41,13 +47,23 @@ func TestOneOwnerPerState(t *testing.T) {
 		}
 		parsed = append(parsed, f)
 	}
-	info := &types.Info{Selections: make(map[*ast.SelectorExpr]*types.Selection)}
+	info := &types.Info{
+		Selections: make(map[*ast.SelectorExpr]*types.Selection),
+		Defs:       make(map[*ast.Ident]types.Object),
+		Uses:       make(map[*ast.Ident]types.Object),
+	}
 	conf := types.Config{
 		Importer: fakeImporter{},
 		Error:    func(error) {}, // the imports are empty: their names do not resolve
 	}
 	pkg, _ := conf.Check("syncapp", fset, parsed, info)
-	checkCallsIntoNamespace(t, fset, parsed, info)
+	for target := range callers {
+		if obj, ok := pkg.Scope().Lookup(target).(*types.TypeName); !ok || obj.IsAlias() {
+			t.Fatalf("callers names %s, which is no type of the package", target)
+		}
+	}
+	checkHolders(t, fset, pkg)
+	checkCallers(t, fset, parsed, pkg, info)
 
 	for _, f := range parsed {
 		for _, decl := range f.Decls {
@@ -56,16 +72,6 @@ func TestOneOwnerPerState(t *testing.T) {
 				continue
 			}
 			recv := receiverName(fn)
-			if recv != "" && recv != "Namespace" {
-				for _, p := range namespaceParams(fn) {
-					ast.Inspect(fn.Body, func(n ast.Node) bool {
-						if call, ok := n.(*ast.CallExpr); ok && rootIdent(call.Fun) == p {
-							t.Errorf("%s: %s.%s takes a *Namespace (%s) and calls back into it", fset.Position(call.Pos()), recv, fn.Name.Name, p)
-						}
-						return true
-					})
-				}
-			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
 				sel, ok := n.(*ast.SelectorExpr)
 				if !ok {
@@ -85,48 +91,181 @@ func TestOneOwnerPerState(t *testing.T) {
 	}
 }
 
-// drivers are the types whose methods may call the Namespace, and why: the
-// loop drives the runs of the namespace attached (it is where a run
-// starts, as a request is where a hit starts), and the fleet state reads
-// the attached namespace's pending diffs for the metrics. Every other
-// part of the fleet state (health, outbox, fetchSet, banTable, slotHolder,
-// inFlight, hitQueue, ...) is called by the Namespace and never calls it,
-// whether it holds a *Namespace as a parameter, a field, or the result
-// of a call.
-var drivers = map[string]string{
-	"Namespace":  "itself",
-	"App":        "the config that made its namespaces",
-	"AdminAPI":   "the admin API, above the namespaces",
-	"loop":       "drives the runs of the namespace attached",
-	"fleetState": "reads the attached namespace's pending diffs for the metrics",
+// callers are, for each type above the parts, the types that may hold it
+// and call it, and why; a type may always call itself. Every other type
+// (health, outbox, fetchSet, banTable, slotHolder, inFlight, storeRoad,
+// hitQueue, periodicHits, windowSizes, ...) is called from above and
+// never reaches these, whether through a field, a parameter, the result
+// of a call or a function of the package.
+var callers = map[string]map[string]string{
+	"AdminAPI": {}, // Caddy's admin server calls it
+	"App": {
+		"AdminAPI":   "finds the running config's namespaces",
+		"zoneHolder": "keys the capacities it keeps by the config that claimed them",
+	},
+	"Namespace": {
+		"App":      "the config that made its namespaces",
+		"AdminAPI": "the admin API, above the namespaces",
+	},
+	"runner": {
+		"Namespace":  "Sync, Fetch, Reset and UseBans hand their work to it",
+		"App":        "hands it to the loop at start, and flushes it at stop",
+		"AdminAPI":   "reads its pending diffs",
+		"loop":       "runs the runner attached (current) on its timer",
+		"fleetState": "reads the attached runner's pending diffs and interval for the metrics",
+	},
+	"loop": {
+		"App":        "attaches its namespaces' runners, and detaches them",
+		"fleetState": "owns it: the loop outlives configs with the rest of the fleet state",
+	},
 }
 
-// checkCallsIntoNamespace fails t for every call of a method of Namespace
-// made in a method of a type that is not a driver.
-func checkCallsIntoNamespace(t *testing.T, fset *token.FileSet, files []*ast.File, info *types.Info) {
+// mayReach reports whether the methods of type from may hold and call
+// type to.
+func mayReach(from, to string) bool {
+	allowed, ok := callers[to]
+	if !ok || from == to {
+		return true
+	}
+	_, ok = allowed[from]
+	return ok
+}
+
+// checkHolders fails t for every field, method parameter or method result
+// of a type of pkg that holds a type of callers it may not reach.
+func checkHolders(t *testing.T, fset *token.FileSet, pkg *types.Package) {
 	t.Helper()
+	scope := pkg.Scope()
+	for _, name := range scope.Names() {
+		obj, ok := scope.Lookup(name).(*types.TypeName)
+		if !ok || obj.IsAlias() {
+			continue
+		}
+		named, ok := obj.Type().(*types.Named)
+		if !ok {
+			continue
+		}
+		for target := range callers {
+			if mayReach(name, target) {
+				continue
+			}
+			if st, ok := named.Underlying().(*types.Struct); ok {
+				for f := range st.Fields() {
+					if mentions(pkg, f.Type(), target) {
+						t.Errorf("%s: %s holds a %s (field %s)", fset.Position(f.Pos()), name, target, f.Name())
+					}
+				}
+			}
+			for m := range named.Methods() {
+				if mentions(pkg, m.Type(), target) {
+					t.Errorf("%s: %s.%s takes or returns a %s", fset.Position(m.Pos()), name, m.Name(), target)
+				}
+			}
+		}
+	}
+}
+
+// checkCallers fails t for every call, in a method, of a method of a type
+// of callers that the method's type may not reach, or of a function of
+// the package that holds or calls such a type.
+func checkCallers(t *testing.T, fset *token.FileSet, files []*ast.File, pkg *types.Package, info *types.Info) {
+	t.Helper()
+	// reaches are the types of callers that each function of the package
+	// holds or calls.
+	reaches := make(map[types.Object][]string)
 	for _, f := range files {
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
+			if !ok || fn.Recv != nil {
+				continue
+			}
+			obj := info.Defs[fn.Name]
+			for target := range callers {
+				if mentions(pkg, obj.Type(), target) || fn.Body != nil && callsInto(fn.Body, pkg, info, target) {
+					reaches[obj] = append(reaches[obj], target)
+				}
+			}
+		}
+	}
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil || fn.Recv == nil {
 				continue
 			}
 			recv := receiverName(fn)
-			if _, ok := drivers[recv]; ok || recv == "" {
-				continue
-			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				sel, ok := n.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				if s, ok := info.Selections[sel]; ok && s.Kind() == types.MethodVal && ownerName(s.Obj().Pkg(), s.Recv()) == "Namespace" {
-					t.Errorf("%s: %s.%s calls back into the Namespace (%s)", fset.Position(sel.Pos()), recv, fn.Name.Name, types.ExprString(sel))
+				switch x := n.(type) {
+				case *ast.SelectorExpr:
+					s, ok := info.Selections[x]
+					if !ok || s.Kind() != types.MethodVal {
+						return true
+					}
+					if target := ownerName(pkg, s.Recv()); !mayReach(recv, target) {
+						t.Errorf("%s: %s.%s calls back into the %s (%s)", fset.Position(x.Pos()), recv, fn.Name.Name, target, types.ExprString(x))
+					}
+				case *ast.Ident:
+					for _, target := range reaches[info.Uses[x]] {
+						if !mayReach(recv, target) {
+							t.Errorf("%s: %s.%s calls %s, which reaches the %s", fset.Position(x.Pos()), recv, fn.Name.Name, x.Name, target)
+						}
+					}
 				}
 				return true
 			})
 		}
 	}
+}
+
+// callsInto reports whether body calls a method of the type of pkg named
+// target.
+func callsInto(body *ast.BlockStmt, pkg *types.Package, info *types.Info, target string) bool {
+	found := false
+	ast.Inspect(body, func(n ast.Node) bool {
+		if sel, ok := n.(*ast.SelectorExpr); ok {
+			if s, ok := info.Selections[sel]; ok && s.Kind() == types.MethodVal && ownerName(pkg, s.Recv()) == target {
+				found = true
+			}
+		}
+		return !found
+	})
+	return found
+}
+
+// mentions reports whether type t is, or is built of (pointers, slices,
+// maps, channels, functions, unnamed structs), the type of pkg named
+// target. A named type's own fields do not count: they are its holding,
+// checked on their own.
+func mentions(pkg *types.Package, t types.Type, target string) bool {
+	switch x := t.(type) {
+	case *types.Named:
+		return x.Obj().Pkg() == pkg && x.Obj().Name() == target
+	case *types.Pointer:
+		return mentions(pkg, x.Elem(), target)
+	case *types.Slice:
+		return mentions(pkg, x.Elem(), target)
+	case *types.Array:
+		return mentions(pkg, x.Elem(), target)
+	case *types.Map:
+		return mentions(pkg, x.Key(), target) || mentions(pkg, x.Elem(), target)
+	case *types.Chan:
+		return mentions(pkg, x.Elem(), target)
+	case *types.Signature:
+		return mentions(pkg, x.Params(), target) || mentions(pkg, x.Results(), target)
+	case *types.Tuple:
+		for v := range x.Variables() {
+			if mentions(pkg, v.Type(), target) {
+				return true
+			}
+		}
+	case *types.Struct:
+		for f := range x.Fields() {
+			if mentions(pkg, f.Type(), target) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func isField(info *types.Info, sel *ast.SelectorExpr) bool {
@@ -158,38 +297,6 @@ func receiverName(fn *ast.FuncDecl) string {
 		return id.Name
 	}
 	return ""
-}
-
-// namespaceParams returns the names of fn's parameters of type *Namespace.
-func namespaceParams(fn *ast.FuncDecl) []string {
-	var names []string
-	for _, field := range fn.Type.Params.List {
-		s, ok := field.Type.(*ast.StarExpr)
-		if !ok {
-			continue
-		}
-		if id, ok := s.X.(*ast.Ident); ok && id.Name == "Namespace" {
-			for _, n := range field.Names {
-				names = append(names, n.Name)
-			}
-		}
-	}
-	return names
-}
-
-// rootIdent returns the name at the root of a selector chain (p in
-// p.a.b), or "".
-func rootIdent(e ast.Expr) string {
-	for {
-		switch x := e.(type) {
-		case *ast.SelectorExpr:
-			e = x.X
-		case *ast.Ident:
-			return x.Name
-		default:
-			return ""
-		}
-	}
 }
 
 // fakeImporter gives every import as an empty package.

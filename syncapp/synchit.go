@@ -89,6 +89,37 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 	return rejected, true
 }
 
+// hitNear is Hit in a namespace with sync_above, the fraction of a limit
+// from which a key's hits count at the store: on this node's counts
+// unless the hit is near a limit (window.Namespace.HitUnlessNear), and
+// then as hit, with the key's diffs this node has not pushed.
+func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, above float64, out []window.Sample) int {
+	var buf [4]window.Unsynced
+	unsynced := buf[:]
+	if len(limits) > len(buf) {
+		unsynced = make([]window.Unsynced, len(limits))
+	}
+	unsynced = unsynced[:len(limits)]
+	rejected, near := r.counters.HitUnlessNear(key, limits, value, fixed, undo, above, out, unsynced)
+	if !near {
+		return rejected
+	}
+	if !r.health.down() {
+		if rejected, ok := r.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
+			return rejected
+		}
+	} else {
+		// The store is skipped: what the near hit took goes back, and the
+		// hit counts locally.
+		windows := make([]strategy.WindowHit, len(limits))
+		for i, l := range limits {
+			windows[i] = strategy.WindowHit{Size: l.Size, Start: out[i].Start}
+		}
+		r.giveBack(key, windows, unsynced, 0, true)
+	}
+	return r.counters.Hit(key, limits, value, fixed, undo, false, out)
+}
+
 // rateHit is a synchronous HitRate: one hit of the hit queue, with the
 // rate, which the store decides with the limits (see hit for the limits'
 // side). It reports false when the request must be decided by
