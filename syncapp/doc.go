@@ -113,13 +113,13 @@
 // health.mu (the stall check marks the store stalled under the queue's
 // lock, so that the hits that leave find it down); zoneHolder.mu, then
 // every shard lock of its zone (a capacity change resizes the zone);
-// runLock, then loop.mu (the loop lets go of stores between runs); loop.mu,
-// then the pool's lock (attach takes a reference to its runner's store).
-// The metrics' collector holds the pool's read lock while it reads each
-// fleet state, which takes loop.mu (loop.current), outbox.mu,
-// retryQueue.mu and banTable.mu: the opposite order to attach's for
-// loop.mu and the pool's lock. Every other lock is a leaf: held only for
-// its own fields, never across a store's round trip.
+// runLock, then loop.mu (the loop lets go of stores between runs); the
+// pool's lock, then loop.mu, outbox.mu, retryQueue.mu and banTable.mu
+// (the metrics' collector holds the pool's read lock while it reads each
+// fleet state: loop.current, the pending diffs, the bans), so the loop
+// takes and gives back its references to stores without loop.mu. Every
+// other lock is a leaf: held only for its own fields, never across a
+// store's round trip.
 //
 // # One request and one run
 //

@@ -58,17 +58,34 @@ func newLoop(name string, logger *zap.Logger, pool *caddy.UsagePool, h *health, 
 func (l *loop) attach(r *runner) {
 	l.mu.Lock()
 	l.attached = append(l.attached, r)
-	if r.store != nil && !slices.Contains(l.held, r.storeKey) {
-		// r's config holds the store, so this only counts a reference.
-		if _, loaded, _ := l.pool.LoadOrNew(r.storeKey, noNewStore); loaded {
-			l.held = append(l.held, r.storeKey)
-		}
-	}
+	hold := r.store != nil && !slices.Contains(l.held, r.storeKey)
 	l.mu.Unlock()
+	if hold {
+		l.holdStore(r.storeKey)
+	}
 	if r.mode != Local {
 		l.worker.start(l.logger, l.loop)
 	}
 	signal(l.wake)
+}
+
+// holdStore takes the loop's reference to the store of key, which an
+// attached runner's config holds. It takes the pool's lock without
+// loop.mu: the metrics' collector takes loop.mu (through current) under
+// the pool's lock.
+func (l *loop) holdStore(key poolKey) {
+	if _, loaded, _ := l.pool.LoadOrNew(key, noNewStore); !loaded {
+		return
+	}
+	l.mu.Lock()
+	twice := slices.Contains(l.held, key) // another attach took it meanwhile
+	if !twice {
+		l.held = append(l.held, key)
+	}
+	l.mu.Unlock()
+	if twice {
+		_, _ = l.pool.Delete(key)
+	}
 }
 
 // noNewStore is the constructor of a pool look-up that only takes a

@@ -165,3 +165,46 @@ func TestStoreUpAndTimeouts(t *testing.T) {
 		t.Errorf("%s = %v after failures, want 0", up, got)
 	}
 }
+
+// TestScrapesDuringReloads scrapes the metrics while configs come and go:
+// a reload takes the loop's reference to its store while a scrape reads
+// each loop under the pool's lock, and neither may wait for the other.
+func TestScrapesDuringReloads(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := `{"namespaces": {"scrape-ns": {"sync_rate": "1h", "window_sizes": ["1m"],
+		"strategy": {"module": "redis", "addresses": ["` + srv.Addr + `"]}}}}`
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	// A hang is a deadlock: end the test binary with every goroutine's
+	// stack rather than wait for go test's timeout.
+	watchdog := time.AfterFunc(2*time.Minute, func() { panic("reloads and scrapes hold each other up") })
+	defer watchdog.Stop()
+	stop, scraped := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				scraped <- nil
+				return
+			default:
+			}
+			if _, err := reg.Gather(); err != nil {
+				scraped <- err
+				return
+			}
+		}
+	}()
+	n := start(t, defaultPool, cfg)
+	for range 200 {
+		next := start(t, defaultPool, cfg)
+		n.stop()
+		n = next
+	}
+	n.stop()
+	close(stop)
+	if err := <-scraped; err != nil {
+		t.Fatal(err)
+	}
+}
