@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -417,6 +418,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		if err != nil {
 			errs.FailBatch(results, namespace, r.hits, notSent(err))
 		}
+		r.free()
 	}
 	for n, i := range slots {
 		reply, err := slotReply(cmds[len(runs)+n])
@@ -538,13 +540,49 @@ type batchCounter struct {
 	script int
 }
 
-// newBatchRun returns a run with room for n hits of two windows.
+// batchRuns recycles runs: their slices and maps are most of what a batch
+// allocates, and a busy node sends thousands a second.
+var batchRuns = sync.Pool{New: func() any { return new(batchRun) }}
+
+// maxPooledCounters bounds the runs that batchRuns keeps: one that grew
+// for a huge batch is left to the garbage collector.
+const maxPooledCounters = 1024
+
+// newBatchRun returns an empty run, with room for n hits of two windows
+// if it is new.
 func newBatchRun(n int) *batchRun {
-	return &batchRun{
-		windows: make(map[int]int), index: make(map[string]int), lastForm: make(map[string]int),
-		hits: make([]int, 0, n), formOf: make([]int, 0, n), weights: make([]byte, 0, 24*n),
-		fast: true,
+	r := batchRuns.Get().(*batchRun)
+	if r.index == nil {
+		*r = batchRun{
+			windows: make(map[int]int), index: make(map[string]int, 4*n), lastForm: make(map[string]int, n),
+			keys: make([]string, 0, 4*n), counters: make([]batchCounter, 0, 4*n), forms: make([]batchForm, 0, n),
+			hits: make([]int, 0, n), formOf: make([]int, 0, n), weights: make([]byte, 0, 24*n),
+		}
 	}
+	r.fast = true
+	return r
+}
+
+// free empties r and gives it back to batchRuns. Nothing may use r or
+// its command afterwards.
+func (r *batchRun) free() {
+	if cap(r.counters) > maxPooledCounters {
+		return
+	}
+	clear(r.windows)
+	clear(r.index)
+	clear(r.lastForm)
+	clear(r.tatIndex)
+	clear(r.keys) // let go of what the slices point to
+	clear(r.counters)
+	clear(r.tats)
+	clear(r.forms)
+	*r = batchRun{
+		windows: r.windows, index: r.index, lastForm: r.lastForm, tatIndex: r.tatIndex,
+		hits: r.hits[:0], formOf: r.formOf[:0], keys: r.keys[:0], counters: r.counters[:0],
+		tats: r.tats[:0], forms: r.forms[:0], weights: r.weights[:0], buf: r.buf[:0],
+	}
+	batchRuns.Put(r)
 }
 
 // counter returns the index of a counter of bucket k, adding it if new.
