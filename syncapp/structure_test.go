@@ -1,10 +1,12 @@
 package syncapp
 
 import (
+	"bytes"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"go/types"
+	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -306,4 +308,57 @@ func (fakeImporter) Import(p string) (*types.Package, error) {
 	pkg := types.NewPackage(p, path.Base(p))
 	pkg.MarkComplete()
 	return pkg, nil
+}
+
+// TestDocNamesEveryLock holds doc.go's list of locks to the code: every
+// mutex that a type of the package holds in a field is named in doc.go
+// as type.field, so a lock added without a word on what it guards and
+// where it falls in the order fails here.
+func TestDocNamesEveryLock(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	found := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			spec, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := spec.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			for _, field := range st.Fields.List {
+				// A pointer to a mutex is another type's lock, lent.
+				sel, ok := field.Type.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "Mutex" && sel.Sel.Name != "RWMutex" {
+					continue
+				}
+				for _, id := range field.Names {
+					found++
+					if lock := spec.Name.Name + "." + id.Name; !bytes.Contains(doc, []byte(lock)) {
+						t.Errorf("%s: doc.go does not name the lock %s", fset.Position(id.Pos()), lock)
+					}
+				}
+			}
+			return true
+		})
+	}
+	if found == 0 {
+		t.Fatal("no lock found: the test reads nothing")
+	}
 }
