@@ -37,14 +37,19 @@ import (
 //
 // Most batches are far from their limits, and deciding them hit by hit
 // is wasted work. When the caller allows it (every increment a whole
-// number at least 0, no rate, no limit of -Inf) and every current count
-// read is whole, the script first adds to each current count the
-// increments of all the hits that write it, and if every window of every
-// form then stays under its limit, with the greatest weight that any hit
-// of its shape gives the previous count, every hit is admitted, as
-// deciding hit by hit would find (counts only grow in such a batch, and
-// whole numbers add exactly in any order): the hits are not looked at,
-// and the reply holds no rejecting windows.
+// number above 0, no rate, no limit of -Inf, and each current counter in
+// one window of one form), the script takes the fast way: it adds to
+// each current counter the increments of all its form's hits with
+// INCRBY, which keeps the counter's expiry (a counter it makes gets its
+// expiry with PEXPIREAT) and replies the count, and checks that the
+// window stays under its limit at that count, with the greatest weight
+// any hit of its shape gives the previous count. If every window does,
+// every hit is admitted, as deciding hit by hit would find (counts only
+// grow in such a batch, and whole numbers add exactly in any order): the
+// current counters cost one command each, read and write, and the hits
+// are not looked at. A window over its limit, or a count INCRBY cannot
+// add to (not an integer), takes back the increments made so far, and
+// the hits are decided one by one.
 //
 // The batch's markers (see Store.HitBatch) come first: with one, SET NX
 // PX checks and sets it in one command; with several, one EXISTS checks
@@ -59,9 +64,9 @@ import (
 // no counter; one a window then rejects leaves the TAT as it was; each
 // TAT that moved is written once at the end, living until it passes.
 //
-// What Redis spends on a batch is mostly its arguments (each costs about
-// as much as a command's dispatch) and tonumber (strtod), so the batch
-// is sent in few of them. Counters are numbered 1 to C: first the C1
+// Besides its commands, what Redis spends on a batch is mostly its
+// arguments and Lua's tonumber (strtod), so the batch is sent in few of
+// them. Counters are numbered 1 to C: first the C1
 // current counters (those some window writes), then the C2 previous ones
 // to read, then the S previous ones whose counts the caller sends (see
 // prevCache), which are not keys of the script. KEYS[1..M] are the
@@ -86,14 +91,12 @@ import (
 // only when the hits are decided one by one.
 //
 // It replies 1 if the hits applied (0 if a marker existed), the count
-// before the hits of each counter it read (C1 + C2), with TATs the
-// server's now and each TAT before the hits, then, unless every hit was
-// admitted the fast way, for each hit in order the 0-based index of the
-// window that rejected it or -1: what the caller needs to compute, in
-// doubles as the script does, every hit's counts and rates (see
-// batchRun.answer). A count that is a whole number is replied as an
-// integer, any other as a string of 17 significant digits (Redis would
-// truncate a Lua number), which reads back as the same double.
+// before the hits of each counter it read (C1 + C2), as Redis holds it
+// (an integer when the fast way computed it), with TATs the server's now
+// and each TAT before the hits, then, unless every hit was admitted the
+// fast way, for each hit in order the 0-based index of the window that
+// rejected it or -1: what the caller needs to compute, in doubles as the
+// script does, every hit's counts and rates (see batchRun.answer).
 const batchSource = `
 local m, nr, c1 = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local nread = #KEYS - m - nr
@@ -119,28 +122,37 @@ end
 -- exists; tat[r] is TAT r's running value (0 for none).
 local val, held, tat = {}, {}, {}
 local reply, num = {apply and 1 or 0}, {}
-for i = m + 1, #KEYS, 1000 do
-	local last = math.min(#KEYS, i + 999)
-	local got = redis.call('MGET', unpack(KEYS, i, last))
-	for x = i, last do
-		local v, j = got[x - i + 1], x - m
-		local n = v and num[v]
-		if not n then
-			n = tonumber(v or '0')
-			if v then
-				num[v] = n
+-- read reads counters from to to (and TATs past nread) with MGET.
+local function read(from, to)
+	for i = m + from, m + to, 1000 do
+		local last = math.min(m + to, i + 999)
+		local got = redis.call('MGET', unpack(KEYS, i, last))
+		for x = i, last do
+			local v, j = got[x - i + 1], x - m
+			local n = v and num[v]
+			if not n then
+				n = tonumber(v or '0')
+				if v then
+					num[v] = n
+				end
+			end
+			if not n then
+				return redis.error_reply('a counter holds ' .. v .. ', not a number')
+			end
+			if j > nread then
+				tat[j - nread] = n
+			else
+				held[j], val[j] = v ~= false, n
+				reply[j + 1] = v or '0' -- as stored: the caller reads the same double
 			end
 		end
-		if not n then
-			return redis.error_reply('a counter holds ' .. v .. ', not a number')
-		end
-		if j > nread then
-			tat[j - nread] = n
-		else
-			held[j], val[j] = v ~= false, n
-			reply[j + 1] = v or '0' -- as stored: the caller reads the same double
-		end
 	end
+end
+-- The previous counts to read and the TATs now; the current counts when
+-- the hits are decided one by one (the fast way reads them as it writes).
+local failed = c1 < #KEYS - m and read(c1 + 1, #KEYS - m)
+if failed then
+	return failed
 end
 local h = nread + 1
 local now = 0
@@ -191,13 +203,16 @@ local cs, fs, hs, ws = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
 for x = p + 5, #ARGV do
 	val[nread + x - p - 4] = tonumber(ARGV[x])
 end
--- The fast way: each window, at the count all the hits of its form
--- make (no counter is in two forms' windows then), under its limit?
--- delta[j] is the sum of counter j's increments.
+-- The fast way: each current counter gets the increments of all the hits
+-- of its form (INCRBY, which keeps its expiry and replies its count; no
+-- counter is in two forms' windows then), and each window must stay
+-- under its limit at that count. A count that is not an integer, or a
+-- window over its limit, takes the increments back, and the hits are
+-- decided one by one. delta[j] is the sum of counter j's increments.
 local delta = {}
 if fast then
-	local q = 1
-	while q <= #fs do
+	local q, done = 1, {}
+	while fast and q <= #fs do
 		local a, b, c, d, e, g = string.byte(fs, q, q + 5)
 		local s, n = a * 256 + b, e * 256 + g
 		q = q + 6
@@ -205,30 +220,40 @@ if fast then
 		for i = o + 1, o + snw[s] do
 			a, b, c, d = string.byte(fs, q, q + 3)
 			q = q + 4
-			local cur, prev = a * 256 + b, c * 256 + d
-			local v, inc, l = val[cur], n * sinc[i], slim[i]
-			if v % 1 ~= 0 or l and v + inc + val[prev] * smax[i] > sfast[i] then
+			local cur, prev, inc, l = a * 256 + b, c * 256 + d, n * sinc[i], slim[i]
+			local v = redis.pcall('INCRBY', KEYS[m + cur], inc)
+			if type(v) ~= 'number' then
 				fast = false
 				break
 			end
-			if inc ~= 0 then
-				delta[cur] = inc
+			done[#done + 1], delta[cur], val[cur] = cur, inc, v - inc
+			reply[cur + 1] = v - inc
+			if v == inc then -- a new counter (or one at 0): its expiry
+				local x, y = string.byte(cs, 2 * cur - 1, 2 * cur)
+				redis.call('PEXPIREAT', KEYS[m + cur], ARGV[5 + x * 256 + y])
+			end
+			if l and v + val[prev] * smax[i] > sfast[i] then
+				fast = false
+				break
 			end
 		end
-		if not fast then
-			delta = {}
-			break
+	end
+	if not fast then
+		for x = #done, 1, -1 do
+			local j = done[x]
+			redis.call('INCRBY', KEYS[m + j], -delta[j])
 		end
+		delta = {}
 	end
 end
 -- saved* hold what a hit found, to restore when it is undone; moved[r]
 -- says TAT r moved.
 local savedc, savedv, savedd, moved = {}, {}, {}, {}
-if fast then
-	for j, d in pairs(delta) do
-		val[j] = val[j] + d
+if not fast then
+	failed = c1 > 0 and read(1, c1)
+	if failed then
+		return failed
 	end
-else
 	-- The forms' windows, one after the other: form f's window i is
 	-- window fo[f] + i, with counters wc and wp. fshape[f] is the form's
 	-- shape and fr[f] its TAT's index.
@@ -291,7 +316,7 @@ end
 local function whole(v)
 	return v ~= 0 and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992
 end
-for j = 1, c1 do
+for j = 1, fast and 0 or c1 do -- the fast way wrote them
 	local d = delta[j]
 	if d and d ~= 0 then
 		local key, v = KEYS[m + j], nil
@@ -328,9 +353,10 @@ var batchScript = goredis.NewScript(batchSource)
 // Cluster slot its keys fall in, pipelined (go-redis sends one pipeline
 // per node, in parallel). A script reads each counter once and writes it
 // once, however many hits of the batch share it: a batch of n hits of one
-// key with two windows costs Redis five commands (the EVALSHA, the
-// marker's SET NX, one MGET and a write per counter), whatever n. A batch
-// of one hit is sent as Hit sends it.
+// key with two windows far from their limits costs Redis four commands
+// (the EVALSHA, the marker's SET NX and an INCRBY per counter), one near
+// them seven (an MGET and a write per counter, after an INCRBY taken
+// back), whatever n. A batch of one hit is sent as Hit sends it.
 //
 // A non-empty id names the batch. Each script run sets, for every bucket
 // of its hits, the markers of groups 0 to ceil(w/256)-1 of the bucket
@@ -451,8 +477,8 @@ type batchRun struct {
 	lastForm map[string]int
 	// fast says that the script may admit every hit at once when their
 	// counts stay under their limits (see batchSource): no hit has a
-	// rate, an increment that is not a whole number at least 0, or a
-	// limit of -Inf.
+	// rate, an increment that is not a whole number above 0, or a limit
+	// of -Inf.
 	fast    bool
 	weights []byte // the hits' weights, formatted, each followed by a space
 	lastExp int64  // the latest expiry of a current counter
@@ -651,7 +677,7 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 		c.current, c.expMs = true, expireAtMs(sizeMs, startMs)
 		r.lastExp = max(r.lastExp, c.expMs)
 		form.windows[w] = formWindow{size: win.Size, start: win.Start, value: win.Value, max: win.Max, cur: cur, prev: prev}
-		if win.Value < 0 || win.Value != math.Trunc(win.Value) || math.IsInf(win.Max, -1) {
+		if win.Value <= 0 || win.Value != math.Trunc(win.Value) || math.IsInf(win.Max, -1) {
 			r.fast = false
 		}
 	}

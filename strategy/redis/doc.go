@@ -245,12 +245,16 @@
 // batch is sent in few of them: the limits once for all the keys that
 // share them, the counters, the forms (a key's windows as its hits send
 // them) and the hits packed in 16-bit fields of three arguments, the
-// weights in one, and no key for a previous count the store sends. When
-// every increment is whole, no hit has a rate, and every window stays
-// under its limit at the count all its form's hits make (with the
-// greatest weight any of them gives the previous count), every hit is
-// admitted at once, without deciding them one by one: most batches, far
-// from their limits. The script replies each count it read before the
+// weights in one, and no key for a previous count the store sends. Most
+// batches are far from their limits: when every increment is whole, no
+// hit has a rate, and each current counter is in one window of the
+// batch's forms, the script adds each form's hits to its current
+// counters with INCRBY (one command per counter, read and write, which
+// keeps the expiry), and if every window stays under its limit at the
+// counts INCRBY replies (with the greatest weight any hit gives the
+// previous count), every hit is admitted at once, without deciding them
+// one by one; otherwise the increments are taken back and the hits are
+// decided one by one as above. The script replies each count before the
 // hits and, unless it admitted them all at once, each hit's rejecting
 // window, from which the store computes every hit's counts in the
 // script's order and doubles. A batch of one hit is sent as a Hit. A script run is sent at most once, as a hit is; a
