@@ -1,0 +1,118 @@
+package redis
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// BenchmarkBatchInstructions counts the instructions a redis-server runs
+// for batches of synchronous hits (see scripts/redis-instructions.sh,
+// which starts the server under callgrind and sets CALLGRIND_REDIS_ADDR,
+// CALLGRIND_REDIS_PID and CALLGRIND_REDIS_OUT, its --callgrind-out-file).
+// Unlike CPU time, the
+// count does not move with the machine's load: the same batches cost the
+// same, to a percent, so two versions of the script compare in one run
+// of each. Each case sends b.N batches of 10 hits with two limits, of 1,
+// 32 or 1,000 keys, far from their limits or over them (a limit of 1), after warm-up
+// batches that make the counters and fill the store's memory of previous
+// counts; callgrind's counts are zeroed before and dumped after, and
+// reported as instructions/hit.
+func BenchmarkBatchInstructions(b *testing.B) {
+	addr, pid, out := os.Getenv("CALLGRIND_REDIS_ADDR"), os.Getenv("CALLGRIND_REDIS_PID"), os.Getenv("CALLGRIND_REDIS_OUT")
+	if addr == "" || pid == "" || out == "" {
+		b.Skip("run by scripts/redis-instructions.sh, which starts redis-server under callgrind")
+	}
+	s := open(b, &Redis{Addresses: []string{addr}, ReadTimeout: caddy.Duration(5 * time.Minute)})
+	callgrind := func(arg string) {
+		if out, err := exec.Command("callgrind_control", arg, pid).CombinedOutput(); err != nil {
+			b.Fatalf("callgrind_control %s: %v: %s", arg, err, out)
+		}
+	}
+	const size = 10
+	for _, keys := range []int{1, 32, 1000} {
+		for _, over := range []bool{false, true} {
+			name := fmt.Sprintf("keys=%d/far", keys)
+			limit := 1e15
+			if over {
+				name, limit = fmt.Sprintf("keys=%d/over", keys), 1
+			}
+			b.Run(name, func(b *testing.B) {
+				ctx := context.Background()
+				now := time.Now().UnixNano()
+				var windows []strategy.WindowHit
+				for _, w := range []time.Duration{time.Minute, time.Hour} {
+					windows = append(windows, strategy.WindowHit{Size: w, Start: window.Start(now, w), Value: 1, Max: limit, Weight: 0.5})
+				}
+				ns := fmt.Sprintf("instructions-%s-%d", name, now)
+				hits, results := make([]strategy.HitRequest, size), make([]strategy.HitResult, size)
+				next := 0
+				batch := func(id string) {
+					for i := range hits {
+						hits[i] = strategy.HitRequest{Key: fmt.Sprint("203.0.113.", next%keys), Windows: windows}
+						next++
+					}
+					s.HitBatch(ctx, ns, id, hits, results)
+					for i := range results {
+						if results[i].Err != nil {
+							b.Fatal(results[i].Err)
+						}
+					}
+				}
+				for i := range max(1, 2*keys/size) {
+					batch(fmt.Sprint(ns, "-warm-up-", i))
+				}
+				callgrind("--zero")
+				n := 0
+				for b.Loop() {
+					batch(fmt.Sprint(ns, "-", n))
+					n++
+				}
+				callgrind("--dump")
+				b.ReportMetric(float64(dumped(b, out))/float64(n*size), "instructions/hit")
+			})
+		}
+	}
+}
+
+// dumped returns the instructions counted in the newest of callgrind's
+// dumps, the files out.1, out.2 and so on.
+func dumped(b *testing.B, out string) int64 {
+	files, err := filepath.Glob(out + ".*")
+	if err != nil || len(files) == 0 {
+		b.Fatalf("no callgrind dump %s.*: %v", out, err)
+	}
+	newest := slices.MaxFunc(files, func(x, y string) int {
+		nx, _ := strconv.Atoi(strings.TrimPrefix(x, out+"."))
+		ny, _ := strconv.Atoi(strings.TrimPrefix(y, out+"."))
+		return cmp.Compare(nx, ny)
+	})
+	data, err := os.ReadFile(newest)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if total, ok := strings.CutPrefix(line, "summary: "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(total), 10, 64)
+			if err != nil {
+				b.Fatalf("%s: summary %q: %v", newest, total, err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("%s holds no summary", newest)
+	return 0
+}
