@@ -2,16 +2,20 @@ package redis
 
 import (
 	"net"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/internal/testpki"
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -138,4 +142,44 @@ func TestTLS(t *testing.T) {
 			t.Fatal("plain TCP to a TLS port worked")
 		}
 	})
+}
+
+// TestConformanceWithTheDocumentedRights runs the conformance suite as an
+// ACL user that has only the rights docs/stores.md lists (its Rights
+// paragraph, read here), on the keys under the store's prefix: a command
+// the store sends, inside a script or not, that the page does not list
+// fails here.
+func TestConformanceWithTheDocumentedRights(t *testing.T) {
+	page, err := os.ReadFile("../../docs/stores.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rights, ok := strings.Cut(string(page), "**Rights.** The store reads and writes only keys under its prefix.")
+	if !ok {
+		t.Fatal("docs/stores.md has no Rights paragraph for Redis")
+	}
+	rights, _, _ = strings.Cut(rights, "A test runs")
+	acl := []string{"--user", "limiter", "on", ">pw", "~rl:*"}
+	for _, m := range regexp.MustCompile("`([A-Z][A-Z ]*|\\+@[a-z]+)`").FindAllStringSubmatch(rights, -1) {
+		cmd := strings.ToLower(m[1])
+		if !strings.HasPrefix(cmd, "+@") {
+			cmd = "+" + strings.ReplaceAll(cmd, " ", "|") // CLUSTER SLOTS: +cluster|slots
+		}
+		acl = append(acl, cmd)
+	}
+	t.Logf("ACL from docs/stores.md: %s", strings.Join(acl[2:], " "))
+	srv := redistest.Start(t, acl...)
+	settings := provisioned(t, &Redis{Addresses: []string{srv.Addr}, Username: "limiter", Password: "pw", ReadTimeout: caddy.Duration(5 * time.Second)})
+	if settings.KeyPrefix != "rl" {
+		t.Fatalf("the default prefix is %q, not the ACL's rl", settings.KeyPrefix)
+	}
+	h := harness(t, []string{srv.Addr}, []*goredis.Client{srv.Client("")}) // the default user inspects
+	h.Open = func(t *testing.T) strategy.Store {
+		s, err := settings.OpenStore()
+		if err != nil {
+			t.Fatalf("opening a store: %v", err)
+		}
+		return s
+	}
+	strategytest.Run(t, h)
 }
