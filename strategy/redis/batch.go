@@ -710,8 +710,8 @@ func scriptLimit(v float64) any {
 }
 
 // maxPacked is the greatest number a 16-bit field of the script's packed
-// arguments holds: a run with more counters, forms or TATs than that
-// cannot be sent (a batch holds a few hundred hits).
+// arguments holds: a run with more hits (hence forms), counters or TATs
+// than that cannot be sent (a batch holds a few hundred hits).
 const maxPacked = 1<<16 - 1
 
 // command returns the run's EVALSHA command (two slots for runOnce to
@@ -737,9 +737,9 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			markers = append(markers, s.dedupeKey(0, n, id))
 		}
 	}
-	if len(r.counters) > maxPacked || len(r.forms) > maxPacked || len(r.tats) > maxPacked {
-		return nil, fmt.Errorf("%w: a batch of %d counters, %d forms and %d rates is too large for one script run",
-			strategy.ErrRejected, len(r.counters), len(r.forms), len(r.tats))
+	if len(r.hits) > maxPacked || len(r.counters) > maxPacked || len(r.tats) > maxPacked {
+		return nil, fmt.Errorf("%w: a batch of %d hits, %d counters and %d rates is too large for one script run",
+			strategy.ErrRejected, len(r.hits), len(r.counters), len(r.tats))
 	}
 
 	// Number the counters as the script does: the current ones, then

@@ -332,3 +332,27 @@ func TestBatchSendsRememberedCounts(t *testing.T) {
 		t.Errorf("a hit after the batches ran %v, want %v: the previous counts the batch read", serverCalls(t, c), want)
 	}
 }
+
+// A batch too large for the script's 16-bit fields is refused, each hit
+// with an error that wraps strategy.ErrRejected (no retry could send it),
+// and nothing reaches Redis; one hit fewer is applied.
+func TestBatchTooLargeForOneRun(t *testing.T) {
+	c, r, now := startFrozen(t)
+	ws := []strategy.WindowHit{{Size: time.Minute, Start: window.Start(now, time.Minute), Value: 1, Max: 1e9}}
+	hits := batchOf([]string{"k"}, maxPacked+1, ws)
+	results := make([]strategy.HitResult, len(hits))
+	resetStats(t, c)
+	r.HitBatch(testCtx(t), "huge", newID(), hits, results)
+	for _, i := range []int{0, len(hits) - 1} {
+		if err := results[i].Err; !errors.Is(err, strategy.ErrRejected) || !strings.Contains(err.Error(), "too large") {
+			t.Fatalf("hits[%d]: %v, want a refusal that wraps strategy.ErrRejected", i, err)
+		}
+	}
+	if calls := serverCalls(t, c); sumCalls(calls) != 0 {
+		t.Errorf("the refused batch ran %v", calls)
+	}
+	got := hitBatch(t, r, "huge", newID(), hits[1:])
+	if last := got[len(got)-1].Counts[0].Current; last != maxPacked {
+		t.Errorf("a batch of %d hits counted %v", maxPacked, last)
+	}
+}
