@@ -211,7 +211,7 @@ end
 -- decided one by one. delta[j] is the sum of counter j's increments.
 local delta = {}
 if fast then
-	local q, done = 1, {}
+	local q = 1
 	while fast and q <= #fs do
 		local a, b, c, d, e, g = string.byte(fs, q, q + 5)
 		local s, n = a * 256 + b, e * 256 + g
@@ -226,8 +226,7 @@ if fast then
 				fast = false
 				break
 			end
-			done[#done + 1], delta[cur], val[cur] = cur, inc, v - inc
-			reply[cur + 1] = v - inc
+			delta[cur], reply[cur + 1] = inc, v - inc
 			if v == inc then -- a new counter (or one at 0): its expiry
 				local x, y = string.byte(cs, 2 * cur - 1, 2 * cur)
 				redis.call('PEXPIREAT', KEYS[m + cur], ARGV[5 + x * 256 + y])
@@ -239,9 +238,8 @@ if fast then
 		end
 	end
 	if not fast then
-		for x = #done, 1, -1 do
-			local j = done[x]
-			redis.call('INCRBY', KEYS[m + j], -delta[j])
+		for j, d in pairs(delta) do
+			redis.call('INCRBY', KEYS[m + j], -d)
 		end
 		delta = {}
 	end
