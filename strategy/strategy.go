@@ -236,6 +236,10 @@ type Batch struct {
 	// Rates are turns of rates to take (see RateBatcher): only a
 	// RateBatcher's PushDiffs takes a batch with any.
 	Rates []RateDiff
+	// Near, when above 0, is the share of a diff's Limit at which a
+	// NearFeed marks the diff's key near (see NearFeed); other stores
+	// ignore it.
+	Near float64
 }
 
 // ErrRejected is wrapped by the errors a store returns for input it can

@@ -93,6 +93,12 @@ type Diff struct {
 	Start int64
 	// Value is the change, fractional or negative.
 	Value float64
+	// Limit is the smallest limit (Max) this node checked the window's
+	// hits against since it last took the window's diff, or 0 when none
+	// was finite and above 0 (an Increment, a rate's turn). A store that
+	// tells the fleet which keys come near their limits (strategy.NearFeed)
+	// compares the window's count with it.
+	Limit float64
 }
 
 // Count is a counter's total as a store reports it: the count of Key's window

@@ -42,6 +42,9 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
 		return err
 	}
+	if err := strategy.CheckNear(b.Near); err != nil {
+		return err
+	}
 	now := s.now().UnixNano()
 	d := s.data
 	d.mu.Lock()
@@ -52,15 +55,20 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		return nil // applied before: a retry, or the diffs of a hit
 	}
 	last := int64(math.MinInt64) // the latest expiry of the counters written
+	var marks []strategy.NearMark
 	for i := range b.Diffs {
 		df := &b.Diffs[i]
 		c := cell{df.Key, df.Size, df.Start}
 		if df.Value == 0 || !finite(df.Value) || c.expiresAt() <= now {
 			continue
 		}
-		d.add(b.Namespace, c, df.Value, now)
+		count := d.add(b.Namespace, c, df.Value, now)
 		last = max(last, c.expiresAt())
+		if strategy.Crosses(strategy.NearAt(b.Near, df), count, df.Value) {
+			marks = append(marks, strategy.NearMark{Key: df.Key, Until: strategy.NearUntil(df)})
+		}
 	}
+	d.markNear(b.Namespace, marks, now)
 	if len(b.Rates) > 0 {
 		rd := d.ratesLocked()
 		rd.sweep(now)

@@ -47,6 +47,9 @@ type data struct {
 	// bans maps a namespace to its bans; a namespace without bans is
 	// removed.
 	bans map[string]*namespaceBans
+	// near maps a namespace to its feed of keys near their limits (see
+	// near.go); a namespace without marks is removed.
+	near map[string]*nearFeed
 	// expiries lists what expires when, earliest first: one entry per
 	// counter or marker created, and per slot taken or renewed, so that a
 	// sweep drops exactly what has expired, at a cost of O(log n) per entry
@@ -67,6 +70,7 @@ func newData() *data {
 		markers: make(map[marker]int64),
 		slots:   make(map[slotKey]map[string]int64),
 		bans:    make(map[string]*namespaceBans),
+		near:    make(map[string]*nearFeed),
 	}
 }
 

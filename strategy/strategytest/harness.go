@@ -31,7 +31,13 @@
 // ends, a later end winning, that lifts remove them, that every change and
 // only a change gives a new version and a known version reads no bans,
 // that bans end by themselves and leave nothing, hostile keys and input
-// checks; a Rater's rates (Rate, see gcra.go, skipped likewise): burst
+// checks; a NearFeed's marks (Near, skipped likewise): that a push marks
+// a key once, when a diff brings its window's count to Near × Limit, until
+// the window's start plus twice its size, and nothing else does; that a
+// reader at the version reads nothing new and one behind exactly what was
+// marked since; that a retried batch marks once; that counts read with
+// the marks are GetCounters'; that a flood of marks is bounded; that
+// marks end and leave nothing; hostile keys and input checks; a Rater's rates (Rate, see gcra.go, skipped likewise): burst
 // then pace, concurrency, cost, exactly-once IDs, give-back, expiry and
 // input checks; and
 // that calls on a closed store fail with strategy.ErrNotSent (Close).

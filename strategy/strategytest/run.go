@@ -60,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 		{"HitBatch", testHitBatch},
 		{"Slots", testSlots},
 		{"Bans", testBans},
+		{"Near", testNear},
 		{"Rate", testRate},
 		{"RateBatch", testRateBatch},
 		{"SlotBatch", testSlotBatch},
