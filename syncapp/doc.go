@@ -76,6 +76,10 @@
 //	            push again under their round trip's ID.
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
+//	nearKeys.mu the keys the store's feed marked near their limits, until
+//	            their marks end, and the feed's version read (a periodic
+//	            namespace whose store is a strategy.NearFeed); a request
+//	            reads it only when some key is marked (an atomic count).
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
 //	            off the request's path by its own goroutine, and those of
@@ -127,13 +131,16 @@
 //	  or local); HitIfRoom and HitRateIfRoom take the same roads
 //	  local ──► window zone: count, decide (a rate first, then the limits)
 //	  periodic ──► periodicHits.hit ──► window zone: count, decide
+//	    a key the store's feed marked near a limit, which the runs do not
+//	    fetch (periodicHits.blind): periodicHits.refresh first
 //	    rejected, a key the runs no longer fetch: periodicHits.refresh
 //	      ──► storeRoad.read: a hit of the hit queue that increments nothing
 //	          (or store.GetCounters, when the store takes no hits)
 //	      ──► zone.Observe ──► fetchSet.touch ──► window zone: decide again
 //	  periodic with sync_above ──► storeRoad.hitNear ──► zone.HitUnlessNear:
 //	    far from every limit ──► counted, decided; near one ──► as below,
-//	    with the key's diffs taken from the zone
+//	    with the key's diffs taken from the zone; a key the feed marked
+//	    that the runs do not fetch (periodicHits.blind) is near
 //	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
@@ -163,8 +170,12 @@
 //	run: loop timer (loop.current: the runner attached), or Sync, or a
 //	  flush at stop ──► runner.runLocked, under the run lock
 //	  outbox.lockTake ──► zone.Take ──► outbox.load ──► fetchSet.touch
-//	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch)
+//	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch;
+//	    with a feed, the new batch asks the store to mark the keys whose
+//	    windows it brings to nearShare of their limits)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
+//	    (with a feed, every run: store.GetCountersNear, the marks since
+//	    nearKeys.known ──► nearKeys.add, in the same round trip)
 //	  banTable.sync ──► store.SetBans, store.GetBans
 //	  nothing asked and the store failing ──► store.Ping
 //	  requests admitted locally still running ──► slotHolder.adopt

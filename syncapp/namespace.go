@@ -95,7 +95,11 @@ func (n *Namespace) Mode() Mode { return n.mode }
 func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
 	switch {
 	case n.syncAbove > 0:
-		return n.road.hitNear(ctx, key, limits, value, fixed, undo, n.syncAbove, out)
+		above := n.syncAbove
+		if n.periodic.blind(key) {
+			above = 0 // near a limit by the store's feed: the store decides
+		}
+		return n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)
 	case n.mode == Synchronous && !n.health.down():
 		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected

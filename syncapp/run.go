@@ -52,6 +52,14 @@ type runner struct {
 	// reload that drops the last ban handler stops the reads.
 	bansUsed atomic.Bool
 
+	// feed is the store, when it tells of keys near their limits and the
+	// namespace is periodic: the runs then read its marks into near, and
+	// ask it to mark a key when a push brings one of its windows to
+	// nearShare of its limit.
+	feed      strategy.NearFeed
+	near      *nearKeys
+	nearShare float64
+
 	lock    runLock
 	outbox  *outbox
 	fetched *fetchSet
@@ -111,7 +119,7 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		return contacted, 0, err
 	}
 	keys := r.fetched.due(fetchRuns(r.interval()))
-	if len(keys) == 0 {
+	if len(keys) == 0 && r.feed == nil {
 		return contacted, 0, nil
 	}
 	if wait := time.Until(fetchAt); wait > 0 {
@@ -124,13 +132,30 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		}
 		waited = wait
 	}
-	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Now())
+	counts, err := r.getCounters(ctx, keys)
 	if err != nil {
 		return true, waited, err
 	}
 	r.counters.Apply(counts)
-	r.fetched.fetched()
+	if len(keys) > 0 {
+		r.fetched.fetched()
+	}
 	return true, waited, nil
+}
+
+// getCounters reads the store's counts of keys, and with a feed the marks
+// made since the last read, in the same round trip.
+func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count, error) {
+	now := time.Now()
+	if r.feed == nil {
+		return r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), now)
+	}
+	counts, marks, version, err := r.feed.GetCountersNear(ctx, r.name, keys, r.sizes.list(), now, r.near.known())
+	if err != nil {
+		return nil, err
+	}
+	r.near.add(marks, version, r.counters.Zone().Capacity(), now)
+	return counts, nil
 }
 
 // pushPending pushes the hits to retry, a batch whose push failed, and
@@ -141,6 +166,9 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	r.outbox.lockTake()
 	diffs, keys := r.counters.Take()
 	fl := r.outbox.load(r.storable(diffs), r.answers)
+	if fl.batch != nil && r.feed != nil {
+		fl.batch.Near = r.nearShare
+	}
 	if r.mode == Periodic {
 		r.fetched.touch(keys, r.counters.Zone().Capacity())
 	}
@@ -149,6 +177,20 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 		r.counters.Restore(restore)
 	}
 	return contacted, err
+}
+
+// nearShare returns the share of a diff's limit at which a periodic
+// namespace with sync_above (or without, at 0) has its store mark the
+// diff's key near: half of sync_above's fraction, or of the limit. A
+// window's count at half the threshold marks the key until the next
+// window ends, so that a sliding rate (the current count plus a share of
+// the previous one) reaches the threshold only with some window's count
+// at half of it, which marked the key.
+func nearShare(syncAbove float64) float64 {
+	if syncAbove > 0 {
+		return syncAbove / 2
+	}
+	return 0.5
 }
 
 // ping asks the store whether it serves, when it can tell, and reports

@@ -29,11 +29,15 @@ type periodicHits struct {
 	health   *health
 	fetched  *fetchSet
 	outbox   *outbox
+	near     *nearKeys // the store's marks, when it tells of them
 }
 
 // hit is Hit in a periodic namespace: on this node's counts, and on fresh
 // ones when they rejected a key the runs no longer fetch.
 func (p *periodicHits) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
+	if p.blind(key) {
+		p.refresh(ctx, key)
+	}
 	rejected := p.counters.Hit(key, limits, value, fixed, undo, false, out)
 	if rejected < 0 || !p.stale(key) {
 		return rejected
@@ -52,12 +56,24 @@ func (p *periodicHits) hit(ctx context.Context, key string, limits []Limit, valu
 // hitIfRoom is HitIfRoom in a periodic namespace, with the second look of
 // hit.
 func (p *periodicHits) hitIfRoom(ctx context.Context, key string, limits []Limit, value float64, out []window.Sample) (rejected int, wait time.Duration) {
+	if p.blind(key) {
+		p.refresh(ctx, key)
+	}
 	rejected, wait = p.counters.HitIfRoom(key, limits, value, out)
 	if rejected >= 0 && p.stale(key) {
 		p.refresh(ctx, key)
 		rejected, wait = p.counters.HitIfRoom(key, limits, value, out)
 	}
 	return rejected, wait
+}
+
+// blind reports whether this node would decide key blind to the fleet's
+// hits: the store's feed marked it near a limit, and the runs do not
+// fetch it (it came back after a while, or never came). Its hit then asks
+// the store first: a read in a namespace without sync_above, the hit
+// itself at the store with it.
+func (p *periodicHits) blind(key string) bool {
+	return p.near != nil && p.near.has(key) && p.stale(key)
 }
 
 // stale reports whether key's counts may be older than the last run: the

@@ -24,6 +24,7 @@ type fleetState struct {
 	bans     *banTable   // the bans this node knows of
 	slots    *slotHolder // concurrency slots held in stores
 	inFlight *inFlight   // requests in flight per key, on this node
+	near     *nearKeys   // the keys the store's feed marked near their limits
 	loop     *loop       // the timer and the reload hand-off
 }
 
@@ -39,6 +40,7 @@ func newFleetState(name string, logger *zap.Logger, pool *caddy.UsagePool) *flee
 		bans:     newBanTable(name, logger),
 		slots:    newSlotHolder(logger, h),
 		inFlight: new(inFlight),
+		near:     newNearKeys(),
 		loop:     newLoop(name, logger, pool, h, runs),
 	}
 }
@@ -76,6 +78,15 @@ func (s *fleetState) Destruct() error {
 // look of a periodic namespace at a stale key.
 func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 	n.health, n.bans, n.slots, n.inFlight = s.health, s.bans, s.slots, s.inFlight
+	// A periodic namespace whose store tells of keys near their limits
+	// marks them with its pushes and reads the marks with its fetches.
+	var near *nearKeys
+	feed, ok := n.store.(strategy.NearFeed)
+	if ok && n.mode == Periodic {
+		near = s.near
+	} else {
+		feed = nil
+	}
 	n.runner = &runner{
 		name:        n.name,
 		mode:        n.mode,
@@ -94,7 +105,11 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		health:      s.health,
 		bans:        s.bans,
 		slots:       s.slots,
+		feed:        feed,
+		near:        near,
+		nearShare:   nearShare(n.syncAbove),
 	}
+
 	// Any namespace whose store takes synchronous hits has a road to it:
 	// a periodic one reads its stale keys on it, and any takes its slots
 	// on it when the store can.
@@ -111,6 +126,7 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		health:   s.health,
 		fetched:  s.fetched,
 		outbox:   s.outbox,
+		near:     near,
 	}
 	if n.store != nil {
 		initStoreMetrics(n.name)

@@ -54,6 +54,9 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 			add(c, value)
 			if value > 0 {
 				c.curAt = stamp(r)
+				if !synced {
+					c.noteLimit(l.Max)
+				}
 			}
 		}
 		out[j] = c.sample(k, r)

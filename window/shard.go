@@ -37,6 +37,19 @@ type counts struct {
 	prev  cell
 	// When this node last counted a hit in each window: see stamp.
 	curAt, prevAt uint32
+	// limit is the smallest limit the hits counted since the last Take
+	// were checked against, or 0 (Diff.Limit).
+	limit float64
+}
+
+// noteLimit records that a hit counted in c was checked against max: a
+// store's feed of keys near their limits compares their counts with the
+// smallest (see Diff.Limit). Limits that are not finite and above 0 mark
+// nothing.
+func (c *counts) noteLimit(max float64) {
+	if max > 0 && max <= math.MaxFloat64 && (c.limit == 0 || max < c.limit) {
+		c.limit = max
+	}
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -366,8 +379,8 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 		z.namespace(e.ns).dirty.Add(-1)
 		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
 		s.forEach(e, func(c *counts) {
-			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, now)
-			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, now)
+			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, c.limit, now)
+			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, c.limit, now)
 		})
 	}
 	s.unplace(i)
@@ -390,7 +403,7 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 // shard's are dropped (or the new one, if the shard holds none), and
 // counted. From the capacity on, the namespace's Backlog is signalled,
 // for its sync loop to take them before that.
-func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v float64, now int64) {
+func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v, limit float64, now int64) {
 	if v == 0 || (k+2)*size <= now {
 		return
 	}
@@ -406,7 +419,7 @@ func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v float64,
 		}
 		s.orphans = append(s.orphans[:0], s.orphans[drop:]...)
 	}
-	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: k * size, Value: v}})
+	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: k * size, Value: v, Limit: limit}})
 	n := z.namespace(ns)
 	n.orphans.Add(1)
 	if z.orphaned.Add(1) >= z.limit.Load() {

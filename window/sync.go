@@ -65,6 +65,7 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				s.forEach(e, func(c *counts) {
 					diffs = takeCell(diffs, key, c, c.index, &c.cur)
 					diffs = takeCell(diffs, key, c, c.index-1, &c.prev)
+					c.limit = 0
 				})
 			}
 			s.recent[n.id] = l[:0]
@@ -89,7 +90,7 @@ func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell) []Diff {
 	if cl.diff == 0 {
 		return diffs
 	}
-	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff})
+	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: c.limit})
 	cl.synced += cl.diff
 	cl.diff = 0
 	return diffs
@@ -115,11 +116,12 @@ func (n *Namespace) Restore(diffs []Diff) {
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
+				c.noteLimit(d.Limit)
 				n.mark(s, i, e, true)
 			}
 		}
 		if cl == nil {
-			s.orphan(z, n.id, d.Key, int64(d.Size), k, d.Value, now)
+			s.orphan(z, n.id, d.Key, int64(d.Size), k, d.Value, d.Limit, now)
 		}
 		s.mu.Unlock()
 	}

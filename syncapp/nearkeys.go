@@ -1,0 +1,84 @@
+package syncapp
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+)
+
+// nearKeys is what a periodic node knows of the store's feed of keys near
+// their limits (strategy.NearFeed): each marked key until its mark ends,
+// and the feed's version its runs read up to.
+//
+// A node decides a key its runs no longer fetch on old counts, or on none
+// if it never saw the key: blind to every hit the others took since. The
+// store, which has every node's hits, marks a key when a push brings one
+// of its windows near a limit; the runs read the marks with their fetch,
+// and a request for a marked key that the runs do not fetch asks the
+// store first (periodicHits.blind). So a key whose requests the
+// balancer spreads over the fleet is decided on the fleet's count from
+// the run after its count came near the limit, however seldom each node
+// sees it.
+type nearKeys struct {
+	mu      sync.RWMutex
+	until   map[string]int64 // Unix nanoseconds
+	version int64
+	// held is len(until), read without the lock: a request asks the map
+	// only when some key is marked.
+	held atomic.Int64
+}
+
+func newNearKeys() *nearKeys {
+	return &nearKeys{until: make(map[string]int64)}
+}
+
+// known returns the feed's version the runs read up to.
+func (n *nearKeys) known() int64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.version
+}
+
+// add records the marks a run read, and the version they bring the node
+// to, keeping at most capacity keys (those that did not fit are left
+// out: they are decided as without a feed). Marks that ended by now are
+// forgotten.
+func (n *nearKeys) add(marks []strategy.NearMark, version int64, capacity int, now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.version = version
+	if len(marks) == 0 && len(n.until) == 0 {
+		return
+	}
+	t := now.UnixNano()
+	for k, u := range n.until {
+		if u <= t {
+			delete(n.until, k)
+		}
+	}
+	for _, m := range marks {
+		u := m.Until.UnixNano()
+		if u <= t {
+			continue
+		}
+		if old, ok := n.until[m.Key]; ok {
+			n.until[m.Key] = max(old, u)
+		} else if len(n.until) < capacity {
+			n.until[m.Key] = u
+		}
+	}
+	n.held.Store(int64(len(n.until)))
+}
+
+// has reports whether key is marked, and its mark has not ended.
+func (n *nearKeys) has(key string) bool {
+	if n.held.Load() == 0 {
+		return false
+	}
+	n.mu.RLock()
+	u, ok := n.until[key]
+	n.mu.RUnlock()
+	return ok && u > time.Now().UnixNano()
+}
