@@ -55,7 +55,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 			if value > 0 {
 				c.curAt = stamp(r)
 				if !synced {
-					c.noteLimit(l.Max)
+					noteLimit(s.limitOf(e, c), l.Max)
 				}
 			}
 		}

@@ -54,7 +54,7 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 		c.cur.diff += value
 		if value > 0 {
 			c.curAt = stamp(r)
-			c.noteLimit(l.Max)
+			noteLimit(s.limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(k, r)
 	}

@@ -37,19 +37,33 @@ type counts struct {
 	prev  cell
 	// When this node last counted a hit in each window: see stamp.
 	curAt, prevAt uint32
-	// limit is the smallest limit the hits counted since the last Take
-	// were checked against, or 0 (Diff.Limit).
-	limit float64
 }
 
-// noteLimit records that a hit counted in c was checked against max: a
-// store's feed of keys near their limits compares their counts with the
-// smallest (see Diff.Limit). Limits that are not finite and above 0 mark
-// nothing.
-func (c *counts) noteLimit(max float64) {
-	if max > 0 && max <= math.MaxFloat64 && (c.limit == 0 || max < c.limit) {
-		c.limit = max
+// noteLimit records in *l, a counts' limit (see shard.limitOf), that a hit
+// counted in it was checked against max: a store's feed of keys near their
+// limits compares their counts with the smallest since the last Take (see
+// Diff.Limit). Limits that are not finite and above 0 mark nothing.
+func noteLimit(l *float32, max float64) {
+	if max > 0 && max <= math.MaxFloat32 && (*l == 0 || float32(max) < *l) {
+		*l = float32(max)
 	}
+}
+
+// limitOf returns where entry e keeps the limit of its counts c (see
+// noteLimit): the entry for its first window size, the extra for the
+// others, where their structs' padding holds it at no cost in memory.
+func (s *shard) limitOf(e *entry, c *counts) *float32 {
+	if c == &e.first {
+		return &e.firstLimit
+	}
+	for j := e.more; j != 0; {
+		x := s.extraAt(j - 1)
+		if c == &x.counts {
+			return &x.limit
+		}
+		j = x.next
+	}
+	panic("window: counts not of their entry")
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -118,15 +132,18 @@ type entry struct {
 	keyAt  uint32 // where the key is in the shard's arena
 	keyLen uint32
 	more   int32 // 1 + the index of the first extra, or 0
-	ns     uint16
-	flags  uint8
+	// firstLimit is first's limit (see limitOf).
+	firstLimit float32
+	ns         uint16
+	flags      uint8
 }
 
 // extra is the counts of a further window size of an entry, in its
 // shard's extras, chained by next (1 + an index, or 0 at the end).
 type extra struct {
 	counts
-	next int32
+	next  int32
+	limit float32 // see limitOf
 }
 
 // Extras live in chunks that never move, so a *counts stays valid while
@@ -379,8 +396,9 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 		z.namespace(e.ns).dirty.Add(-1)
 		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
 		s.forEach(e, func(c *counts) {
-			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, c.limit, now)
-			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, c.limit, now)
+			limit := float64(*s.limitOf(e, c))
+			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, limit, now)
+			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, limit, now)
 		})
 	}
 	s.unplace(i)

@@ -63,9 +63,10 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				e.flags &^= flagDirty
 				n.dirty.Add(-1)
 				s.forEach(e, func(c *counts) {
-					diffs = takeCell(diffs, key, c, c.index, &c.cur)
-					diffs = takeCell(diffs, key, c, c.index-1, &c.prev)
-					c.limit = 0
+					limit := s.limitOf(e, c)
+					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit)
+					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit)
+					*limit = 0
 				})
 			}
 			s.recent[n.id] = l[:0]
@@ -86,11 +87,11 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 	return diffs, keys
 }
 
-func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell) []Diff {
+func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell, limit float32) []Diff {
 	if cl.diff == 0 {
 		return diffs
 	}
-	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: c.limit})
+	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: float64(limit)})
 	cl.synced += cl.diff
 	cl.diff = 0
 	return diffs
@@ -116,7 +117,7 @@ func (n *Namespace) Restore(diffs []Diff) {
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
-				c.noteLimit(d.Limit)
+				noteLimit(s.limitOf(e, c), d.Limit)
 				n.mark(s, i, e, true)
 			}
 		}
