@@ -85,6 +85,9 @@ var (
 		"Keys of a namespace this node holds as banned whose ban has not ended.", []string{"namespace"}, nil)
 	droppedBansDesc = prometheus.NewDesc("caddy_rate_limit_dropped_bans_total",
 		"Bans a node dropped to make room when it held as many as its zone holds keys.", []string{"namespace"}, nil)
+	nearKeysDesc = prometheus.NewDesc("caddy_rate_limit_near_keys",
+		"Keys of a namespace that its store marked near their limits, as this node last read them: a request for one that this node's runs do not fetch asks the store first.",
+		[]string{"namespace"}, nil)
 	storeUpDesc = prometheus.NewDesc("caddy_rate_limit_store_up",
 		"1 when a namespace's store worked the last time this node asked it, 0 while the node counts locally (from a failure to the next success).",
 		[]string{"namespace"}, nil)
@@ -99,7 +102,7 @@ type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, storeUpDesc, syncIntervalDesc,
+		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, nearKeysDesc, storeUpDesc, syncIntervalDesc,
 	} {
 		ch <- d
 	}
@@ -119,6 +122,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
 			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
+			ch <- prometheus.MustNewConstMetric(nearKeysDesc, prometheus.GaugeValue, float64(o.near.held.Load()), o.name)
 			// Only a namespace with a store has a store's health and a
 			// sync interval: those of the newest config attached.
 			if interval, ok := o.syncInterval(); ok {

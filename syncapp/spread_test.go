@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -95,5 +96,38 @@ func TestFleetSpreadClientsKeepTheirLimit(t *testing.T) {
 				t.Logf("admitted per client: %v", got)
 			})
 		}
+	}
+}
+
+// TestNearKeysMetric has one node bring a key near its limit: another
+// node reads the store's mark with its next run, and reports it in
+// caddy_rate_limit_near_keys.
+func TestNearKeysMetric(t *testing.T) {
+	cfg := fmt.Sprintf(`{"namespaces": {"near-metric": {"sync_rate": "1h", "window_sizes": ["1m"], "strategy": %s}}}`, memoryStore(t).strategy)
+	a := start(t, caddy.NewUsagePool(), cfg).ns("near-metric")
+	b := start(t, defaultPool, cfg).ns("near-metric") // the pool the collector reports
+	reg := prometheus.NewPedanticRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	series := `caddy_rate_limit_near_keys{namespace="near-metric"}`
+	ctx := context.Background()
+	out := make([]window.Sample, 1)
+	for range 2 { // 2 of 4: half the limit, where the store marks the key
+		a.Hit(ctx, "client", []Limit{{Size: time.Minute, Max: 4}}, 1, false, false, out)
+	}
+	if err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := gathered(t, reg, series); got != 0 {
+		t.Fatalf("%s = %v before a pushed, want 0", series, got)
+	}
+	for _, ns := range []*Namespace{a, b} {
+		if err := ns.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := gathered(t, reg, series); got != 1 {
+		t.Fatalf("%s = %v once a pushed 2 hits of a limit of 4, want 1", series, got)
 	}
 }
