@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -39,9 +41,16 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 // whatever the number of diffs. Diffs with a zero or non-finite value add
 // nothing and are dropped, and diffs of windows that have expired (start
 // + 2*size <= now) are skipped; a batch of which nothing is left sends
-// nothing and records no ID. A batch without an ID, or with a window that
-// is not valid, is refused whole with an error that wraps
+// nothing and records no ID. A batch without an ID, with a window that is
+// not valid or with a Near that strategy.CheckNear refuses, is refused
+// whole, before anything is sent, with an error that wraps
 // strategy.ErrRejected.
+//
+// A batch whose Near is above 0 also marks, in the same statement, the
+// keys whose diffs bring their counters near their limits (see
+// strategy.NearFeed and markSQL); a push none of whose diffs could mark
+// (Near is 0, or no diff adds to a window with a Limit) is the statement
+// it would be without the feed.
 //
 // An error wraps strategy.ErrNotSent when the batch surely never reached
 // the server. Any other error may come after PostgreSQL applied it:
@@ -59,11 +68,15 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
 		return err
 	}
+	if err := strategy.CheckNear(b.Near); err != nil {
+		return err
+	}
 	now := s.now()
 	nowNs := now.UnixNano()
 	// The diffs to send, sorted by counter, so that the diffs of one
 	// counter are neighbours, to be summed (an upsert may not touch a row
-	// twice), and the rows are locked in a set order (see pushSQL).
+	// twice), and the rows are locked in a set order (see pushSQL); the
+	// diffs of a counter stay in the batch's order, in which they mark.
 	order := make([]int32, 0, len(b.Diffs))
 	keyBytes := 0
 	for i := range b.Diffs {
@@ -78,7 +91,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	}
 	slices.SortFunc(order, func(i, j int32) int {
 		x, y := &b.Diffs[i], &b.Diffs[j]
-		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start))
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
 	})
 	n := len(order)
 	var (
@@ -91,14 +104,26 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		buf  = make([]byte, 0, keyBytes)
 		last = int64(math.MinInt64) // the latest expiry of the counters
 	)
-	var prev *window.Diff
+	var (
+		prev *window.Diff
+		near *nearArgs // the diffs that may mark, when Near is above 0
+	)
+	if b.Near > 0 {
+		near = new(nearArgs)
+	}
 	for _, i := range order {
 		d := &b.Diffs[i]
 		if prev != nil && d.Key == prev.Key && d.Size == prev.Size && d.Start == prev.Start {
 			values[len(values)-1] += d.Value
+			if near != nil {
+				near.add(b.Near, d, len(values), values[len(values)-1])
+			}
 			continue
 		}
 		prev = d
+		if near != nil {
+			near.add(b.Near, d, len(values)+1, d.Value)
+		}
 		at := len(buf)
 		buf = appendStored(buf, d.Key, maxStoredKey)
 		keys = append(keys, buf[at:len(buf):len(buf)])
@@ -120,6 +145,17 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		}
 		rkeys, rwins, rincs := rateDiffArgs(b.Rates)
 		query, args = s.sql.pushRates, append(args, rkeys, rwins, rincs)
+	}
+	if near != nil && len(near.counters) > 0 {
+		if err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables"); err != nil {
+			return err
+		}
+		near.settle(values)
+		query = s.nearSQL.push
+		if len(b.Rates) > 0 {
+			query = s.nearSQL.pushRates
+		}
+		args = append(args, near.counters, near.keys, near.after, near.values, near.at, near.until)
 	}
 
 	conn, err := s.acquire(ctx)
@@ -189,29 +225,53 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
 	}
-	winSizes, winStarts := windowsAt(sizes, now)
-	keyBytes := 0
-	for _, k := range keys {
-		keyBytes += min(len(k), maxStoredKey+1)
-	}
-	buf := make([]byte, 0, keyBytes)
-	args := make([][]byte, len(keys))
-	for i, k := range keys {
-		at := len(buf)
-		buf = appendStored(buf, k, maxStoredKey)
-		args[i] = buf[at:len(buf):len(buf)]
-	}
+	f := newFetchArgs(keys, sizes, now)
 
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), args, winSizes, winStarts)
+	rows, err := conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), f.keys, f.sizes, f.starts)
 	if err != nil {
 		return nil, s.sent(err)
 	}
+	counts, err := f.scan(rows, keys, sizes)
+	return counts, s.sent(err)
+}
+
+// fetchArgs are the arguments of fetchSQL but the namespace: the keys as
+// the table holds them, and the windows asked (see windowsAt).
+type fetchArgs struct {
+	keys          [][]byte
+	sizes, starts []int64
+}
+
+// newFetchArgs returns the arguments of a fetch of keys' windows of sizes
+// at now.
+func newFetchArgs(keys []string, sizes []time.Duration, now time.Time) *fetchArgs {
+	f := new(fetchArgs)
+	f.sizes, f.starts = windowsAt(sizes, now)
+	keyBytes := 0
+	for _, k := range keys {
+		keyBytes += min(len(k), maxStoredKey+1)
+	}
+	buf := make([]byte, 0, keyBytes)
+	f.keys = make([][]byte, len(keys))
+	for i, k := range keys {
+		at := len(buf)
+		buf = appendStored(buf, k, maxStoredKey)
+		f.keys[i] = buf[at:len(buf):len(buf)]
+	}
+	return f
+}
+
+// scan reads the rows of a fetch of keys' windows of sizes, made with f,
+// as counts, and closes them. Its errors are the rows' own, for sent to
+// classify.
+func (f *fetchArgs) scan(rows pgx.Rows, keys []string, sizes []time.Duration) ([]window.Count, error) {
 	defer rows.Close()
+	winSizes, winStarts := f.sizes, f.starts
 	var (
 		counts             []window.Count
 		i, sizeMs, startMs int64
@@ -240,7 +300,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.sent(err)
+		return nil, err
 	}
 	return counts, nil
 }

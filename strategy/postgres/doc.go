@@ -193,6 +193,44 @@
 // knows that version, the bans that have not ended. Ended bans are deleted
 // by the namespace's next SetBans and by the periodic purge.
 //
+// # Keys near their limits
+//
+// The store is a strategy.NearFeed: a push whose batch has a Near marks
+// the keys whose diffs bring their windows' counts near their limits, and
+// GetCountersNear reads the marks made since a version with the counts.
+// Two tables hold the marks, created by the first push that may mark or
+// the first read of the marks (apart from the counters' schema, as the
+// bans' are):
+//
+//	<table>_near (namespace bytea, n bigint, key bytea, until_ms bigint,
+//	              PRIMARY KEY (namespace, n))
+//	<table>_nearexp ON <table>_near (until_ms)
+//	<table>_nearver (namespace bytea PRIMARY KEY, version bigint, until_ms bigint)
+//
+// A push that may mark (Near above 0 and a diff that adds to a window
+// with a Limit) is still one statement: the counters' upsert becomes a
+// CTE that returns the new counts, the diffs that crossed Near × Limit
+// are found by a join with the candidates the client sends, and, when
+// there are any, an upsert of the namespace's version row numbers them
+// after the namespace's last mark and the marks are inserted; the marks
+// before the newest 65,536 are deleted. The version row's lock, held
+// until the push commits, makes the marking pushes of a namespace take
+// turns after they wrote their counters (so they never wait in a circle),
+// and so their numbers commit in order: the version is the number of the
+// newest mark, and a reader that read up to it later reads every mark
+// made after. A namespace without a version row starts its numbers past
+// the server's clock in nanoseconds, so they are never used twice. Other
+// pushes (Near 0, or no diff that could mark) send the statement they sent
+// before the feed existed, and create none of its tables.
+//
+// GetCountersNear is one pipeline, so one round trip: the fetch of
+// GetCounters (when keys are asked) and one query that reads the version
+// row (0 once every mark ended) and, unless the caller is at that version,
+// the marks after its version (all of them when it is 0 or ahead) that
+// have not ended, among the newest 65,536: one range of the primary key.
+// Ended marks, and the version rows of namespaces whose marks all ended,
+// are deleted by the periodic purge of the stores that use the feed.
+//
 // # Expiry
 //
 // A counter expires when it can no longer be a previous window, plus a
@@ -200,8 +238,8 @@
 // that each store in use runs every 30 seconds (first at a random point of
 // the first interval, so that nodes spread out), in a goroutine that the
 // first call starts and Close stops. A purge deletes expired counters and
-// ID records (and slots, by the server's clock, in a store that used
-// them) in chunks of 10,000 rows (found through the expires_at
+// ID records (and slots, by the server's clock, bans and marks near
+// limits, in a store that used them) in chunks of 10,000 rows (found through the expires_at
 // indexes and deleted by ctid), each chunk in a short transaction that
 // holds a transaction-level advisory lock taken with
 // pg_try_advisory_xact_lock: while one node purges, the others skip their

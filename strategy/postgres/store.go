@@ -36,8 +36,9 @@ var errs = strategy.Errors{Store: "postgres"}
 
 // Store is a store of window counters in one PostgreSQL table, opened by
 // Postgres.Open or OpenStore. It implements strategy.BatchHitter (so
-// strategy.Hitter), strategy.Slotter and strategy.Banner (whose slots and
-// bans live in tables of their own), and is safe for concurrent use.
+// strategy.Hitter), strategy.Slotter, strategy.Banner and
+// strategy.NearFeed (whose slots, bans and marks live in tables of their
+// own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
 // connection pool, starts the purge goroutine, and creates the tables and
@@ -69,18 +70,22 @@ type Store struct {
 	bansReady   atomic.Bool // the bans' part, made by the first ban call
 	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
 	ratesReady  atomic.Bool // the rates' part, made by the first rate call
+	nearReady   atomic.Bool // the feed's part, made by its first push or read
 	rateSQL     *rateStatements
+	nearSQL     *nearStatements
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	sql := newStatements(n)
 	return &Store{
 		config:     cfg,
 		names:      n,
-		sql:        newStatements(n),
+		sql:        sql,
 		rateSQL:    newRateStatements(n),
+		nearSQL:    newNearStatements(n, sql.push, sql.pushRates),
 		logger:     logger,
 		now:        time.Now,
 		purgeEvery: purgeEvery,
@@ -220,6 +225,7 @@ func (s *Store) sent(err error) error {
 		s.bansReady.Store(false)
 		s.batchReady.Store(false)
 		s.ratesReady.Store(false)
+		s.nearReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return errs.NotSent(err)
@@ -292,8 +298,8 @@ func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
-// Purge deletes the expired counters, ID records and concurrency slots of
-// the store's tables, of every namespace, and returns how many rows it
+// Purge deletes the expired counters, ID records, concurrency slots, bans
+// and marks near limits of the store's tables, of every namespace, and returns how many rows it
 // deleted. It waits while another node purges the table. The store purges
 // on its own every 30 seconds, skipping a turn when another node is
 // purging; Purge is for tests and tools that need the expired rows gone
@@ -324,7 +330,7 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	var total int64
 	for i := 0; chunks < 0 || i < chunks; i++ {
 		nowMs := s.now().UnixMilli()
-		var counters, ids, slots, bans, rates int64
+		var counters, ids, slots, bans, rates, near int64
 		locked := true
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if wait {
@@ -350,26 +356,25 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 			// Slots expire by the server's clock, which the statement
 			// reads itself. A store that never used slots leaves them to
 			// the stores that do: its role may not even see their table.
-			if !s.slotsReady.Load() {
-				return nil
+			if s.slotsReady.Load() {
+				tag, err = tx.Exec(ctx, s.sql.purgeSlots, purgeChunk)
+				if err != nil {
+					return err
+				}
+				slots = tag.RowsAffected()
+				if s.bansReady.Load() {
+					tag, err = tx.Exec(ctx, s.sql.purgeBans, nowMs, purgeChunk)
+					if err != nil {
+						return err
+					}
+					bans = tag.RowsAffected()
+				}
 			}
-			tag, err = tx.Exec(ctx, s.sql.purgeSlots, purgeChunk)
-			if err != nil {
-				return err
-			}
-			slots = tag.RowsAffected()
-			if !s.bansReady.Load() {
-				return nil
-			}
-			tag, err = tx.Exec(ctx, s.sql.purgeBans, nowMs, purgeChunk)
-			if err != nil {
-				return err
-			}
-			bans = tag.RowsAffected()
-			return nil
+			near, err = s.purgeNear(ctx, tx, nowMs)
+			return err
 		})
-		total += counters + ids + slots + bans + rates
-		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk && rates < purgeChunk {
+		total += counters + ids + slots + bans + rates + near
+		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk && rates < purgeChunk && near < purgeChunk {
 			return total, err
 		}
 	}
@@ -381,4 +386,5 @@ var (
 	_ strategy.BatchHitter = (*Store)(nil)
 	_ strategy.Slotter     = (*Store)(nil)
 	_ strategy.Banner      = (*Store)(nil)
+	_ strategy.NearFeed    = (*Store)(nil)
 )

@@ -1,0 +1,321 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
+)
+
+// maxNearMarks is the most marks of a namespace that the store keeps and
+// a reader reads: the newest (see strategy.NearFeed).
+const maxNearMarks = 1 << 16
+
+// nearStatements are the SQL texts of a store's feed of keys near their
+// limits (see strategy.NearFeed): its part of the schema, made by the
+// first call that needs it as the bans' part is, the pushes that mark
+// (pushSQL and pushRatesSQL with the marking added), the read, and the
+// purge of ended marks.
+type nearStatements struct {
+	schema, push, pushRates, read, purgeMarks, purgeVersions string
+}
+
+// newNearStatements makes the feed's statements from the names of the
+// table and the texts of the pushes they extend: <table>_near holds the
+// marks, <table>_nearver each namespace's version (suffixes of at most 8
+// bytes, as checkTable requires).
+func newNearStatements(n *names, push, pushRates string) *nearStatements {
+	r := strings.NewReplacer(
+		"{near}", n.qualified(n.base+"_near"),
+		"{near_versions}", n.qualified(n.base+"_nearver"),
+		"{near_exp}", pgx.Identifier{n.base + "_nearexp"}.Sanitize(),
+		"{near_exp_ref}", n.qualified(n.base+"_nearexp"),
+		"{schema_lock}", fmt.Sprint(n.schemaLock),
+		"{bound}", fmt.Sprint(maxNearMarks),
+		"{margin}", fmt.Sprint(expiryMarginMs),
+	)
+	return &nearStatements{
+		schema:        r.Replace(nearSchemaSQL),
+		push:          markingPush(push, 8, n, r),
+		pushRates:     markingPush(pushRates, 11, n, r),
+		read:          r.Replace(readNearSQL),
+		purgeMarks:    r.Replace(purgeNearSQL),
+		purgeVersions: r.Replace(purgeNearVersionsSQL),
+	}
+}
+
+// markingPush returns a push statement (pushSQL or pushRatesSQL, whose
+// last part is the upsert of the counters) that marks the keys its diffs
+// bring near their limits too: the upsert becomes the CTE upserted, which
+// returns the counters' new values, and markSQL follows it, its
+// parameters numbered from first on.
+func markingPush(push string, first int, n *names, r *strings.Replacer) string {
+	at := strings.LastIndex(push, "\nINSERT INTO "+n.counters+" AS t")
+	if at < 0 || !strings.HasPrefix(push, "\nWITH ") {
+		panic("postgres: a push statement without the counters' upsert to mark from")
+	}
+	args := make([]string, 0, 12)
+	for i := range 6 {
+		args = append(args, fmt.Sprintf("$n%d", i+1), fmt.Sprintf("$%d", first+i))
+	}
+	return push[:at] + ", upserted AS (" + push[at:] + "\n\tRETURNING t.key, t.size_ms, t.start_ms, t.value\n)" +
+		strings.NewReplacer(args...).Replace(r.Replace(markSQL))
+}
+
+// nearSchemaSQL creates what the feed needs, when missing, as
+// slotSchemaSQL does for slots, under the same lock. It is apart from
+// schemaSQL, and run by the first push that may mark or the first read,
+// so that a deployment whose role may not create objects keeps its
+// counters working when it upgrades, until its DBA creates these too.
+//
+// Marks: one row per mark of a namespace, numbered n in the order made,
+// with the whole key (not the key as the counters hold it: a reader needs
+// it back) and the mark's end in Unix milliseconds. Versions: one row per
+// namespace with marks, holding the number of its newest mark, which is
+// its version, and the latest end of its marks.
+const nearSchemaSQL = `
+SELECT pg_advisory_xact_lock({schema_lock});
+DO $do$
+BEGIN
+	IF to_regclass('{near}') IS NULL THEN
+		CREATE TABLE {near} (
+			namespace bytea NOT NULL,
+			n bigint NOT NULL,
+			key bytea NOT NULL,
+			until_ms bigint NOT NULL,
+			PRIMARY KEY (namespace, n)
+		);
+	END IF;
+	IF to_regclass('{near_exp_ref}') IS NULL THEN
+		CREATE INDEX {near_exp} ON {near} (until_ms);
+	END IF;
+	IF to_regclass('{near_versions}') IS NULL THEN
+		CREATE TABLE {near_versions} (
+			namespace bytea PRIMARY KEY,
+			version bigint NOT NULL,
+			until_ms bigint NOT NULL
+		);
+	END IF;
+END
+$do$;
+`
+
+// markSQL follows the counters' upsert of a push that may mark. The
+// candidates come as six arrays ($n1 to $n6): the 1-based index of the
+// diff's counter in the push's arrays ($4 to $6), the whole key, what the
+// batch adds to the counter after this diff (0 for the last diff of a
+// counter, so that the count after it is the upserted value exactly), the
+// diff's value (above 0), the count at which it marks (strategy.NearAt,
+// above 0) and the mark's end. Only diffs that may cross are sent.
+//
+// crossed finds the candidates whose count went from below their mark's
+// count to it or more (strategy.Crosses). It is a left join from
+// upserted, which so reads every row the upsert returns: the push holds
+// every counter it writes before it locks the namespace's version row,
+// as every marking push does, so that pushes never wait for each other in
+// a circle. A batch whose ID was applied before upserts nothing, so marks
+// nothing.
+//
+// versioned numbers the marks, when there are any: the upsert of the
+// version row locks it until the push commits, so the marking pushes of a
+// namespace take turns, and each numbers its marks after those of the
+// push before it, which has committed; a reader that read up to a number
+// never meets a smaller one later (a sequence could not promise that:
+// its numbers commit out of order). A namespace without a row starts past
+// the server's clock in nanoseconds and any number of its that a purge
+// left: numbers are never used twice, so a reader whose version the
+// store lost reads the new marks as new.
+//
+// trimmed deletes the marks before the newest maxNearMarks, skipping
+// rows a purge holds (it deletes them anyway); the insert keeps the newest
+// maxNearMarks of the push's own. Marks of a push that committed while
+// this one waited for the row are not in its snapshot, so not trimmed:
+// the next marking push trims them, and readers never read past the
+// bound anyway (readNearSQL).
+const markSQL = `, crossed AS (
+	SELECT coalesce(array_agg(c.key ORDER BY c.j) FILTER (WHERE c.j IS NOT NULL), '{}') AS keys,
+		coalesce(array_agg(c.until_ms ORDER BY c.j) FILTER (WHERE c.j IS NOT NULL), '{}') AS untils,
+		coalesce(max(c.until_ms), 0) AS last
+	FROM upserted u
+	LEFT JOIN unnest($n1::integer[], $n2::bytea[], $n3::double precision[], $n4::double precision[],
+		$n5::double precision[], $n6::bigint[]) WITH ORDINALITY AS c(i, key, after, value, at, until_ms, j)
+	ON u.key = $4[c.i] AND u.size_ms = $5[c.i] AND u.start_ms = $6[c.i]
+		AND u.value - c.after >= c.at AND u.value - c.after - c.value < c.at
+), versioned AS (
+	INSERT INTO {near_versions} AS v (namespace, version, until_ms)
+	SELECT $1, greatest(floor(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint,
+			(SELECT max(m.n) FROM {near} m WHERE m.namespace = $1)) + cardinality(x.keys), x.last
+	FROM crossed x
+	WHERE cardinality(x.keys) > 0
+	ON CONFLICT (namespace) DO UPDATE
+	SET version = v.version + (SELECT cardinality(keys) FROM crossed), until_ms = greatest(v.until_ms, excluded.until_ms)
+	RETURNING v.version
+), trimmed AS (
+	DELETE FROM {near} m WHERE m.ctid = ANY(ARRAY(
+		SELECT o.ctid FROM {near} o, versioned w
+		WHERE o.namespace = $1 AND o.n <= w.version - {bound}
+		FOR UPDATE OF o SKIP LOCKED))
+)
+INSERT INTO {near} (namespace, n, key, until_ms)
+SELECT $1, w.version - cardinality(x.keys) + k.j, k.key, k.until_ms
+FROM versioned w, crossed x, unnest(x.keys, x.untils) WITH ORDINALITY AS k(key, until_ms, j)
+WHERE k.j > cardinality(x.keys) - {bound}`
+
+// readNearSQL reads a namespace's version ($1): the number of its newest
+// mark while any of its marks has not ended by $3 (Unix milliseconds), 0
+// otherwise; and, unless that is $2, the key and end of every mark after
+// $2 (after 0 when $2 is ahead of the version) among the newest
+// maxNearMarks that has not ended, in the order made: one row with NULLs when there
+// are none to return. The marks are one range of the primary key.
+const readNearSQL = `
+SELECT v.version, m.key, m.until_ms
+FROM (SELECT coalesce((SELECT r.version FROM {near_versions} r WHERE r.namespace = $1 AND r.until_ms > $3), 0) AS version) v
+LEFT JOIN LATERAL (
+	SELECT t.n, t.key, t.until_ms FROM {near} t
+	WHERE v.version <> $2 AND t.namespace = $1
+		AND t.n > greatest(CASE WHEN $2 > v.version THEN 0 ELSE $2 END, v.version - {bound}) AND t.n <= v.version
+		AND t.until_ms > $3
+	OFFSET 0
+) m ON true
+ORDER BY m.n`
+
+// purgeNearSQL and purgeNearVersionsSQL delete up to $2 marks, and
+// version rows whose marks all ended, that ended more than the expiry
+// margin before $1 (Unix milliseconds), skipping rows that a push holds,
+// so that a purge never waits for one (pushes lock version rows while
+// they hold counters, which a purge may have waited for). A namespace's
+// row is deleted once its marks ended, not before.
+const (
+	purgeNearSQL = `
+DELETE FROM {near} WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {near} WHERE until_ms < $1::bigint - {margin} LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	purgeNearVersionsSQL = `
+DELETE FROM {near_versions} WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {near_versions} WHERE until_ms < $1::bigint - {margin} LIMIT $2 FOR UPDATE SKIP LOCKED))`
+)
+
+// nearArgs are the candidates of a push that may mark, as markSQL takes
+// them.
+type nearArgs struct {
+	counters []int32
+	keys     [][]byte
+	after    []float64
+	values   []float64
+	at       []float64
+	until    []int64
+}
+
+// add records diff d, the last added to the counter of 1-based index c,
+// as a candidate when it may mark: prefix is what the batch added to the
+// counter up to d, included (set right by settle).
+func (a *nearArgs) add(near float64, d *window.Diff, c int, prefix float64) {
+	at := strategy.NearAt(near, d)
+	if at == 0 || !(d.Value > 0) {
+		return
+	}
+	a.counters = append(a.counters, int32(c))
+	a.keys = append(a.keys, append([]byte{}, d.Key...)) // never nil: NULL
+	a.after = append(a.after, prefix)
+	a.values = append(a.values, d.Value)
+	a.at = append(a.at, at)
+	a.until = append(a.until, strategy.NearUntil(d).UnixMilli())
+}
+
+// settle turns each candidate's prefix into what the batch adds to its
+// counter after it, given the counters' sums.
+func (a *nearArgs) settle(sums []float64) {
+	for i, c := range a.counters {
+		a.after[i] = sums[c-1] - a.after[i]
+	}
+}
+
+// GetCountersNear is GetCounters, and the namespace's marks made after
+// version known that have not ended by now, with its version (see
+// strategy.NearFeed): one pipeline of the fetch and the read of the
+// marks, so one round trip (plus, once per pooled connection, one to
+// prepare them), whatever known is; only the read when no counter is
+// asked. The store keeps the newest 65,536 marks of a namespace.
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+	defer errs.GetCounters(&err, namespace, len(keys))
+	if err := strategy.CheckSizes(sizes); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables"); err != nil {
+		return nil, nil, 0, err
+	}
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	defer conn.Release()
+	ns := stored(namespace, maxStoredNamespace)
+	var (
+		b     pgx.Batch
+		fetch *fetchArgs
+	)
+	if len(keys) > 0 && len(sizes) > 0 {
+		fetch = newFetchArgs(keys, sizes, now)
+		b.Queue(s.sql.fetch, ns, fetch.keys, fetch.sizes, fetch.starts)
+	}
+	b.Queue(s.nearSQL.read, ns, known, now.UnixMilli())
+	br := conn.SendBatch(ctx, &b)
+	defer br.Close()
+	var counts []window.Count
+	if fetch != nil {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, nil, 0, s.sent(err)
+		}
+		if counts, err = fetch.scan(rows, keys, sizes); err != nil {
+			return nil, nil, 0, s.sent(err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, 0, s.sent(err)
+	}
+	defer rows.Close()
+	var (
+		marks   []strategy.NearMark
+		version int64
+	)
+	for rows.Next() {
+		var key []byte
+		var until *int64
+		if err := rows.Scan(&version, &key, &until); err != nil {
+			return nil, nil, 0, err
+		}
+		if until != nil {
+			marks = append(marks, strategy.NearMark{Key: string(key), Until: time.UnixMilli(*until)})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, 0, s.sent(err)
+	}
+	return counts, marks, version, nil
+}
+
+// purgeNear deletes, in the purge's transaction, up to purgeChunk marks
+// that ended and as many version rows of namespaces whose marks all
+// ended, and returns the larger count. A store that never used the feed
+// leaves them to the stores that do. It runs last in the purge, as it
+// never waits for a row lock while the purge holds rows of the feed.
+func (s *Store) purgeNear(ctx context.Context, tx pgx.Tx, nowMs int64) (int64, error) {
+	if !s.nearReady.Load() {
+		return 0, nil
+	}
+	var most int64
+	for _, q := range []string{s.nearSQL.purgeMarks, s.nearSQL.purgeVersions} {
+		tag, err := tx.Exec(ctx, q, nowMs, purgeChunk)
+		if err != nil {
+			return most, err
+		}
+		most = max(most, tag.RowsAffected())
+	}
+	return most, nil
+}
