@@ -147,9 +147,15 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		query, args = s.sql.pushRates, append(args, rkeys, rwins, rincs)
 	}
 	if near != nil && len(near.counters) > 0 {
-		if err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables"); err != nil {
+		on, err := s.nearOn(ctx)
+		if err != nil {
 			return err
 		}
+		if !on {
+			near = nil // the role may not make the feed: a push as before
+		}
+	}
+	if near != nil && len(near.counters) > 0 {
 		near.settle(values)
 		query = s.nearSQL.push
 		if len(b.Rates) > 0 {

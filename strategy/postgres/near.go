@@ -2,11 +2,14 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
@@ -65,6 +68,39 @@ func markingPush(push string, first int, n *names, r *strings.Replacer) string {
 	}
 	return push[:at] + ", upserted AS (" + push[at:] + "\n\tRETURNING t.key, t.size_ms, t.start_ms, t.value\n)" +
 		strings.NewReplacer(args...).Replace(r.Replace(markSQL))
+}
+
+// nearRetry is how long a store whose role was refused the feed's tables
+// goes without the feed before it tries to make them again.
+const nearRetry = time.Minute
+
+// insufficientPrivilege is PostgreSQL's SQLSTATE for a statement the role
+// may not run.
+const insufficientPrivilege = "42501"
+
+// nearOn makes the feed's part of the schema when it is missing, and
+// reports whether the feed can be used. A role that may not create the
+// tables (an upgrade whose DBA has not made them yet: insufficient
+// privilege) leaves the store without a feed rather than failing every
+// periodic push and fetch: it marks nothing and reads no marks, as a store
+// without a feed, says so in a warning, and tries again nearRetry later.
+// Any other failure is the call's.
+func (s *Store) nearOn(ctx context.Context) (bool, error) {
+	if s.nearReady.Load() {
+		return true, nil
+	}
+	if time.Now().UnixNano() < s.nearOffUntil.Load() {
+		return false, nil
+	}
+	err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables")
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != insufficientPrivilege {
+		return err == nil, err
+	}
+	s.nearOffUntil.Store(time.Now().Add(nearRetry).UnixNano())
+	s.logger.Warn("the role may not create the tables of the feed of keys near their limits: periodic nodes decide keys they see seldom on their own counts until they exist (see the rights in the docs of the postgres strategy)",
+		zap.Error(err), zap.Duration("retry_in", nearRetry))
+	return false, nil
 }
 
 // nearSchemaSQL creates what the feed needs, when missing, as
@@ -245,8 +281,13 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return nil, nil, 0, err
 	}
-	if err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables"); err != nil {
+	on, err := s.nearOn(ctx)
+	if err != nil {
 		return nil, nil, 0, err
+	}
+	if !on { // the role may not make the feed: the counts, and no marks
+		counts, err := s.GetCounters(ctx, namespace, keys, sizes, now)
+		return counts, nil, 0, err
 	}
 	conn, err := s.acquire(ctx)
 	if err != nil {

@@ -71,6 +71,9 @@ type Store struct {
 	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
 	ratesReady  atomic.Bool // the rates' part, made by the first rate call
 	nearReady   atomic.Bool // the feed's part, made by its first push or read
+	// nearOffUntil is when to try making the feed's part again, in Unix
+	// nanoseconds, after the role was refused it (see nearOn).
+	nearOffUntil atomic.Int64
 	rateSQL     *rateStatements
 	nearSQL     *nearStatements
 }
