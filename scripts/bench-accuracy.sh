@@ -5,11 +5,15 @@
 # round-robin on a schedule, and prints the results as the Markdown that
 # docs/accuracy.md holds: the worst window's admitted / limit, the store's
 # commands per 1,000 requests and the latency the limiter adds, per row
-# (internal/accuracy does the work).
+# (internal/accuracy does the work). Then the spread clients' family:
+# slow clients (5 per minute, 100 per hour, sliding) spread round-robin or
+# at random over 3, 6 and 10 nodes, each client's worst admitted / limit
+# against its bound (docs/accuracy.md, "Spread clients").
 #
-#	./scripts/bench-accuracy.sh                         # the full table: about 6 to 10 minutes
+#	./scripts/bench-accuracy.sh                         # the full table: about 6 to 10 minutes, and the spread family: about 15 more
+#	ACCURACY_ROWS=spread ./scripts/bench-accuracy.sh    # the spread family alone
 #	OUT=docs/accuracy.md ./scripts/bench-accuracy.sh    # and write it into that page, with its SVG plots
-#	QUICK=1 ./scripts/bench-accuracy.sh                 # the quick rows of go test: under a minute
+#	QUICK=1 ./scripts/bench-accuracy.sh                 # the quick rows of go test, both families: under a minute
 #	REV=HEAD OUT=docs/accuracy.md ./scripts/bench-accuracy.sh   # measure a commit, not the working tree
 #
 # With OUT, only the part of the page between its two comments
@@ -21,7 +25,11 @@
 #	ACCURACY_STORES=redis,postgres
 #	ACCURACY_VERBOSE=1 (how the worst window of each row over the limit went)
 #	ACCURACY_ROWS=<regexp of row IDs>, such as 'redis-steady2x' or 'sync100ms'
-#	   (an ID is <store>-<pattern>-sync<rate>-above<off|08|09>)
+#	   (an ID is <store>-<pattern>-sync<rate>-above<off|08|09>); the spread
+#	   family's rows are <store>-spread<3|6|10>-<rr|random>-every<100ms|1s|10s>-<5per1m|100per1h>-sync<0|100ms>-above<off|05|08>,
+#	   such as 'spread' (the family alone), '^redis-spread6-rr-every1s-5per1m' or 'spread10-.*-above05';
+#	   the rows of one store, fleet size and sync setting run at once on one fleet, and the
+#	   fleets of each store with the same size and setting side by side
 #	ACCURACY_REPEAT=1 (run each row this many times in a row: how much a row varies)
 #
 # It installs Debian's redis-server and postgresql when they are missing,
@@ -73,7 +81,7 @@ fi
 
 cd "$root/internal/accuracy"
 if [ -n "${QUICK:-}" ] && [ "${QUICK}" != 0 ]; then
-	exec "$work/accuracy.test" -test.run '^TestAccuracyQuick$' -test.v -test.count=1
+	exec "$work/accuracy.test" -test.run '^TestAccuracyQuick(Spread)?$' -test.v -test.count=1
 fi
 ACCURACY_FULL=1 ACCURACY_COMMAND="$command" \
 	"$work/accuracy.test" -test.run '^TestAccuracyFull$' -test.count=1 -test.timeout=60m

@@ -11,7 +11,9 @@
 // TestAccuracyQuick runs a few rows in every go test run, and
 // TestAccuracyFull, run by scripts/bench-accuracy.sh, the whole table,
 // which it prints as the Markdown of docs/accuracy.md and can write into
-// that page (between its markers), with its plots.
+// that page (between its markers), with its plots. The spread clients'
+// family (spread.go) measures slow clients spread over the fleet against
+// sliding limits; TestAccuracyQuickSpread is its quick subset.
 package accuracy
 
 import (

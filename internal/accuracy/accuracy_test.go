@@ -8,6 +8,8 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	redisstrategy "github.com/ratesync/caddy-ratelimit/strategy/redis"
 )
 
 // Settings of the quick test: 3 nodes, a limit of 200 per second and 3
@@ -110,5 +112,46 @@ func TestAccuracyQuick(t *testing.T) {
 	if share := o.OpsPer1k() / ref.OpsPer1k(); share > 0.25 {
 		t.Errorf("%s: %.0f Redis commands per 1,000 requests, %.0f %% of sync_rate 0's %.0f: want at most 25 %%",
 			o.Row, o.OpsPer1k(), 100*share, ref.OpsPer1k())
+	}
+}
+
+// TestAccuracyQuickSpread runs the spread clients' quick subset on Redis
+// (SpreadQuickPlan): 6 nodes, eight clients of 5 per minute each sending
+// a request every second, round-robin and at random over the nodes, at
+// sync_rate 100ms with sync_above off and 0.5. Each client must keep its
+// bound (SpreadBound): 5 with sync_above 0.5, and 5 without too, since no
+// client sends twice within one interval and a beat. The bound holds only
+// with a store that tells the nodes which keys come near their limits
+// (strategy.NearFeed): when this tree's Redis store is not one, the
+// figures are logged and not checked. ACCURACY_CADDY may name a Caddy
+// built from another tree, whose store this cannot see.
+func TestAccuracyQuickSpread(t *testing.T) {
+	srv := redistest.Start(t)
+	bin := caddyproc.TestBinary(t, "ACCURACY_CADDY")
+	st := NewRedisStore(srv.Addr)
+	defer st.Close()
+
+	rows := SpreadQuickPlan("redis", supportsSyncAbove(t, bin, st))
+	var progress bytes.Buffer
+	r := &SpreadRunner{Caddy: bin, Dir: t.TempDir(), Stores: map[string]Store{"redis": st}, Progress: &progress, Verbose: true}
+	outcomes, err := r.Run(t.Context(), rows)
+	t.Logf("rows:\n%s", progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	WriteSpreadTables(&table, outcomes, r.Stores)
+	t.Logf("\n%s", table.String())
+
+	if _, feed := any((*redisstrategy.Store)(nil)).(strategy.NearFeed); !feed {
+		t.Log("this tree's Redis store has no feed of keys near their limits (strategy.NearFeed): the bounds are reported, not checked")
+		return
+	}
+	for _, o := range outcomes {
+		if !o.Holds {
+			b := o.Breach
+			t.Errorf("%s: client %d admitted %d times, over its bound %d (every client: %v, bounds %v)",
+				o.Row, b+1, o.Admitted[b], o.Bounds[b], o.Admitted, o.Bounds)
+		}
 	}
 }

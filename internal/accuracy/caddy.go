@@ -35,10 +35,22 @@ type NodeConfig struct {
 	Strategy  json.RawMessage
 	Limit     float64 // of OnePath
 	ManyLimit float64 // of ManyPath, per key
+	// Routes are limited routes of their own, after the three: the spread
+	// clients' family has one per limit.
+	Routes []LimitRoute
+}
+
+// LimitRoute is a limited route with its own limit and window.
+type LimitRoute struct {
+	Path   string
+	Limit  float64
+	Window time.Duration
+	// Sliding selects window_type sliding; fixed otherwise.
+	Sliding bool
 }
 
 // JSON returns the node's Caddy config: admin off, nothing persisted, one
-// namespace "api" on the store, and the three routes.
+// namespace "api" on the store, the three routes and any Routes.
 func (c NodeConfig) JSON() ([]byte, error) {
 	ns := map[string]any{"sync_rate": c.SyncRate.String(), "strategy": c.Strategy}
 	if c.SyncRate == 0 {
@@ -52,7 +64,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 		"body":    "ok",
 		"headers": map[string][]string{TimeHeader: {"{time.now.unix_ms}"}},
 	}
-	limited := func(path string, limit float64) map[string]any {
+	limited := func(path string, limit float64, window time.Duration, windowType string) map[string]any {
 		return map[string]any{
 			"match": []any{map[string]any{"path": []string{path}}},
 			"handle": []any{
@@ -60,12 +72,27 @@ func (c NodeConfig) JSON() ([]byte, error) {
 					"handler":     "rate_limit",
 					"namespace":   "api",
 					"key":         "{http.request.header." + KeyHeader + "}",
-					"limits":      []any{map[string]any{"limit": limit, "window": Window.String()}},
-					"window_type": "fixed",
+					"limits":      []any{map[string]any{"limit": limit, "window": window.String()}},
+					"window_type": windowType,
 				},
 				ok,
 			},
 		}
+	}
+	routes := []any{
+		map[string]any{
+			"match":  []any{map[string]any{"path": []string{BarePath}}},
+			"handle": []any{ok},
+		},
+		limited(OnePath, c.Limit, Window, "fixed"),
+		limited(ManyPath, c.ManyLimit, Window, "fixed"),
+	}
+	for _, r := range c.Routes {
+		wt := "fixed"
+		if r.Sliding {
+			wt = "sliding"
+		}
+		routes = append(routes, limited(r.Path, r.Limit, r.Window, wt))
 	}
 	cfg := map[string]any{
 		"admin":   map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
@@ -77,14 +104,7 @@ func (c NodeConfig) JSON() ([]byte, error) {
 				"servers": map[string]any{"accuracy": map[string]any{
 					"listen":          []string{c.Listen},
 					"automatic_https": map[string]any{"disable": true},
-					"routes": []any{
-						map[string]any{
-							"match":  []any{map[string]any{"path": []string{BarePath}}},
-							"handle": []any{ok},
-						},
-						limited(OnePath, c.Limit),
-						limited(ManyPath, c.ManyLimit),
-					},
+					"routes":          routes,
 				}},
 			},
 		},

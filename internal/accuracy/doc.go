@@ -36,7 +36,9 @@ type Report struct {
 	Duration time.Duration
 	Elapsed  time.Duration
 	Outcomes []Outcome
-	Stores   map[string]Store
+	// Spread are the spread clients' rows.
+	Spread []SpreadOutcome
+	Stores map[string]Store
 }
 
 // PlotSpec selects rows to draw together: one pattern and store, one
@@ -185,6 +187,13 @@ func wrapItems(lines []string) []string {
 func (d docData) Tables() string {
 	var b strings.Builder
 	WriteTables(&b, d.Outcomes, d.Stores)
+	return b.String()
+}
+
+// SpreadTables is the markdown of the spread clients' tables.
+func (d docData) SpreadTables() string {
+	var b strings.Builder
+	WriteSpreadTables(&b, d.Spread, d.Stores)
 	return b.String()
 }
 

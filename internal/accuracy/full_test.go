@@ -17,7 +17,8 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 )
 
-// TestAccuracyFull runs the whole table, on Redis and PostgreSQL, when
+// TestAccuracyFull runs the whole table and the spread clients' family
+// (SpreadPlan), on Redis and PostgreSQL, when
 // ACCURACY_FULL is set: scripts/bench-accuracy.sh sets it and documents
 // the other settings. It prints the latest results on stdout as the
 // Markdown docs/accuracy.md holds, and with OUT set replaces that part of
@@ -81,11 +82,17 @@ func TestAccuracyFull(t *testing.T) {
 			}
 		}
 	}
-	if len(rows) == 0 {
+	var spread []SpreadRow
+	for _, row := range SpreadPlan(storeNames, above) {
+		if filter == nil || filter.MatchString(row.ID()) {
+			spread = append(spread, row)
+		}
+	}
+	if len(rows)+len(spread) == 0 {
 		t.Fatal("ACCURACY_ROWS matches no row")
 	}
-	fmt.Fprintf(os.Stderr, "accuracy: %d rows, %d nodes, limit %d per %v, %v of traffic per row\n",
-		len(rows), nodes, limit, Window, duration)
+	fmt.Fprintf(os.Stderr, "accuracy: %d rows, %d nodes, limit %d per %v, %v of traffic per row; %d spread clients' rows\n",
+		len(rows), nodes, limit, Window, duration, len(spread))
 
 	r := &Runner{
 		Caddy: bin, Dir: t.TempDir(), Nodes: nodes, Limit: float64(limit), Duration: duration,
@@ -93,6 +100,11 @@ func TestAccuracyFull(t *testing.T) {
 	}
 	began := time.Now()
 	outcomes, err := r.Run(t.Context(), rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := &SpreadRunner{Caddy: bin, Dir: t.TempDir(), Stores: stores, Progress: os.Stderr, Verbose: r.Verbose}
+	spreadOut, err := sr.Run(t.Context(), spread)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +122,7 @@ func TestAccuracyFull(t *testing.T) {
 		Duration: duration,
 		Elapsed:  elapsed,
 		Outcomes: outcomes,
+		Spread:   spreadOut,
 		Stores:   stores,
 	}
 	md, err := rep.Markdown()

@@ -3,6 +3,7 @@ package accuracy
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -138,4 +139,77 @@ func Sanitize(s string) string {
 		}
 		return '-'
 	}, strings.ToLower(s))
+}
+
+// WriteSpreadTables writes the spread clients' outcomes as one markdown
+// table per store: a line per fleet and limit, a cell per spacing and
+// distribution, each the worst client's admitted / limit, with its count
+// and bound, and whether every client kept its bound. ops/1k is the
+// fleet's: its rows ran at once.
+func WriteSpreadTables(w io.Writer, outcomes []SpreadOutcome, stores map[string]Store) {
+	type line struct {
+		key   fleetKey
+		limit SpreadLimit
+	}
+	var stOrder []string
+	lines := map[string][]line{}
+	cells := map[line]map[string]SpreadOutcome{}
+	var cols []string // distribution and spacing, in the order met
+	for _, o := range outcomes {
+		l := line{o.Row.fleet(), o.Row.Limit}
+		if _, ok := lines[o.Row.Store]; !ok {
+			stOrder = append(stOrder, o.Row.Store)
+		}
+		if cells[l] == nil {
+			cells[l] = map[string]SpreadOutcome{}
+			lines[o.Row.Store] = append(lines[o.Row.Store], l)
+		}
+		col := o.Row.Distribution() + ", every " + shortDuration(o.Row.Every)
+		if !slices.Contains(cols, col) {
+			cols = append(cols, col)
+		}
+		cells[l][col] = o
+	}
+	for i, name := range stOrder {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		title, unit := name, "store operations per 1,000 requests"
+		if st, ok := stores[name]; ok {
+			title, unit = st.Title(), st.OpsUnit()
+		}
+		fmt.Fprintf(w, "**%s**: %d clients a row; ops/1k = %s, of the whole fleet (its rows run at once)\n\n", title, SpreadClients, unit)
+		fmt.Fprintf(w, "| nodes | sync_rate | sync_above | limit | %s | ops/1k (fleet) |\n", strings.Join(cols, " | "))
+		fmt.Fprintf(w, "|--:|--:|--:|--:|%s--:|\n", strings.Repeat("--:|", len(cols)))
+		for _, l := range lines[name] {
+			var ops float64
+			var parts []string
+			for _, col := range cols {
+				o, ok := cells[l][col]
+				if !ok {
+					parts = append(parts, "–")
+					continue
+				}
+				ops = o.OpsPer1k()
+				parts = append(parts, spreadCell(o))
+			}
+			setting := Row{SyncRate: l.key.SyncRate, SyncAbove: l.key.SyncAbove}
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %.0f |\n", l.key.Nodes, setting.SyncRateString(),
+				setting.SyncAboveString(), l.limit.Label(), strings.Join(parts, " | "), ops)
+		}
+	}
+}
+
+// spreadCell formats a spread row in its table: the worst client's
+// admitted / limit and count, its bound (count), and "**no**" when a
+// client went past its own bound.
+func spreadCell(o SpreadOutcome) string {
+	s := fmt.Sprintf("%.2f (%d ≤ %d)", o.Ratio(), o.WorstAdmitted(), o.WorstBound())
+	if !o.Holds {
+		s = fmt.Sprintf("%.2f (%d, bound %d) **no**", o.Ratio(), o.WorstAdmitted(), o.WorstBound())
+		if o.Breach != o.Worst {
+			s += fmt.Sprintf(" (client %d: %d > %d)", o.Breach+1, o.Admitted[o.Breach], o.Bounds[o.Breach])
+		}
+	}
+	return s
 }
