@@ -48,31 +48,55 @@ const (
 // so a push that ends failing to dial may have been applied by an earlier
 // attempt, and only its ID keeps it from counting twice; only a push made
 // after Close, which sends nothing, wraps it.
+//
+// A batch with a Near marks the keys whose counts its diffs bring near
+// their limits (see strategy.NearFeed): a run that holds a diff that may
+// mark carries each counter's threshold and mark's end, and marks from
+// the new counts it writes anyway. On a standalone server the run writes
+// its marks to the namespace's feed itself; on a Cluster, where the feed
+// is in another slot, the runs reply with their marks and PushDiffs
+// writes them all with one more script run, one more round trip, only
+// when there are any. A Near that is not 0 or a finite share above 0 is
+// refused, before anything is sent, with an error that wraps
+// strategy.ErrRejected.
 func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	defer errs.PushDiffs(&err, b)
 	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	if err := strategy.CheckNear(b.Near); err != nil {
 		return err
 	}
 	calls, err := s.planPush(b, s.now().UnixNano())
 	if err != nil {
 		return err
 	}
+	var marked []int32 // on a Cluster, the diffs that the runs replied marked
 	// Send the runs in pipelines of bounded size, one after the other.
 	for len(calls) > 0 {
 		n, diffs := 0, 0
 		for n < len(calls) {
-			d := len(calls[n].keys) - 1
+			d := calls[n].counters
 			if n > 0 && diffs+d > maxPipelineDiffs {
 				break
 			}
 			n, diffs = n+1, diffs+d
 		}
-		if err := s.evalPipelined(ctx, pushScript, calls[:n]); err != nil {
-			return err
+		cmds, err := s.evalPipelined(ctx, pushScript, calls[:n])
+		if s.cluster && b.Near > 0 {
+			marked = appendMarked(marked, calls[:n], cmds)
+		}
+		if err != nil {
+			if len(marked) == 0 {
+				return err
+			}
+			// The marks of the runs that were applied are written all
+			// the same: a retry of the batch marks nothing again.
+			return errors.Join(err, s.writeMarks(ctx, b, marked))
 		}
 		calls = calls[n:]
 	}
-	return nil
+	return s.writeMarks(ctx, b, marked)
 }
 
 // compareDiffs orders diffs by everything they hold, so that diffs sorted
@@ -163,6 +187,10 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 
 	nowMs := now / int64(time.Millisecond)
 	nsp := nsPart(b.Namespace)
+	var feed, version string // the near keys, which a standalone run writes
+	if b.Near > 0 && !s.cluster {
+		feed, version = s.layout.nearKeys(b.Namespace)
+	}
 	var (
 		buf   []byte
 		calls []scriptCall
@@ -170,6 +198,8 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		// reuse the boxed arguments rather than allocate them per diff.
 		lastValue, lastExp = math.NaN(), int64(math.MinInt64)
 		valueArg, expArg   any
+		lastAt, lastUntil  = math.NaN(), int64(math.MinInt64)
+		atArg, untilArg    any
 	)
 	// addRun appends the run of the diffs part, whose dedupe marker is
 	// that of group n of bucket k, leaving out the diffs of windows that
@@ -180,18 +210,54 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			keys: make([]string, 1, len(part)+1),
 			args: make([]any, 1, 2*len(part)+1),
 		}
-		var last int64 // the latest expiry of the run's counters
+		var (
+			last int64 // the latest expiry of the run's counters
+			// Each counter's threshold and mark's end, made and sent only
+			// when a diff of the run may mark (see pushScript).
+			near []any
+		)
+		if b.Near > 0 && slices.ContainsFunc(part, func(i int32) bool {
+			return int(i) < nd && mayMark(b.Near, &diffs[i], now)
+		}) {
+			near = make([]any, 1, 2*len(part)+1)
+			near[0] = len(nsp)
+			call.diffs = make([]int32, 0, len(part))
+			if !s.cluster {
+				// The run writes its marks in the order of its counters:
+				// that of the diffs (rates last), as the memory store's.
+				slices.Sort(part)
+			}
+		}
 		for _, i := range part {
 			if int(i) >= nd {
 				// A rate's turn: "r" and its increment, no expiry.
 				r := &rates[int(i)-nd]
 				call.keys = append(call.keys, s.layout.rateKey(int(bucket[i]), r.Window.Milliseconds(), nsp, r.Key))
 				call.args = append(call.args, "r"+strconv.FormatInt(r.Increment.Microseconds(), 10), "")
+				if near != nil {
+					near = append(near, "0", "0")
+					call.diffs = append(call.diffs, -1)
+				}
 				continue
 			}
 			d := &diffs[i]
 			if d.Start+2*int64(d.Size) <= now {
 				continue
+			}
+			if near != nil {
+				if !mayMark(b.Near, d, now) {
+					near = append(near, "0", "0")
+				} else {
+					at := strategy.NearAt(b.Near, d)
+					if at != lastAt {
+						lastAt, atArg = at, formatValue(at)
+					}
+					if until := strategy.NearUntil(d).UnixMilli(); until != lastUntil {
+						lastUntil, untilArg = until, until
+					}
+					near = append(near, atArg, untilArg)
+				}
+				call.diffs = append(call.diffs, i)
 			}
 			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
 			var key string
@@ -210,8 +276,15 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		if len(call.keys) == 1 {
 			return
 		}
+		call.counters = len(call.keys) - 1
 		call.keys[0] = s.dedupeKey(k, n, b.ID)
 		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
+		if near != nil {
+			call.args = append(call.args, near...)
+			if feed != "" {
+				call.keys = append(call.keys, feed, version)
+			}
+		}
 		calls = append(calls, call)
 	}
 	if !s.cluster {
@@ -221,6 +294,15 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		// a hit of its ID marks it (see Hit).
 		for n := 0; n*maxScriptKeys < len(order); n++ {
 			addRun(order[n*maxScriptKeys:min(len(order), (n+1)*maxScriptKeys)], 0, n)
+		}
+		if b.Near > 0 {
+			// Runs write their marks one after the other: send last the
+			// run of the batch's last diff that may mark, so that its
+			// mark is the newest, as the memory store's is. Which diffs
+			// a run holds, and so its marker, does not change.
+			slices.SortStableFunc(calls, func(x, y scriptCall) int {
+				return cmp.Compare(lastDiff(x.diffs), lastDiff(y.diffs))
+			})
 		}
 		return calls, nil
 	}
@@ -233,6 +315,22 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 		}
 	}
 	return calls, nil
+}
+
+// mayMark reports whether a diff pushed at now (Unix nanoseconds) in a
+// batch whose Near is near may mark its key (see strategy.NearFeed): it
+// adds to a window that has not ended, and has a threshold.
+func mayMark(near float64, d *window.Diff, now int64) bool {
+	return d.Value > 0 && finite(d.Value) && d.Start+2*int64(d.Size) > now && strategy.NearAt(near, d) > 0
+}
+
+// lastDiff returns the greatest of a run's diff indexes (see
+// scriptCall.diffs), or -1 for a run that marks nothing.
+func lastDiff(diffs []int32) int32 {
+	if len(diffs) == 0 {
+		return -1
+	}
+	return slices.Max(diffs)
 }
 
 // GetCounters returns the counts of the current and previous windows of
@@ -251,12 +349,23 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 	if len(keys) == 0 || len(sizes) == 0 {
 		return nil, nil
 	}
+	counts, _, err := s.getCounters(ctx, namespace, keys, sizes, now, "")
+	return counts, err
+}
+
+// getCounters is GetCounters, and with a version key, the string it holds
+// ("" when it does not exist), read by the MGET of the key's bucket, or
+// by an MGET of its own when no key shares that bucket: so on a
+// standalone server, where an MGET reads any buckets, at no cost of
+// commands, and on a Cluster at the cost of at most one more MGET in the
+// same round trip.
+func (s *Store) getCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, versionKey string) (_ []window.Count, version string, err error) {
 	type win struct{ sizeMs, cur, prev int64 }
 	wins := make([]win, len(sizes))
 	for j, size := range sizes {
 		sizeMs, _, err := windowMs(size, 0)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		cur := window.Start(now.UnixNano(), size)
 		wins[j] = win{sizeMs, cur, cur - int64(size)}
@@ -317,6 +426,10 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 				if !ok {
 					continue // missing
 				}
+				if ref.key < 0 {
+					version = str
+					continue
+				}
 				f, err := strconv.ParseFloat(str, 64)
 				if err != nil {
 					return fmt.Errorf("a counter holds %q, not a number", str)
@@ -339,7 +452,20 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		}
 		return nil
 	}
+	versionBucket := -1
+	if versionKey != "" {
+		versionBucket = bucketOf(namespace, "")
+	}
 	for k := range buckets {
+		if k == versionBucket {
+			batch = append(batch, versionKey)
+			refs = append(refs, windowRef{key: -1})
+			if len(batch) == maxMGetKeys {
+				if err := endMGet(); err != nil {
+					return nil, "", err
+				}
+			}
+		}
 		for _, i := range order[starts[k]:starts[k+1]] {
 			for j, w := range wins {
 				for _, start := range [2]int64{w.cur, w.prev} {
@@ -349,7 +475,7 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 					refs = append(refs, windowRef{key: i, size: int32(j), start: start})
 					if len(batch) == maxMGetKeys {
 						if err := endMGet(); err != nil {
-							return nil, err
+							return nil, "", err
 						}
 					}
 				}
@@ -360,20 +486,21 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		// maxMGetKeys across buckets.
 		if s.cluster {
 			if err := endMGet(); err != nil {
-				return nil, err
+				return nil, "", err
 			}
 		}
 	}
 	if err := endMGet(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if err := flush(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return counts, nil
+	return counts, version, nil
 }
 
-// windowRef says which window of which key an MGET reply is about.
+// windowRef says which window of which key an MGET reply is about: key is
+// -1 for the version key of getCounters.
 type windowRef struct {
 	key   int32 // index in keys
 	size  int32 // index in sizes

@@ -15,7 +15,8 @@
 // Open does what Provision does and opens a Store, without Caddy. The
 // store is a strategy.Hitter, so it can serve synchronous namespaces, a
 // strategy.Slotter, so it can hold the concurrency slots of max_concurrent
-// for a fleet, and a strategy.Banner, so its bans reach every node.
+// for a fleet, a strategy.Banner, so its bans reach every node, and a
+// strategy.NearFeed, so every node learns which keys came near a limit.
 //
 // # Layout
 //
@@ -363,6 +364,33 @@
 // alone when the caller knows it (a GET), and otherwise every ban that has
 // not ended (ZRANGEBYSCORE).
 //
+// # Keys near their limits
+//
+// The store is a strategy.NearFeed: a push whose batch has a Near marks
+// the keys whose counts it brings near their limits, for every node to
+// read with its next fetch. A namespace's marks are a stream and a string:
+//
+//	<prefix>:{<bucket>}:near:<len(namespace)>:<namespace>
+//	<prefix>:{<bucket>}:nearv:<len(namespace)>:<namespace>
+//
+// in the bucket of the namespace's empty key, as its bans. The string
+// holds "<version> <latest end>": the version counts the marks, from the
+// server's time in microseconds when the feed was made, and the latest
+// end of a mark is when both keys expire (PXAT, PEXPIREAT), so that a
+// namespace whose marks all ended holds nothing and reads as version 0.
+// A stream entry holds up to 256 marks of a push, each a field (the key,
+// any bytes) and a value (its end, in Unix milliseconds), and its ID is
+// "<version of its last mark>-0"; each XADD drops the entries that hold
+// only marks older than the newest 65,536 (MINID, exact). A push run that
+// may mark sends each counter's threshold and mark's end, and decides on
+// the new count that its INCRBYFLOAT replies (or that SET NX made): on a
+// standalone server it writes its marks itself, the version read by the
+// run's MGET (a run of one counter GETs it); on a Cluster its runs reply
+// with the counters that marked and the push writes them with one more
+// script run in the feed's slot. GetCountersNear reads the string with
+// GetCounters' MGETs, and only when the version moved reads the marks
+// made since (XRANGE from the entry after the version known).
+//
 // # Concurrency slots
 //
 // The store is a strategy.Slotter: it holds the slots of max_concurrent
@@ -512,6 +540,16 @@
 //     run has several counters), and each bucket a fetch touches one MGET.
 //     A thousand new keys (about 700 buckets) cost about 3.3 commands a
 //     key to push and fetch once.
+//   - Near-limit marks (a batch with a Near): a run that marks nothing
+//     costs what it costs without; a run that marks costs one XADD per 256
+//     marks and the version's SET (a run of one counter one GET more),
+//     and TIME and a PEXPIREAT when the feed is new or the latest end of
+//     its marks moves. On a Cluster a push that marks costs one more
+//     script run, one round trip: EVALSHA, GET, XADD and SET. A fetch
+//     whose version is current costs what GetCounters does on a
+//     standalone server (the MGET reads the version), at most one MGET
+//     more on a Cluster, and one MGET with no keys; one whose version
+//     moved adds an XRANGE, in one more round trip.
 //   - A reset: MULTI, one SET per counter (two per window size), EXEC.
 //   - A slot taken: 7 commands, EVALSHA, TIME, ZREMRANGEBYSCORE, ZCARD,
 //     ZADD, PTTL and PEXPIRE (which a slot taken in the same millisecond

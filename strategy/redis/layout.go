@@ -129,6 +129,17 @@ func (l *layout) bansKeys(namespace string) (set, version string) {
 	return tag + "bans:" + nsp, tag + "bansv:" + nsp
 }
 
+// nearKeys returns the keys of a namespace's near-limit marks (see
+// strategy.NearFeed): the stream of the marks, <prefix>:{<bucket>}:near:<len(ns)>:<ns>,
+// and the string of their version, <prefix>:{<bucket>}:nearv:<len(ns)>:<ns>,
+// in the bucket of the namespace's empty key, as its bans, so that one
+// script reaches both. Neither "near" nor "nearv" is a number or the name
+// of another kind of key.
+func (l *layout) nearKeys(namespace string) (feed, version string) {
+	tag, nsp := l.tags[bucketOf(namespace, "")], nsPart(namespace)
+	return tag + "near:" + nsp, tag + "nearv:" + nsp
+}
+
 // hitMarkerTTL returns the time to live, in milliseconds, of the marker of
 // a hit whose counters' latest expiry is lastExpMs (Unix milliseconds),
 // made at nowMs: as long as the counters, within [strategy.MinHitIDLife,

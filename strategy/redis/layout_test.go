@@ -34,6 +34,14 @@ func TestKeyLayout(t *testing.T) {
 	if got, want := l.dedupeKey(7, 2, "b:1"), "rl:{7}:push:2:b:1"; got != want {
 		t.Errorf("dedupe key = %q, want %q", got, want)
 	}
+	b := bucketOf("a:b", "")
+	feed, version := l.nearKeys("a:b")
+	if want := fmt.Sprintf("rl:{%d}:near:3:a:b:", b); feed != want {
+		t.Errorf("near feed key = %q, want %q", feed, want)
+	}
+	if want := fmt.Sprintf("rl:{%d}:nearv:3:a:b:", b); version != want {
+		t.Errorf("near version key = %q, want %q", version, want)
+	}
 }
 
 // The bucket hash is part of the storage format: every node, in every

@@ -12,10 +12,10 @@ import (
 
 // pushScript applies one run of diffs, at most once per batch.
 //
-// KEYS[1] is the run's dedupe marker and KEYS[2..] its counters, all in
-// one slot on a Cluster, in any buckets on a standalone server. ARGV[1] is
-// the marker's time to live in milliseconds; the counter KEYS[i] gets the
-// increment ARGV[2i-2] and expires at ARGV[2i-1] (Unix milliseconds).
+// KEYS[1] is the run's dedupe marker and KEYS[2..n+1] its n counters, all
+// in one slot on a Cluster, in any buckets on a standalone server. ARGV[1]
+// is the marker's time to live in milliseconds; the counter KEYS[i] gets
+// the increment ARGV[2i-2] and expires at ARGV[2i-1] (Unix milliseconds).
 //
 // A rate's turn (see strategy.RateBatcher), a TAT key among the counters
 // whose increment is "r" and the microseconds to move it by, moves the
@@ -32,20 +32,45 @@ import (
 // finds the counter anyway (a counter twice in one run, or a key that is
 // not a string) falls back to INCRBYFLOAT.
 //
-// It replies 1 when it applied the run and 0 when the marker was already
-// set, that is when this run of this batch was applied before. A counter
-// that refuses its increment (a value the store cannot add) does not stop
-// the others; the script then replies with an error naming how many failed.
-var pushScript = goredis.NewScript(`
+// A run of a batch with a Near (see strategy.NearFeed) that may mark a key
+// has more arguments, so that other runs cost what they did before:
+// ARGV[2n+2] is the length of the counters' namespace part (nsPart), which
+// takes the client key out of a counter's name, and ARGV[2n+2i-1] and
+// ARGV[2n+2i] are the count at which KEYS[i] marks its key (0 for none)
+// and the mark's end, in Unix milliseconds. The new count of a counter is
+// the reply of its INCRBYFLOAT, or its increment when SET NX made it. On a
+// standalone server KEYS[n+2] and KEYS[n+3] are the namespace's near keys
+// (see layout.nearKeys), read by the MGET with the counters, and the
+// script writes its marks there itself (see feedSource); on a Cluster,
+// where they are in another slot, it replies with the 0-based positions
+// among the counters of those that marked, for the caller to write.
+//
+// It replies 1 when it applied the run (or its marks) and 0 when the
+// marker was already set, that is when this run of this batch was applied
+// before, which then marks nothing. A counter that refuses its increment
+// (a value the store cannot add) does not stop the others; the script
+// then replies with an error naming how many failed.
+var pushScript = goredis.NewScript(feedSource + `
+local n, near, feed = #KEYS - 1, #ARGV ~= 2 * #KEYS - 1, false
+if near then
+	n = (#ARGV - 2) / 4
+	feed = #KEYS > n + 1
+end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
 	return 0
 end
-local held = false
-if #KEYS > 2 then
-	held = redis.call('MGET', unpack(KEYS, 2))
+-- held[i - 1 + h] tells whether KEYS[i] exists; with a feed, held[1] is
+-- the version of the namespace's marks.
+local held, h = false, 0
+if n > 1 then
+	if feed then
+		held, h = redis.call('MGET', KEYS[n + 3], unpack(KEYS, 2, n + 1)), 1
+	else
+		held = redis.call('MGET', unpack(KEYS, 2, n + 1))
+	end
 end
-local failed, first, now, tats = 0, nil, nil, {}
-for i = 2, #KEYS do
+local failed, first, now, tats, marks = 0, nil, nil, {}, {}
+for i = 2, n + 1 do
 	local r, v = nil, ARGV[2*i-2]
 	if string.byte(v) == 114 then
 		-- "r<increment>": a rate's turn, forced, by the server's clock.
@@ -55,25 +80,128 @@ for i = 2, #KEYS do
 		end
 		local tat = tats[KEYS[i]]
 		if not tat then
-			if held then tat = held[i - 1] else tat = redis.call('GET', KEYS[i]) end
+			if held then tat = held[i - 1 + h] else tat = redis.call('GET', KEYS[i]) end
 			tat = tonumber(tat or '0') or 0
 		end
 		tat = math.max(tat, now) + tonumber(string.sub(v, 2))
 		tats[KEYS[i]] = tat
 		redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
-	elseif (held and held[i - 1]) or not redis.call('SET', KEYS[i], v, 'PXAT', ARGV[2*i-1], 'NX') then
+	elseif (held and held[i - 1 + h]) or not redis.call('SET', KEYS[i], v, 'PXAT', ARGV[2*i-1], 'NX') then
 		r = redis.pcall('INCRBYFLOAT', KEYS[i], v)
+	elseif near then
+		r = v -- a new counter: its count is the increment
 	end
 	if type(r) == 'table' and r.err then
 		failed = failed + 1
 		first = first or r.err
+	elseif r and near then
+		local at = tonumber(ARGV[2*n + 2*i - 1])
+		local count, inc = tonumber(r), tonumber(v)
+		if at > 0 and inc > 0 and count >= at and count - inc < at then
+			if feed then
+				-- The client key follows the tag, the size, the start
+				-- and the namespace part.
+				local k = KEYS[i]
+				local p = string.find(k, '}:', 1, true) + 2
+				p = string.find(k, ':', p, true) + 1
+				p = string.find(k, ':', p, true) + 1
+				marks[#marks + 1] = string.sub(k, p + tonumber(ARGV[2*n + 2]))
+				marks[#marks + 1] = ARGV[2*n + 2*i]
+			else
+				marks[#marks + 1] = i - 2
+			end
+		end
 	end
+end
+if #marks > 0 and feed then
+	local version
+	if held then version = held[1] else version = redis.call('GET', KEYS[n + 3]) end
+	writeFeed(KEYS[n + 2], KEYS[n + 3], version, marks)
 end
 if failed > 0 then
 	return redis.error_reply(failed .. ' counters refused their increment: ' .. first)
 end
+if #marks > 0 and not feed then
+	return marks
+end
 return 1
 `)
+
+// feedSource defines writeFeed(feed, vkey, version, marks), which appends
+// marks to a namespace's near feed (see strategy.NearFeed): feed is the
+// stream of the marks and vkey the string of their version, which holds
+// version (false when it does not exist); marks holds a key and its end
+// (Unix milliseconds) for each mark, in the order made.
+//
+// The string holds "<version> <end>": the version of the newest mark, and
+// the latest end of a mark, at which both keys expire, so that a
+// namespace whose marks all ended holds nothing and reads as version 0.
+// Each mark takes the next version, so a version counts the marks made
+// since the feed was made, from the server's time in microseconds then
+// (TIME), as bans' versions do, so that a reader of an older feed is
+// never taken to be current. The stream holds one entry per 256 marks,
+// whose ID is "<version of its last mark>-0" and whose fields and values
+// are the marks' keys and ends: a reader after version v reads from ID
+// v+1 (XRANGE). Each XADD drops, exactly (MINID), the entries that hold
+// only marks older than the newest maxNearMarks, so that the feed never
+// holds more than that many. A feed that is current costs one XADD per
+// 256 marks and the SET of its version, and a PEXPIREAT of the stream
+// when the latest end moves.
+const feedSource = `
+local function writeFeed(feed, vkey, version, marks)
+	local v, last = 0, 0
+	if version then
+		local sp = string.find(version, ' ', 1, true)
+		if sp then
+			v, last = tonumber(string.sub(version, 1, sp - 1)) or 0, tonumber(string.sub(version, sp + 1)) or 0
+		end
+	end
+	if v == 0 then
+		local t = redis.call('TIME')
+		v = t[1] * 1000000 + t[2]
+	end
+	local expire = last
+	for j = 2, #marks, 2 do
+		expire = math.max(expire, tonumber(marks[j]))
+	end
+	for c = 1, #marks, 512 do
+		local entry = {}
+		for j = c, math.min(#marks, c + 511) do
+			entry[#entry + 1] = marks[j]
+		end
+		v = v + #entry / 2
+		local args = {'XADD', feed, 'MINID', string.format('%.0f', v - 65536 + 256), string.format('%.0f-0', v)}
+		for j = 1, #entry do
+			args[#args + 1] = entry[j]
+		end
+		local r = redis.pcall(unpack(args))
+		if type(r) == 'table' and r.err then
+			-- A stream left by a feed whose version was lost (evicted,
+			-- say) may hold later IDs, or the key be no stream: drop it.
+			redis.call('DEL', feed)
+			redis.call(unpack(args))
+			last = -1 -- the new stream needs its expiry
+		end
+	end
+	redis.call('SET', vkey, string.format('%.0f %.0f', v, expire), 'PXAT', string.format('%.0f', expire))
+	if expire > last then
+		redis.call('PEXPIREAT', feed, string.format('%.0f', expire))
+	end
+end
+`
+
+// nearSource is the source of nearScript, kept to send with EVAL when a
+// server does not hold the script. It writes a Cluster push's marks to
+// its namespace's feed, whose slot the push's runs do not share (see
+// feedSource): KEYS[1] is the stream, KEYS[2] the version, and ARGV a key
+// and an end per mark. It replies 1.
+const nearSource = feedSource + `
+writeFeed(KEYS[1], KEYS[2], redis.call('GET', KEYS[2]), ARGV)
+return 1
+`
+
+// nearScript is nearSource, run by its SHA1 digest.
+var nearScript = goredis.NewScript(nearSource)
 
 // hitSource is the source of hitScript, kept to send with EVAL when a
 // server does not hold the script.
@@ -367,6 +495,14 @@ func runOncePipelined(ctx context.Context, c goredis.UniversalClient, runs []scr
 type scriptCall struct {
 	keys []string
 	args []any
+	// counters is how many counters a run of pushScript writes, which
+	// bounds the diffs a pipeline carries.
+	counters int
+	// diffs is, for a run of pushScript that may mark keys near their
+	// limits, the index in the batch of each counter's diff, -1 for a
+	// rate's turn: a Cluster run replies the positions of the counters
+	// that marked.
+	diffs []int32
 }
 
 // evalPipelined runs every call of s with EVALSHA, in one pipeline: one
@@ -416,12 +552,13 @@ func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Sc
 // replica promoted after its master died. A call sent again is applied
 // at most once all the same: a push's runs are guarded by their
 // markers, and renewing slots twice renews them once. It returns the
-// first error of a call that did not succeed in the end.
-func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls []scriptCall) error {
+// calls' commands, in order, and the first error of a call that did not
+// succeed in the end.
+func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls []scriptCall) ([]*goredis.Cmd, error) {
 	ctx, failed := s.watch(ctx)
 	cmds, err := evalPipelined(ctx, s.client, script, calls)
 	if err == nil || failed == nil {
-		return err
+		return cmds, err
 	}
 	cmders := make([]goredis.Cmder, len(cmds))
 	for i, cmd := range cmds {
@@ -429,7 +566,7 @@ func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls
 	}
 	again := s.resendable(ctx, failed, cmders, func(i int) string { return calls[i].keys[0] })
 	if len(again) == 0 {
-		return err
+		return cmds, err
 	}
 	retry := make([]scriptCall, len(again))
 	for j, i := range again {
@@ -441,10 +578,10 @@ func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls
 	}
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
-			return err
+			return cmds, err
 		}
 	}
-	return nil
+	return cmds, nil
 }
 
 // runOncePipelined runs scripts as the function runOncePipelined does,

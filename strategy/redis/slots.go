@@ -207,7 +207,7 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), maxPipelineSlotKeys)
-		if err := s.evalPipelined(ctx, renewSlotsScript, calls[:n]); err != nil {
+		if _, err := s.evalPipelined(ctx, renewSlotsScript, calls[:n]); err != nil {
 			return err
 		}
 		calls = calls[n:]

@@ -18,8 +18,8 @@ var errs = strategy.Errors{Store: "redis"}
 
 // Store is a store of window counters in Redis, opened from Redis
 // settings (see the package documentation for its keys and costs). It
-// implements strategy.BatchHitter (so strategy.Hitter), strategy.Slotter
-// and strategy.Banner, and is
+// implements strategy.BatchHitter (so strategy.Hitter), strategy.Slotter,
+// strategy.Banner and strategy.NearFeed, and is
 // safe for concurrent use. It dials when first used, not before; Close
 // closes its client.
 type Store struct {
@@ -134,4 +134,5 @@ var (
 	_ strategy.BatchHitter = (*Store)(nil)
 	_ strategy.Slotter     = (*Store)(nil)
 	_ strategy.Banner      = (*Store)(nil)
+	_ strategy.NearFeed    = (*Store)(nil)
 )
