@@ -8,8 +8,6 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
-	"github.com/ratesync/caddy-ratelimit/strategy"
-	redisstrategy "github.com/ratesync/caddy-ratelimit/strategy/redis"
 )
 
 // Settings of the quick test: 3 nodes, a limit of 200 per second and 3
@@ -120,11 +118,8 @@ func TestAccuracyQuick(t *testing.T) {
 // a request every second, round-robin and at random over the nodes, at
 // sync_rate 100ms with sync_above off and 0.5. Each client must keep its
 // bound (SpreadBound): 5 with sync_above 0.5, and 5 without too, since no
-// client sends twice within one interval and a beat. The bound holds only
-// with a store that tells the nodes which keys come near their limits
-// (strategy.NearFeed): when this tree's Redis store is not one, the
-// figures are logged and not checked. ACCURACY_CADDY may name a Caddy
-// built from another tree, whose store this cannot see.
+// client sends twice within one interval and a beat: the store's feed of
+// keys near their limits (strategy.NearFeed) tells every node.
 func TestAccuracyQuickSpread(t *testing.T) {
 	srv := redistest.Start(t)
 	bin := caddyproc.TestBinary(t, "ACCURACY_CADDY")
@@ -143,10 +138,6 @@ func TestAccuracyQuickSpread(t *testing.T) {
 	WriteSpreadTables(&table, outcomes, r.Stores)
 	t.Logf("\n%s", table.String())
 
-	if _, feed := any((*redisstrategy.Store)(nil)).(strategy.NearFeed); !feed {
-		t.Log("this tree's Redis store has no feed of keys near their limits (strategy.NearFeed): the bounds are reported, not checked")
-		return
-	}
 	for _, o := range outcomes {
 		if !o.Holds {
 			b := o.Breach
