@@ -74,8 +74,8 @@ type Store struct {
 	// nearOffUntil is when to try making the feed's part again, in Unix
 	// nanoseconds, after the role was refused it (see nearOn).
 	nearOffUntil atomic.Int64
-	rateSQL     *rateStatements
-	nearSQL     *nearStatements
+	rateSQL      *rateStatements
+	nearSQL      *nearStatements
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
