@@ -122,7 +122,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
 			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
-			ch <- prometheus.MustNewConstMetric(nearKeysDesc, prometheus.GaugeValue, float64(o.near.held.Load()), o.name)
+			ch <- prometheus.MustNewConstMetric(nearKeysDesc, prometheus.GaugeValue, float64(o.near.count()), o.name)
 			// Only a namespace with a store has a store's health and a
 			// sync interval: those of the newest config attached.
 			if interval, ok := o.syncInterval(); ok {

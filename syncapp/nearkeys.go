@@ -72,6 +72,10 @@ func (n *nearKeys) add(marks []strategy.NearMark, version int64, capacity int, n
 	n.held.Store(int64(len(n.until)))
 }
 
+// count returns how many keys are marked, as of the last run: marks that
+// ended since are forgotten by the next.
+func (n *nearKeys) count() int64 { return n.held.Load() }
+
 // has reports whether key is marked, and its mark has not ended.
 func (n *nearKeys) has(key string) bool {
 	if n.held.Load() == 0 {

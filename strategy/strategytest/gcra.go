@@ -279,7 +279,9 @@ func testRateExpiry(t *testing.T, h Harness, s strategy.Rater) {
 		return
 	}
 	c := newRateCase(t, s)
-	r := req(200*time.Millisecond, 1, 1)
+	// Long enough that the keys outlive the requests and the count on a
+	// loaded machine, short enough to expire well within expiryWait.
+	r := req(2*time.Second, 1, 1)
 	for _, key := range []string{"a", "b", "c"} {
 		c.rate(key, "", r)
 		c.rate(key, "", r)
