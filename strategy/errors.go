@@ -78,6 +78,11 @@ func (e Errors) GetCounters(errp *error, namespace string, n int) {
 	e.wrap(errp, "fetching counters of %d keys of namespace %q", n, namespace)
 }
 
+// MarkNear wraps the error of NearFeed.MarkNear of n marks.
+func (e Errors) MarkNear(errp *error, namespace string, n int) {
+	e.wrap(errp, "marking %d keys of namespace %q near their limits", n, namespace)
+}
+
 // Reset wraps the error of Store.Reset.
 func (e Errors) Reset(errp *error, namespace string) {
 	e.wrap(errp, "resetting a key of namespace %q", namespace)

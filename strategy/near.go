@@ -49,6 +49,14 @@ type NearFeed interface {
 	// Marks come in the order they were made; a key marked twice may come
 	// twice.
 	GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (counts []window.Count, marks []NearMark, version int64, err error)
+
+	// MarkNear makes marks as a push's crossings would, one version for
+	// them all, in one round trip: for keys that a node saw come near
+	// their limits other than by a push, such as by its synchronous hits
+	// (sync_above), which the store applies without marking. Marks that
+	// ended by the time they are made are made all the same and read by
+	// no one. Marks made twice are harmless: a reader reads the key twice.
+	MarkNear(ctx context.Context, namespace string, marks []NearMark) error
 }
 
 // NearMark says that a key came near one of its limits, until a time.

@@ -75,6 +75,19 @@ func (d *data) feedOf(namespace string, now int64) *nearFeed {
 	return f
 }
 
+// MarkNear makes marks (see strategy.NearFeed).
+func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
+	defer errs.MarkNear(&err, namespace, len(marks))
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.markNear(namespace, marks, s.now().UnixNano())
+	return nil
+}
+
 // GetCountersNear is GetCounters, and the namespace's marks made after
 // version known that have not ended by now (see strategy.NearFeed).
 func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {

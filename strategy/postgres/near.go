@@ -25,7 +25,7 @@ const maxNearMarks = 1 << 16
 // (pushSQL and pushRatesSQL with the marking added), the read, and the
 // purge of ended marks.
 type nearStatements struct {
-	schema, push, pushRates, read, purgeMarks, purgeVersions string
+	schema, push, pushRates, mark, read, purgeMarks, purgeVersions string
 }
 
 // newNearStatements makes the feed's statements from the names of the
@@ -46,6 +46,7 @@ func newNearStatements(n *names, push, pushRates string) *nearStatements {
 		schema:        r.Replace(nearSchemaSQL),
 		push:          markingPush(push, 8, n, r),
 		pushRates:     markingPush(pushRates, 11, n, r),
+		mark:          r.Replace(markOnlySQL()),
 		read:          r.Replace(readNearSQL),
 		purgeMarks:    r.Replace(purgeNearSQL),
 		purgeVersions: r.Replace(purgeNearVersionsSQL),
@@ -202,6 +203,20 @@ SELECT $1, w.version - cardinality(x.keys) + k.j, k.key, k.until_ms
 FROM versioned w, crossed x, unnest(x.keys, x.untils) WITH ORDINALITY AS k(key, until_ms, j)
 WHERE k.j > cardinality(x.keys) - {bound}`
 
+// markOnlySQL returns the statement of MarkNear: markSQL's numbering,
+// trim and insert, of the marks given as $2 (the keys) and $3 (their
+// ends), all of them marks, for namespace $1.
+func markOnlySQL() string {
+	at := strings.Index(markSQL, "\n), versioned AS (")
+	if at < 0 {
+		panic("postgres: markSQL without its versioned part")
+	}
+	return `
+WITH crossed AS (
+	SELECT $2::bytea[] AS keys, $3::bigint[] AS untils,
+		coalesce((SELECT max(u) FROM unnest($3::bigint[]) AS u), 0) AS last` + markSQL[at:]
+}
+
 // readNearSQL reads a namespace's version ($1): the number of its newest
 // mark while any of its marks has not ended by $3 (Unix milliseconds), 0
 // otherwise; and, unless that is $2, the key and end of every mark after
@@ -268,6 +283,34 @@ func (a *nearArgs) settle(sums []float64) {
 	for i, c := range a.counters {
 		a.after[i] = sums[c-1] - a.after[i]
 	}
+}
+
+// MarkNear makes marks (see strategy.NearFeed): one statement, which
+// numbers them after the namespace's newest, as a marking push does.
+func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
+	defer errs.MarkNear(&err, namespace, len(marks))
+	if len(marks) == 0 {
+		return nil
+	}
+	on, err := s.nearOn(ctx)
+	if err != nil || !on {
+		return err // without the feed's tables, a store without a feed
+	}
+	keys := make([][]byte, len(marks))
+	untils := make([]int64, len(marks))
+	for i, m := range marks {
+		keys[i] = append([]byte{}, m.Key...) // never nil: NULL
+		untils[i] = m.Until.UnixMilli()
+	}
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, s.nearSQL.mark, stored(namespace, maxStoredNamespace), keys, untils); err != nil {
+		return s.sent(err)
+	}
+	return nil
 }
 
 // GetCountersNear is GetCounters, and the namespace's marks made after

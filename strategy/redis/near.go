@@ -122,6 +122,22 @@ func appendMarked(marked []int32, calls []scriptCall, cmds []*goredis.Cmd) []int
 	return marked
 }
 
+// MarkNear makes marks (see strategy.NearFeed): one run of nearScript,
+// on the node of the namespace's feed.
+func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
+	defer errs.MarkNear(&err, namespace, len(marks))
+	if len(marks) == 0 {
+		return nil
+	}
+	feed, version := s.layout.nearKeys(namespace)
+	cmdArgs := make([]any, 0, 5+2*len(marks))
+	cmdArgs = append(cmdArgs, nil, nil, 2, feed, version)
+	for _, m := range marks {
+		cmdArgs = append(cmdArgs, m.Key, m.Until.UnixMilli())
+	}
+	return s.runOnce(ctx, nearScript, nearSource, cmdArgs, true).Err()
+}
+
 // writeMarks writes to a batch's namespace's feed the marks of its diffs
 // that Cluster runs marked, in the order of the diffs, with one script run
 // (see nearScript), if there are any. Marks written twice are harmless (a

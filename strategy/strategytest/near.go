@@ -30,6 +30,7 @@ func testNear(t *testing.T, h Harness) {
 		{"Crossing", testNearCrossing},
 		{"Version", testNearVersion},
 		{"RetriedBatch", testNearRetriedBatch},
+		{"MarkNear", testNearMarkNear},
 		{"Counts", testNearCounts},
 		{"Bound", testNearBound},
 		{"Expiry", testNearExpiry},
@@ -163,6 +164,37 @@ func testNearVersion(t *testing.T, f strategy.NearFeed) {
 	pushNear(t, f, ns, 1, nearDiff(at, "k1", 1, 1, false))
 	if _, now := readNear(t, f, ns, v); now != v {
 		t.Fatalf("a push that marks nothing moved the version from %d to %d", v, now)
+	}
+}
+
+// testNearMarkNear checks that MarkNear makes its marks that have not
+// ended, in order, after a push's, at a greater version, and that no
+// marks change nothing.
+func testNearMarkNear(t *testing.T, f strategy.NearFeed) {
+	ns := unique("near-mark")
+	ctx := testContext(t)
+	d := nearDiff(steadyNow(), "pushed", 1, 1, false)
+	pushNear(t, f, ns, 1, d)
+	_, v1 := readNear(t, f, ns, 0)
+	now := time.Now()
+	later := now.Add(time.Hour).Truncate(time.Millisecond)
+	marks := []strategy.NearMark{{Key: "a", Until: later}, {Key: "ended", Until: now.Add(-time.Minute)}, {Key: "b\x00\n", Until: later}}
+	if err := f.MarkNear(ctx, ns, marks); err != nil {
+		t.Fatalf("MarkNear(%v): %v", marks, err)
+	}
+	got, v2 := readNear(t, f, ns, v1)
+	want := []nearRead{{"a", later.UnixMilli()}, {"b\x00\n", later.UnixMilli()}}
+	if !slices.Equal(got, want) || v2 <= v1 {
+		t.Fatalf("after MarkNear, a reader at %d read %v at %d, want %v at a greater version", v1, got, v2, want)
+	}
+	if got, _ := readNear(t, f, ns, 0); !slices.Equal(got, append([]nearRead{{"pushed", untilOf(d)}}, want...)) {
+		t.Fatalf("a new reader read %v, want the pushed mark, then %v", got, want)
+	}
+	if err := f.MarkNear(ctx, ns, nil); err != nil {
+		t.Fatalf("MarkNear of no marks: %v", err)
+	}
+	if _, v := readNear(t, f, ns, v2); v != v2 {
+		t.Fatalf("MarkNear of no marks moved the version from %d to %d", v2, v)
 	}
 }
 
