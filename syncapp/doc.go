@@ -77,9 +77,11 @@
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
 //	nearKeys.mu the keys the store's feed marked near their limits, until
-//	            their marks end, and the feed's version read (a periodic
+//	            their marks end, the feed's version read, and the marks
+//	            this node's store-decided hits ask for (a periodic
 //	            namespace whose store is a strategy.NearFeed); a request
-//	            reads it only when some key is marked (an atomic count).
+//	            reads the marks only when some key is marked (an atomic
+//	            count).
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
 //	            off the request's path by its own goroutine, and those of
@@ -140,7 +142,9 @@
 //	  periodic with sync_above ──► storeRoad.hitNear ──► zone.HitUnlessNear:
 //	    far from every limit ──► counted, decided; near one ──► as below,
 //	    with the key's diffs taken from the zone; a key the feed marked
-//	    that the runs do not fetch (periodicHits.blind) is near
+//	    that the runs do not fetch (periodicHits.blind) is near; a
+//	    window the store's answer shows near its limit has the next run
+//	    mark the key (periodicHits.decidedAtStore ──► nearKeys.ask)
 //	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
@@ -173,6 +177,8 @@
 //	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch;
 //	    with a feed, the new batch asks the store to mark the keys whose
 //	    windows it brings to nearShare of their limits)
+//	  with a feed, the marks asked for (nearKeys.takeAsked) ──►
+//	    store.MarkNear (runner.markAsked)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
 //	    (with a feed, every run: store.GetCountersNear, the marks since
 //	    nearKeys.known ──► nearKeys.add, in the same round trip)

@@ -99,7 +99,11 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 		if n.periodic.blind(key) {
 			above = 0 // near a limit by the store's feed: the store decides
 		}
-		return n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)
+		rejected, atStore := n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)
+		if atStore {
+			n.periodic.decidedAtStore(key, limits, out)
+		}
+		return rejected
 	case n.mode == Synchronous && !n.health.down():
 		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected

@@ -28,10 +28,54 @@ type nearKeys struct {
 	// held is len(until), read without the lock: a request asks the map
 	// only when some key is marked.
 	held atomic.Int64
+	// asked holds the marks this node's synchronous hits asked for (ask),
+	// by key, until a run makes them (takeAsked).
+	asked map[string]int64
 }
 
+// maxAsked is the most marks a node asks for between two runs: past it,
+// keys go unmarked (the other nodes decide them as without a feed).
+const maxAsked = 4096
+
 func newNearKeys() *nearKeys {
-	return &nearKeys{until: make(map[string]int64)}
+	return &nearKeys{until: make(map[string]int64), asked: make(map[string]int64)}
+}
+
+// ask has the next run mark key until until (Unix nanoseconds), unless it
+// is marked already: for a key whose count a synchronous hit found near
+// its limit, which no push marks (the store applies such hits itself).
+func (n *nearKeys) ask(key string, until int64) {
+	if n.has(key) {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if u, ok := n.asked[key]; ok || len(n.asked) < maxAsked {
+		n.asked[key] = max(u, until)
+	}
+}
+
+// takeAsked returns the marks asked for since the last call, and forgets
+// them.
+func (n *nearKeys) takeAsked() []strategy.NearMark {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.asked) == 0 {
+		return nil
+	}
+	marks := make([]strategy.NearMark, 0, len(n.asked))
+	for k, u := range n.asked {
+		marks = append(marks, strategy.NearMark{Key: k, Until: time.Unix(0, u)})
+	}
+	clear(n.asked)
+	return marks
+}
+
+// reask asks again for marks that a run failed to make.
+func (n *nearKeys) reask(marks []strategy.NearMark) {
+	for _, m := range marks {
+		n.ask(m.Key, m.Until.UnixNano())
+	}
 }
 
 // known returns the feed's version the runs read up to.

@@ -115,6 +115,11 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 // asked the store anything and how long it waited for fetchAt.
 func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = r.pushPending(ctx)
+	if err == nil {
+		var asked bool
+		asked, err = r.markAsked(ctx)
+		contacted = contacted || asked
+	}
 	if err != nil || !fetch {
 		return contacted, 0, err
 	}
@@ -141,6 +146,26 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		r.fetched.fetched()
 	}
 	return true, waited, nil
+}
+
+// markAsked makes the marks that this node's synchronous hits asked for
+// (nearKeys.ask), which no push makes, before the run's fetch: the other
+// nodes read them with their next runs, as a push's. It reports whether
+// it asked the store anything; marks it failed to make wait for the next
+// run.
+func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
+	if r.feed == nil {
+		return false, nil
+	}
+	marks := r.near.takeAsked()
+	if len(marks) == 0 {
+		return false, nil
+	}
+	if err := r.feed.MarkNear(ctx, r.name, marks); err != nil {
+		r.near.reask(marks)
+		return true, err
+	}
+	return true, nil
 }
 
 // getCounters reads the store's counts of keys, and with a feed the marks

@@ -135,6 +135,49 @@ func TestFleetSpreadClientsKeepTheirLimit(t *testing.T) {
 	}
 }
 
+// TestFleetMarksKeysItsStoreHitsBringNear has one node of three bring a
+// client near its limit by itself, so that sync_above sends its third hit
+// to the store, which applies it without a push: the node's next run
+// marks the key all the same, and a node that never saw the client
+// rejects its sixth request.
+func TestFleetMarksKeysItsStoreHitsBringNear(t *testing.T) {
+	stores := map[string]func(t *testing.T) fleetStore{"memory": memoryStore}
+	for name, start := range fleetStores(t) {
+		stores[name] = start
+	}
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := startSpreadFleet(t, open(t), "alone", 3, 0.5)
+			ctx := context.Background()
+			limits := []Limit{{Size: time.Minute, Max: 5}}
+			out := make([]window.Sample, 1)
+			hit := func(i, node int, admit bool) {
+				t.Helper()
+				if got := f.nodes[node].Hit(ctx, "client", limits, 1, false, false, out) < 0; got != admit {
+					t.Fatalf("request %d, on node %d: admitted %v, want %v (%+v)", i, node, got, admit, out[0])
+				}
+			}
+			sync := func() {
+				t.Helper()
+				for _, ns := range f.nodes {
+					if err := ns.Sync(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for i := range 3 {
+				hit(i+1, 1, true)
+			}
+			sync()
+			hit(4, 2, true)
+			hit(5, 2, true)
+			sync()
+			hit(6, 0, false)
+		})
+	}
+}
+
 // TestNearKeysMetric has one node bring a key near its limit: another
 // node reads the store's mark with its next run, and reports it in
 // caddy_rate_limit_near_keys.

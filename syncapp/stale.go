@@ -2,6 +2,7 @@ package syncapp
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -30,6 +31,23 @@ type periodicHits struct {
 	fetched  *fetchSet
 	outbox   *outbox
 	near     *nearKeys // the store's marks, when it tells of them
+	share    float64   // of a limit, at which a window's count is near it (nearShare)
+}
+
+// decidedAtStore notes a hit that the store decided (sync_above), from
+// its counts in out: a window whose count is near its limit, which marks
+// the key when a push brings it there, has the next run mark it (the
+// store applies a synchronous hit without marking), unless it is marked.
+func (p *periodicHits) decidedAtStore(key string, limits []Limit, out []window.Sample) {
+	if p.near == nil {
+		return
+	}
+	for i, l := range limits {
+		if at := p.share * l.Max; at > 0 && !math.IsInf(at, 0) && out[i].Current >= at {
+			p.near.ask(key, out[i].Start+2*int64(out[i].Size))
+			return
+		}
+	}
 }
 
 // hit is Hit in a periodic namespace: on this node's counts, and on fresh

@@ -92,8 +92,9 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 // hitNear is Hit in a namespace with sync_above, the fraction of a limit
 // from which a key's hits count at the store: on this node's counts
 // unless the hit is near a limit (window.Namespace.HitUnlessNear), and
-// then as hit, with the key's diffs this node has not pushed.
-func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, above float64, out []window.Sample) int {
+// then as hit, with the key's diffs this node has not pushed. atStore
+// reports that the store decided, so that out holds its counts.
+func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, above float64, out []window.Sample) (rejected int, atStore bool) {
 	var buf [4]window.Unsynced
 	unsynced := buf[:]
 	if len(limits) > len(buf) {
@@ -102,11 +103,11 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 	unsynced = unsynced[:len(limits)]
 	rejected, near := r.counters.HitUnlessNear(key, limits, value, fixed, undo, above, out, unsynced)
 	if !near {
-		return rejected
+		return rejected, false
 	}
 	if !r.health.down() {
 		if rejected, ok := r.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
-			return rejected
+			return rejected, true
 		}
 	} else {
 		// The store is skipped: what the near hit took goes back, and the
@@ -117,7 +118,7 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 		}
 		r.giveBack(key, windows, unsynced, 0, true)
 	}
-	return r.counters.Hit(key, limits, value, fixed, undo, false, out)
+	return r.counters.Hit(key, limits, value, fixed, undo, false, out), false
 }
 
 // rateHit is a synchronous HitRate: one hit of the hit queue, with the

@@ -2,6 +2,7 @@ package accuracy
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,10 @@ func TestAnalyzeSpread(t *testing.T) {
 	if o.Holds || o.Breach != 1 || o.Past != 3 {
 		t.Errorf("holds %v, breach client %d, %d past the limit; want false, client 1, 3", o.Holds, o.Breach, o.Past)
 	}
+	if n := len(o.BreachRequests); n != len(every1s) || o.BreachRequests[0].Key != 1 ||
+		!slices.IsSortedFunc(o.BreachRequests, func(a, b Result) int { return a.Sent.Compare(b.Sent) }) {
+		t.Errorf("the breaching client's requests: %+v, want client 1's %d in the order sent", o.BreachRequests, len(every1s))
+	}
 	if o.Ratio() != 1.4 || o.BoundRatio() != 1 {
 		t.Errorf("ratio %v, bound %v; want 1.4, 1", o.Ratio(), o.BoundRatio())
 	}
@@ -121,7 +126,7 @@ func TestAnalyzeSpread(t *testing.T) {
 		results = append(results, spreadResults(start, c, 5, every1s...)...)
 	}
 	o = AnalyzeSpread(row, 3, start, results)
-	if !o.Holds || o.Worst != 0 || o.Past != 0 || o.Breach != -1 {
+	if !o.Holds || o.Worst != 0 || o.Past != 0 || o.Breach != -1 || o.BreachRequests != nil {
 		t.Errorf("holds %v, worst %d, past %d, breach %d; want true, 0, 0, -1", o.Holds, o.Worst, o.Past, o.Breach)
 	}
 }

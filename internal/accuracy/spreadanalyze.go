@@ -74,6 +74,9 @@ type SpreadOutcome struct {
 	// one did not, Breach is the client that went furthest past it.
 	Holds  bool
 	Breach int
+	// BreachRequests are the requests of the client Breach, in the order
+	// sent: how it went past its bound.
+	BreachRequests []Result
 	// Past is how many clients were admitted more than the limit.
 	Past int
 
@@ -180,6 +183,9 @@ func AnalyzeSpread(row SpreadRow, clients int, base time.Time, results []Result)
 		if o.Admitted[c] > o.Admitted[o.Worst] || c == 0 {
 			o.Worst, o.WorstHits = c, hits
 		}
+	}
+	if !o.Holds {
+		o.BreachRequests = slices.SortedStableFunc(slices.Values(per[o.Breach]), func(a, b Result) int { return a.Sent.Compare(b.Sent) })
 	}
 	return o
 }

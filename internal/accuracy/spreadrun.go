@@ -128,6 +128,14 @@ func (r *SpreadRunner) progress(i, n int, o SpreadOutcome) {
 		o.Past, len(o.Admitted), o.OpsPer1k(), ms(o.LateP99))
 	if r.Verbose {
 		fmt.Fprintf(r.Progress, "        admitted per client %v, bounds %v\n", o.Admitted, o.Bounds)
+		if len(o.BreachRequests) > 0 {
+			first := o.BreachRequests[0].Sent
+			fmt.Fprintf(r.Progress, "        client %d's requests (sent after its first, node, status, latency):", o.Breach)
+			for _, q := range o.BreachRequests {
+				fmt.Fprintf(r.Progress, " %s@%d:%d/%s", q.Sent.Sub(first).Round(time.Millisecond), q.Node, q.Status, ms(q.Latency))
+			}
+			fmt.Fprintln(r.Progress)
+		}
 	}
 }
 

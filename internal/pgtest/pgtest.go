@@ -215,13 +215,14 @@ func (s *Server) launch() error {
 	from, _ := logf.Seek(0, 2)
 	// Without fsync a commit reaches the kernel, not the disk: it survives
 	// a killed server, though not a crashed machine, which tests do not
-	// need. Commits stay synchronous, so Kill loses none.
+	// need. Commits stay synchronous, so Kill loses none. Tests run fleets
+	// of up to 64 nodes on one server, each with a pool of its own.
 	cmd := exec.Command(s.bin.Postgres,
 		"-D", s.data,
 		"-p", strconv.Itoa(s.Port),
 		"-k", s.Dir,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "max_connections=100",
+		"-c", "max_connections=300",
 		"-c", "shared_buffers=32MB",
 		"-c", "fsync=off",
 		"-c", "full_page_writes=off")
