@@ -216,14 +216,7 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 		default:
 			o.Failed++
 			if o.FirstError == "" {
-				switch {
-				case r.Err != nil:
-					o.FirstError = r.Err.Error()
-				case r.Status == http.StatusOK:
-					o.FirstError = "200 without " + TimeHeader
-				default:
-					o.FirstError = fmt.Sprintf("status %d", r.Status)
-				}
+				o.FirstError = failure(r)
 			}
 		}
 	}
@@ -337,4 +330,17 @@ func Percentile(ds []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	i := int(math.Ceil(p*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// failure says why a request failed: its error, a 200 without the node's
+// clock (TimeHeader), or its status.
+func failure(r Result) string {
+	switch {
+	case r.Err != nil:
+		return r.Err.Error()
+	case r.Status == http.StatusOK:
+		return "200 without " + TimeHeader
+	default:
+		return fmt.Sprintf("status %d", r.Status)
+	}
 }

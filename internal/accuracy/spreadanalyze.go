@@ -2,7 +2,6 @@ package accuracy
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"net/http"
 	"slices"
@@ -156,14 +155,7 @@ func AnalyzeSpread(row SpreadRow, clients int, base time.Time, results []Result)
 		default:
 			o.Failed++
 			if o.FirstError == "" {
-				switch {
-				case r.Err != nil:
-					o.FirstError = r.Err.Error()
-				case r.Status == http.StatusOK:
-					o.FirstError = "200 without " + TimeHeader
-				default:
-					o.FirstError = fmt.Sprintf("status %d", r.Status)
-				}
+				o.FirstError = failure(r)
 			}
 		}
 	}
