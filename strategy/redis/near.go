@@ -126,6 +126,32 @@ func appendMarked(marked []int32, calls []scriptCall, cmds []*goredis.Cmd) []int
 // on the node of the namespace's feed.
 func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
 	defer errs.MarkNear(&err, namespace, len(marks))
+	return s.runNear(ctx, namespace, marks)
+}
+
+// writeMarks writes to a batch's namespace's feed the marks of its diffs
+// that Cluster runs marked, in the order of the diffs, if there are any.
+func (s *Store) writeMarks(ctx context.Context, b strategy.Batch, marked []int32) error {
+	if len(marked) == 0 {
+		return nil
+	}
+	slices.Sort(marked)
+	marks := make([]strategy.NearMark, len(marked))
+	for j, i := range marked {
+		d := &b.Diffs[i]
+		marks[j] = strategy.NearMark{Key: d.Key, Until: strategy.NearUntil(d)}
+	}
+	if err := s.runNear(ctx, b.Namespace, marks); err != nil {
+		return fmt.Errorf("marking %d keys near their limits: %w", len(marked), err)
+	}
+	return nil
+}
+
+// runNear appends marks to a namespace's feed with one run of nearScript,
+// if there are any. Marks written twice are harmless (a reader may read a
+// key twice), so it is sent once more after a connection failure if a
+// promoted replica serves the feed's slot by then.
+func (s *Store) runNear(ctx context.Context, namespace string, marks []strategy.NearMark) error {
 	if len(marks) == 0 {
 		return nil
 	}
@@ -136,27 +162,4 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 		cmdArgs = append(cmdArgs, m.Key, m.Until.UnixMilli())
 	}
 	return s.runOnce(ctx, nearScript, nearSource, cmdArgs, true).Err()
-}
-
-// writeMarks writes to a batch's namespace's feed the marks of its diffs
-// that Cluster runs marked, in the order of the diffs, with one script run
-// (see nearScript), if there are any. Marks written twice are harmless (a
-// reader may read a key twice), so it is sent once more after a
-// connection failure if a promoted replica serves the feed's slot by then.
-func (s *Store) writeMarks(ctx context.Context, b strategy.Batch, marked []int32) error {
-	if len(marked) == 0 {
-		return nil
-	}
-	slices.Sort(marked)
-	feed, version := s.layout.nearKeys(b.Namespace)
-	cmdArgs := make([]any, 0, 5+2*len(marked))
-	cmdArgs = append(cmdArgs, nil, nil, 2, feed, version)
-	for _, i := range marked {
-		d := &b.Diffs[i]
-		cmdArgs = append(cmdArgs, d.Key, strategy.NearUntil(d).UnixMilli())
-	}
-	if err := s.runOnce(ctx, nearScript, nearSource, cmdArgs, true).Err(); err != nil {
-		return fmt.Errorf("marking %d keys near their limits: %w", len(marked), err)
-	}
-	return nil
 }
