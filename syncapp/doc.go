@@ -81,7 +81,11 @@
 //	            this node's store-decided hits ask for (a periodic
 //	            namespace whose store is a strategy.NearFeed); a request
 //	            reads the marks only when some key is marked (an atomic
-//	            count).
+//	            count). Whether the runs skip the feed (a node with nothing
+//	            to fetch rests) is an atomic.
+//	nearKeys.wakeMu the read of the feed that the requests finding the node
+//	            resting share (nearKeys.wake): held only to start or join
+//	            it, never across the read.
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
 //	            off the request's path by its own goroutine, and those of
@@ -133,6 +137,9 @@
 //	  or local); HitIfRoom and HitRateIfRoom take the same roads
 //	  local ──► window zone: count, decide (a rate first, then the limits)
 //	  periodic ──► periodicHits.hit ──► window zone: count, decide
+//	    a resting node (its runs had nothing to fetch, and skip the
+//	    feed): periodicHits.wake first ──► store.GetCountersNear, the
+//	    marks alone, one read for the requests that come meanwhile
 //	    a key the store's feed marked near a limit, which the runs do not
 //	    fetch (periodicHits.blind): periodicHits.refresh first
 //	    rejected, a key the runs no longer fetch: periodicHits.refresh

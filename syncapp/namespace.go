@@ -96,7 +96,7 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 	switch {
 	case n.syncAbove > 0:
 		above := n.syncAbove
-		if n.periodic.blind(key) {
+		if n.periodic.blind(ctx, key) {
 			above = 0 // near a limit by the store's feed: the store decides
 		}
 		rejected, atStore := n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)

@@ -39,10 +39,15 @@ func (c *countingStrategy) OpenStore() (strategy.Store, error) {
 }
 
 // countingStore is a memory store that counts the synchronous hits it
-// applies.
+// applies and the reads of its feed of keys near their limits.
 type countingStore struct {
 	*memory.Store
-	hits atomic.Int64
+	hits, feedReads atomic.Int64
+}
+
+func (c *countingStore) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) ([]window.Count, []strategy.NearMark, int64, error) {
+	c.feedReads.Add(1)
+	return c.Store.GetCountersNear(ctx, namespace, keys, sizes, now, known)
 }
 
 func (c *countingStore) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {

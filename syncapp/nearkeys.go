@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,13 @@ import (
 // balancer spreads over the fleet is decided on the fleet's count from
 // the run after its count came near the limit, however seldom each node
 // sees it.
+//
+// A node with nothing to fetch rests: its runs skip the feed, so that an
+// idle fleet costs the store nothing. The first request that finds it
+// resting reads the feed (periodicHits.wake) before it is decided, and
+// the requests that come meanwhile wait for that read: one round trip
+// per node and wake, not per request or key. A node
+// starts resting: it has read no mark yet.
 type nearKeys struct {
 	mu      sync.RWMutex
 	until   map[string]int64 // Unix nanoseconds
@@ -31,6 +39,11 @@ type nearKeys struct {
 	// asked holds the marks this node's synchronous hits asked for (ask),
 	// by key, until a run makes them (takeAsked).
 	asked map[string]int64
+	// resting is set while the runs skip the feed (rest); waking is
+	// closed when the read of the requests that found it so ends (wake).
+	resting atomic.Bool
+	wakeMu  sync.Mutex
+	waking  chan struct{}
 }
 
 // maxAsked is the most marks a node asks for between two runs: past it,
@@ -39,6 +52,43 @@ const maxAsked = 4096
 
 func newNearKeys() *nearKeys {
 	return &nearKeys{until: make(map[string]int64), asked: make(map[string]int64)}
+}
+
+// rest has the runs skip the feed until a read brings the node up to
+// date again (add): a run with no key to fetch calls it.
+func (n *nearKeys) rest() { n.resting.Store(true) }
+
+// restingNow reports whether the runs skip the feed.
+func (n *nearKeys) restingNow() bool { return n.resting.Load() }
+
+// wake has read bring a resting node up to date, once for all the
+// requests that find it resting at the same time: the first calls read,
+// the others wait for it, or for ctx. A read that fails leaves the node
+// resting.
+func (n *nearKeys) wake(ctx context.Context, read func()) {
+	n.wakeMu.Lock()
+	if !n.resting.Load() {
+		n.wakeMu.Unlock()
+		return
+	}
+	if done := n.waking; done != nil {
+		n.wakeMu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return
+	}
+	done := make(chan struct{})
+	n.waking = done
+	n.wakeMu.Unlock()
+	defer func() {
+		n.wakeMu.Lock()
+		n.waking = nil
+		n.wakeMu.Unlock()
+		close(done)
+	}()
+	read()
 }
 
 // ask has the next run mark key until until (Unix nanoseconds), unless it
@@ -93,6 +143,7 @@ func (n *nearKeys) add(marks []strategy.NearMark, version int64, capacity int, n
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.version = version
+	n.resting.Store(false)
 	if len(marks) == 0 && len(n.until) == 0 {
 		return
 	}

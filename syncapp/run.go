@@ -124,7 +124,10 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		return contacted, 0, err
 	}
 	keys := r.fetched.due(fetchRuns(r.interval()))
-	if len(keys) == 0 && r.feed == nil {
+	if len(keys) == 0 {
+		if r.feed != nil {
+			r.near.rest()
+		}
 		return contacted, 0, nil
 	}
 	if wait := time.Until(fetchAt); wait > 0 {

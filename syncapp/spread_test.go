@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,9 @@ func TestNearKeysMetric(t *testing.T) {
 	for range 2 { // 2 of 4: half the limit, where the store marks the key
 		a.Hit(ctx, "client", []Limit{{Size: time.Minute, Max: 4}}, 1, false, false, out)
 	}
+	// b has traffic of its own: a node with nothing to fetch rests, and
+	// reads no mark.
+	b.Hit(ctx, "other", []Limit{{Size: time.Minute, Max: 4}}, 1, false, false, out)
 	if err := b.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -208,5 +212,57 @@ func TestNearKeysMetric(t *testing.T) {
 	}
 	if got := gathered(t, reg, series); got != 1 {
 		t.Fatalf("%s = %v once a pushed 2 hits of a limit of 4, want 1", series, got)
+	}
+}
+
+// TestRestingNodeReadsTheFeedOnItsFirstRequest has node b's runs find
+// nothing to fetch: they stop reading the feed of keys near their limits.
+// Node a then brings a client near its limit; b's first request reads
+// the feed before it is decided, once for all the requests after it, so
+// that b admits the client only up to the limit.
+func TestRestingNodeReadsTheFeedOnItsFirstRequest(t *testing.T) {
+	awayFromMinuteEnds()
+	name := fmt.Sprintf("%s-%d", t.Name(), rand.Uint64())
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "1h", "window_sizes": ["1m"], "strategy": {"module": "test_counting", "name": %q}}}}`, name)
+	a := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	b := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	v, _ := countingStores.Load(name)
+	store := v.(*countingStore)
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Minute, Max: 5}}
+	out := make([]window.Sample, 1)
+	sync := func(ns *Namespace) {
+		t.Helper()
+		if err := ns.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Hit(ctx, "warm-up", limits, 1, false, false, out)
+	for range fetchRuns(time.Hour) + 1 {
+		sync(b) // fetches warm-up, then nothing
+	}
+	if !b.periodic.near.restingNow() {
+		t.Fatal("b's runs have nothing to fetch, yet b does not rest")
+	}
+	for range 3 {
+		a.Hit(ctx, "client", limits, 1, false, false, out)
+	}
+	sync(a) // 3 of 5: the store marks the client
+	reads := store.feedReads.Load()
+	sync(b)
+	if got := store.feedReads.Load() - reads; got != 0 {
+		t.Fatalf("a resting node's run read the feed %d times, want none", got)
+	}
+	admitted := 0
+	for range 3 {
+		if b.Hit(ctx, "client", limits, 1, false, false, out) < 0 {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("b admitted %d of 3 requests of a client a took to 3 of 5, want 2", admitted)
+	}
+	if got := store.feedReads.Load() - reads; got != 1 || b.periodic.near.restingNow() {
+		t.Fatalf("b's requests read the feed %d times (resting after: %v), want once, and awake", got, b.periodic.near.restingNow())
 	}
 }

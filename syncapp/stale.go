@@ -30,8 +30,9 @@ type periodicHits struct {
 	health   *health
 	fetched  *fetchSet
 	outbox   *outbox
-	near     *nearKeys // the store's marks, when it tells of them
-	share    float64   // of a limit, at which a window's count is near it (nearShare)
+	near     *nearKeys         // the store's marks, when it tells of them
+	feed     strategy.NearFeed // the store, which reads them, with near
+	share    float64           // of a limit, at which a window's count is near it (nearShare)
 }
 
 // decidedAtStore notes a hit that the store decided (sync_above), from
@@ -53,7 +54,7 @@ func (p *periodicHits) decidedAtStore(key string, limits []Limit, out []window.S
 // hit is Hit in a periodic namespace: on this node's counts, and on fresh
 // ones when they rejected a key the runs no longer fetch.
 func (p *periodicHits) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample) int {
-	if p.blind(key) {
+	if p.blind(ctx, key) {
 		p.refresh(ctx, key)
 	}
 	rejected := p.counters.Hit(key, limits, value, fixed, undo, false, out)
@@ -74,7 +75,7 @@ func (p *periodicHits) hit(ctx context.Context, key string, limits []Limit, valu
 // hitIfRoom is HitIfRoom in a periodic namespace, with the second look of
 // hit.
 func (p *periodicHits) hitIfRoom(ctx context.Context, key string, limits []Limit, value float64, out []window.Sample) (rejected int, wait time.Duration) {
-	if p.blind(key) {
+	if p.blind(ctx, key) {
 		p.refresh(ctx, key)
 	}
 	rejected, wait = p.counters.HitIfRoom(key, limits, value, out)
@@ -89,9 +90,36 @@ func (p *periodicHits) hitIfRoom(ctx context.Context, key string, limits []Limit
 // hits: the store's feed marked it near a limit, and the runs do not
 // fetch it (it came back after a while, or never came). Its hit then asks
 // the store first: a read in a namespace without sync_above, the hit
-// itself at the store with it.
-func (p *periodicHits) blind(key string) bool {
-	return p.near != nil && p.near.has(key) && p.stale(key)
+// itself at the store with it. A node that rests reads the feed first.
+func (p *periodicHits) blind(ctx context.Context, key string) bool {
+	if p.near == nil {
+		return false
+	}
+	if p.near.restingNow() {
+		p.wake(ctx)
+	}
+	return p.near.has(key) && p.stale(key)
+}
+
+// wake reads the marks a resting node has not read (see nearKeys), with
+// the requests that find it resting meanwhile. It reads nothing while the
+// store is failing; a failure leaves the node resting, and its requests
+// decided on its own counts, as without a feed.
+func (p *periodicHits) wake(ctx context.Context) {
+	if p.feed == nil || !p.health.ok() {
+		return
+	}
+	p.near.wake(ctx, func() {
+		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
+		defer cancel()
+		now := time.Now()
+		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known())
+		if err != nil {
+			p.health.failed(err, 0)
+			return
+		}
+		p.near.add(marks, version, p.counters.Zone().Capacity(), now)
+	})
 }
 
 // stale reports whether key's counts may be older than the last run: the

@@ -127,6 +127,7 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		fetched:  s.fetched,
 		outbox:   s.outbox,
 		near:     near,
+		feed:     feed,
 		share:    nearShare(n.syncAbove),
 	}
 	if n.store != nil {
