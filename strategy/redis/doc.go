@@ -374,22 +374,28 @@
 //	<prefix>:{<bucket>}:nearv:<len(namespace)>:<namespace>
 //
 // in the bucket of the namespace's empty key, as its bans. The string
-// holds "<version> <latest end>": the version counts the marks, from the
-// server's time in microseconds when the feed was made, and the latest
-// end of a mark is when both keys expire (PXAT, PEXPIREAT), so that a
-// namespace whose marks all ended holds nothing and reads as version 0.
-// A stream entry holds up to 256 marks of a push, each a field (the key,
-// any bytes) and a value (its end, in Unix milliseconds), and its ID is
-// "<version of its last mark>-0"; each XADD drops the entries that hold
-// only marks older than the newest 65,536 (MINID, exact). A push run that
-// may mark sends each counter's threshold and mark's end, and decides on
-// the new count that its INCRBYFLOAT replies (or that SET NX made): on a
-// standalone server it writes its marks itself, the version read by the
-// run's MGET (a run of one counter GETs it); on a Cluster its runs reply
-// with the counters that marked and the push writes them with one more
-// script run in the feed's slot. GetCountersNear reads the string with
-// GetCounters' MGETs, and only when the version moved reads the marks
-// made since (XRANGE from the entry after the version known).
+// holds "<version> <end> <streamed>" and the newest marks: the version
+// counts the marks, from the server's time in microseconds when the feed
+// was made; the latest end of a mark is when the string expires (PXAT),
+// so that a namespace whose marks all ended holds nothing and reads as
+// version 0; streamed is the version of the newest mark in the stream.
+// The marks after it follow, each " <end> <length of the key> <key>"
+// (the key any bytes, its end in Unix milliseconds), up to 512 bytes of
+// them: the push that would pass that moves them all to the stream, in
+// entries of up to 256 marks, each a field (the key) and a value (its
+// end), whose ID is "<version of its last mark>-0"; each XADD drops the
+// entries that hold only marks older than the newest 65,536 (MINID,
+// exact), and the stream expires (PEXPIREAT) with the latest end. A push
+// run that may mark sends each counter's threshold and mark's end, and
+// decides on the new count that its INCRBYFLOAT replies (or that SET NX
+// made): on a standalone server it writes its marks itself, the string
+// read by the run's MGET (a run of one counter GETs it); on a Cluster
+// its runs reply with the counters that marked and the push writes them
+// with one more script run in the feed's slot. GetCountersNear reads the
+// string with GetCounters' MGETs: a reader up to date, or behind by no
+// more marks than the string holds, takes them from there; only one
+// further behind reads the older ones (XRANGE from the entry after the
+// version known, up to streamed), in a second round trip.
 //
 // # Concurrency slots
 //
@@ -541,15 +547,15 @@
 //     A thousand new keys (about 700 buckets) cost about 3.3 commands a
 //     key to push and fetch once.
 //   - Near-limit marks (a batch with a Near): a run that marks nothing
-//     costs what it costs without; a run that marks costs one XADD per 256
-//     marks and the version's SET (a run of one counter one GET more),
-//     and TIME and a PEXPIREAT when the feed is new or the latest end of
-//     its marks moves. On a Cluster a push that marks costs one more
-//     script run, one round trip: EVALSHA, GET, XADD and SET. A fetch
-//     whose version is current costs what GetCounters does on a
-//     standalone server (the MGET reads the version), at most one MGET
-//     more on a Cluster, and one MGET with no keys; one whose version
-//     moved adds an XRANGE, in one more round trip.
+//     costs what it costs without; a run that marks costs the SET of the
+//     version's string (a run of one counter one GET more), TIME when the
+//     feed is new, and, when the string's marks pass 512 bytes, one XADD
+//     per 256 of them and a PEXPIREAT. On a Cluster a push that marks
+//     costs one more script run, one round trip: EVALSHA, GET and SET. A
+//     fetch costs what GetCounters does on a standalone server (the MGET
+//     reads the string), at most one MGET more on a Cluster, and one MGET
+//     with no keys; one further behind than the string's marks adds an
+//     XRANGE, in one more round trip.
 //   - A reset: MULTI, one SET per counter (two per window size), EXEC.
 //   - A slot taken: 7 commands, EVALSHA, TIME, ZREMRANGEBYSCORE, ZCARD,
 //     ZADD, PTTL and PEXPIRE (which a slot taken in the same millisecond

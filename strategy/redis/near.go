@@ -24,8 +24,10 @@ const maxNearMarks = 1 << 16
 // marks' version is a string that GetCounters' MGETs read with the
 // counters: on a standalone server that costs no command, on a Cluster at
 // most one more MGET in the same round trip, and with no keys it is one
-// MGET. Only when the version is not known does a second round trip read
-// the marks made since (XRANGE of the feed, from the entry after known):
+// MGET. The string holds the newest marks too (see feedSource), so a
+// reader that is up to date, or behind by no more than those, reads its
+// new marks there; only one further behind reads the older marks with a
+// second round trip (XRANGE of the feed, from the entry after known):
 // all of them, at most maxNearMarks, when known is 0 or ahead of the
 // store. Marks come in the order they were made; their ends are whole
 // milliseconds. Errors are those of GetCounters.
@@ -36,50 +38,109 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	version, err := parseNearVersion(raw)
+	f, err := parseFeed(raw)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	if version == 0 || version == known {
-		return counts, nil, version, nil
+	if f.version == 0 || f.version == known {
+		return counts, nil, f.version, nil
 	}
-	marks, err := s.readMarks(ctx, feed, known, version, now)
-	if err != nil {
-		return nil, nil, 0, err
+	nowMs := now.UnixMilli()
+	// The string holds the marks after version f.version - len(f.held).
+	from := f.version - int64(len(f.held))
+	if known > 0 && known >= from && known < f.version {
+		return counts, current(f.held[known-from:], nowMs), f.version, nil
 	}
-	return counts, marks, version, nil
+	var marks []strategy.NearMark
+	if f.streamed > 0 && (known < f.streamed || known > f.version) {
+		if marks, err = s.readMarks(ctx, feed, known, f.streamed, nowMs); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	return counts, append(marks, current(f.held, nowMs)...), f.version, nil
 }
 
-// parseNearVersion returns the version that the string of a namespace's
-// marks holds, "<version> <end>" (see feedSource), or 0 for "" (none).
-func parseNearVersion(raw string) (int64, error) {
+// feedString is what the string of a namespace's marks holds (see
+// feedSource).
+type feedString struct {
+	version, streamed int64
+	held              []strategy.NearMark // the marks after streamed, oldest first
+}
+
+// parseFeed reads the string of a namespace's marks, "" for none.
+func parseFeed(raw string) (feedString, error) {
+	var f feedString
 	if raw == "" {
-		return 0, nil
+		return f, nil
 	}
-	v, _, _ := strings.Cut(raw, " ")
-	version, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || version <= 0 {
-		return 0, fmt.Errorf("the version of the near-limit marks holds %q, not a version and an end", raw)
+	bad := func() (feedString, error) {
+		return feedString{}, fmt.Errorf("the version of the near-limit marks holds %q, not a version, an end and marks", raw)
 	}
-	return version, nil
+	fields := strings.SplitN(raw, " ", 4)
+	if len(fields) < 3 {
+		return bad()
+	}
+	var err1, err2 error
+	f.version, err1 = strconv.ParseInt(fields[0], 10, 64)
+	f.streamed, err2 = strconv.ParseInt(fields[2], 10, 64)
+	if err1 != nil || err2 != nil || f.version <= 0 || f.streamed < 0 || f.streamed > f.version {
+		return bad()
+	}
+	if len(fields) < 4 {
+		return f, nil
+	}
+	// Each mark: "<end> <length> <key>", a space between marks.
+	rest := fields[3]
+	for {
+		end, after, ok1 := strings.Cut(rest, " ")
+		length, key, ok2 := strings.Cut(after, " ")
+		until, err1 := strconv.ParseInt(end, 10, 64)
+		n, err2 := strconv.Atoi(length)
+		if !ok1 || !ok2 || err1 != nil || err2 != nil || n < 0 || n > len(key) {
+			return bad()
+		}
+		f.held = append(f.held, strategy.NearMark{Key: key[:n], Until: time.UnixMilli(until)})
+		rest = key[n:]
+		if rest == "" {
+			break
+		}
+		if rest[0] != ' ' {
+			return bad()
+		}
+		rest = rest[1:]
+	}
+	if int64(len(f.held)) > f.version-f.streamed && f.streamed > 0 {
+		return bad()
+	}
+	return f, nil
 }
 
-// readMarks reads the marks of a feed after version known up to version,
-// leaving out those that ended by now: from the first entry when known is
-// 0 or not behind version.
-func (s *Store) readMarks(ctx context.Context, feed string, known, version int64, now time.Time) ([]strategy.NearMark, error) {
+// current returns the marks that have not ended by nowMs.
+func current(marks []strategy.NearMark, nowMs int64) []strategy.NearMark {
+	var out []strategy.NearMark
+	for _, m := range marks {
+		if m.Until.UnixMilli() > nowMs {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// readMarks reads the marks of a feed's stream after version known up to
+// version upto, leaving out those that ended by nowMs: from the first
+// entry when known is 0 or not behind upto.
+func (s *Store) readMarks(ctx context.Context, feed string, known, upto, nowMs int64) ([]strategy.NearMark, error) {
 	start := "-"
-	if known > 0 && known < version {
+	if known > 0 && known < upto {
 		start = strconv.FormatInt(known+1, 10)
 	}
 	// A raw XRANGE: go-redis's XRange reads an entry's fields into a map,
 	// which would lose a key marked twice in one entry, and the order.
-	cmd := goredis.NewSliceCmd(ctx, "xrange", feed, start, strconv.FormatInt(version, 10))
+	cmd := goredis.NewSliceCmd(ctx, "xrange", feed, start, strconv.FormatInt(upto, 10))
 	cmd.SetFirstKeyPos(1)
 	if err := s.client.Process(ctx, cmd); err != nil {
 		return nil, notSent(err)
 	}
-	nowMs := now.UnixMilli()
 	var marks []strategy.NearMark
 	for _, e := range cmd.Val() {
 		entry, ok := e.([]any)

@@ -65,10 +65,12 @@ func TestPlanPushWithoutMarks(t *testing.T) {
 
 // The commands of near-limit marks on a standalone server, as INFO
 // commandstats counts them: a push that marks nothing costs what a push
-// without a Near does; one whose run marks costs the XADD of its marks and
-// the SET of their version (and, when the feed is new or its latest end
-// moves, TIME and PEXPIREAT); a fetch at the known version costs what
-// GetCounters does, since the MGET reads the version with the counters.
+// without a Near does; one whose run marks costs the SET of the string
+// that holds the newest marks and their version (and TIME when the feed
+// is new), and the push that fills the string moves them to the stream
+// (XADD, PEXPIREAT); a fetch at the known version, or behind by marks the
+// string holds, costs what GetCounters does, since the MGET reads the
+// string with the counters; one further behind, an XRANGE more.
 func TestCommandsPerNearMark(t *testing.T) {
 	srv, r := startStandalone(t)
 	c := srv.Client("")
@@ -104,38 +106,53 @@ func TestCommandsPerNearMark(t *testing.T) {
 	}
 
 	// The first mark makes the feed: its version starts at the server's
-	// time (TIME), and the stream gets its expiry.
-	first := extraCalls(push(nearBatch("near-cmds", "first-", 10, now, 1, 1)), base)
-	if want := map[string]int{"time": 1, "xadd": 1, "set": 1, "pexpireat": 1}; !maps.Equal(first, want) {
-		t.Errorf("the push that made the feed ran %v more than without marks, want %v", first, want)
-	}
-	// Then a run that marks k keys costs one XADD and the version's SET,
-	// whatever k.
-	for _, k := range []int{1, 2, 10} {
-		b := nearBatch("near-cmds", fmt.Sprint("marks-", k, "-"), 10, now, 1, 100)
+	// time (TIME).
+	marked := func(prefix string, k int) strategy.Batch {
+		b := nearBatch("near-cmds", prefix, 10, now, 1, 100)
 		for i := range k {
 			b.Diffs[i].Limit = 1
 		}
-		extra := extraCalls(push(b), base)
-		t.Logf("a run of 10 counters marking %d keys: %v more commands", k, extra)
-		if want := map[string]int{"xadd": 1, "set": 1}; !maps.Equal(extra, want) {
-			t.Errorf("a run marking %d keys ran %v more, want %v", k, extra, want)
+		return b
+	}
+	if first := extraCalls(push(marked("first-", 1)), base); !maps.Equal(first, map[string]int{"time": 1, "set": 1}) {
+		t.Errorf("the push that made the feed ran %v more than without marks, want TIME and a SET", first)
+	}
+	// Then a run that marks keys costs the string's SET, until the marks
+	// fill it: that run moves them to the stream.
+	made, flushed := 1, 0
+	for run := 0; flushed == 0; run++ {
+		k := 1 + run%3
+		extra := extraCalls(push(marked(fmt.Sprint("marks-", run, "-"), k)), base)
+		made += k
+		switch {
+		case maps.Equal(extra, map[string]int{"set": 1}):
+		case maps.Equal(extra, map[string]int{"set": 1, "xadd": 1, "pexpireat": 1}):
+			flushed = made
+		default:
+			t.Fatalf("a run marking %d keys ran %v more, want a SET (and an XADD and a PEXPIREAT once the string is full)", k, extra)
 		}
 	}
-	// A run of one counter has no MGET to read the version with: a GET.
+	// A mark here holds " <end> 2 <key of 9 or 10 bytes>": about 30 bytes.
+	if flushed < maxInlineMarkBytes/40 || flushed > maxInlineMarkBytes/20 {
+		t.Errorf("the marks went to the stream after %d, want the string to hold about %d bytes of them", flushed, maxInlineMarkBytes)
+	}
+	// A run of one counter has no MGET to read the string with: a GET.
 	extra := extraCalls(push(nearBatch("near-cmds", "single-", 1, now, 1, 1)), map[string]int{"evalsha": 1, "set": 2})
-	if want := map[string]int{"get": 1, "xadd": 1, "set": 1}; !maps.Equal(extra, want) {
+	if want := map[string]int{"get": 1, "set": 1}; !maps.Equal(extra, want) {
 		t.Errorf("a run of one counter marking it ran %v more, want %v", extra, want)
 	}
+	made++
 	// A batch pushed again marks nothing.
 	b := nearBatch("near-cmds", "again-", 10, now, 1, 1)
 	push(b)
+	made += 10
 	if got := push(b); !maps.Equal(got, map[string]int{"evalsha": 1, "set": 1}) {
 		t.Errorf("a batch pushed again ran %v, want its marker's SET only", got)
 	}
 
-	// Fetches: at the known version, what GetCounters costs; with no
-	// keys, one MGET; behind, one XRANGE more.
+	// Fetches: at the known version, or behind by marks the string holds,
+	// what GetCounters costs; with no keys, one MGET; further behind, one
+	// XRANGE more.
 	fetch := func(known int64, keys []string) (map[string]int, int64, int) {
 		t.Helper()
 		resetStats(t, c)
@@ -154,9 +171,12 @@ func TestCommandsPerNearMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	counters := serverCalls(t, c)
-	_, v, n := fetch(0, keys)
-	if v == 0 || n != 10+1+2+10+1+10 {
-		t.Fatalf("a reader at 0 read %d marks at version %d, want 34 at a version", n, v)
+	got, v, n := fetch(0, keys)
+	if v == 0 || n != made {
+		t.Fatalf("a reader at 0 read %d marks at version %d, want %d at a version", n, v, made)
+	}
+	if !maps.Equal(extraCalls(got, counters), map[string]int{"xrange": 1}) {
+		t.Errorf("a reader at 0 ran %v, want GetCounters' %v and an XRANGE", got, counters)
 	}
 	if got, _, n := fetch(v, keys); !maps.Equal(got, counters) || n != 0 {
 		t.Errorf("a fetch at the known version ran %v (%d marks), want GetCounters' %v", got, n, counters)
@@ -164,13 +184,17 @@ func TestCommandsPerNearMark(t *testing.T) {
 	if got, _, _ := fetch(v, nil); !maps.Equal(got, map[string]int{"mget": 1}) {
 		t.Errorf("a read of the marks alone at the known version ran %v, want one MGET", got)
 	}
-	if got, _, n := fetch(v-10, keys); !maps.Equal(extraCalls(got, counters), map[string]int{"xrange": 1}) || n != 10 {
-		t.Errorf("a fetch 10 marks behind ran %v (%d marks), want GetCounters' %v and an XRANGE", got, n, counters)
+	if got, _, n := fetch(v-10, keys); !maps.Equal(got, counters) || n != 10 {
+		t.Errorf("a fetch 10 marks behind ran %v (%d marks), want GetCounters' %v: the string holds them", got, n, counters)
+	}
+	// The stream's entry of that mark holds the marks before it too.
+	if got, _, n := fetch(v-int64(made-flushed)-1, keys); !maps.Equal(extraCalls(got, counters), map[string]int{"xrange": 1}) || n < made-flushed+1 {
+		t.Errorf("a fetch one mark behind the string ran %v (%d marks), want GetCounters' %v and an XRANGE, and at least %d marks", got, n, counters, made-flushed+1)
 	}
 }
 
 // On a Cluster the feed is in a slot of its own: a push's runs reply their
-// marks, and one more script run writes them (EVALSHA, GET, XADD, SET),
+// marks, and one more script run writes them (EVALSHA, GET, SET),
 // only for a push that marks. A fetch at the known version costs at most
 // one MGET more than GetCounters, in the same round trip.
 func TestCommandsPerNearMarkCluster(t *testing.T) {
@@ -225,7 +249,7 @@ func TestCommandsPerNearMarkCluster(t *testing.T) {
 			b.Diffs[i].Limit = 1
 		}
 		extra := extraCalls(push(b), base)
-		want := map[string]int{"evalsha": 1, "get": 1, "xadd": 1, "set": 1}
+		want := map[string]int{"evalsha": 1, "get": 1, "set": 1}
 		if k == 0 {
 			want = map[string]int{}
 		}
@@ -262,5 +286,29 @@ func TestCommandsPerNearMarkCluster(t *testing.T) {
 func TestFeedBound(t *testing.T) {
 	if !strings.Contains(feedSource, "v - "+strconv.Itoa(maxNearMarks)+" + 256") {
 		t.Errorf("feedSource does not trim its feed to the newest %d marks", maxNearMarks)
+	}
+}
+
+// parseFeed reads the string of a feed's version, whose keys may hold
+// spaces and any bytes, and refuses what feedSource never writes.
+func TestParseFeed(t *testing.T) {
+	f, err := parseFeed("105 2000 100 1500 3 a b 1600 0  1700 2 \x00\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []strategy.NearMark{{Key: "a b", Until: time.UnixMilli(1500)}, {Key: "", Until: time.UnixMilli(1600)}, {Key: "\x00\n", Until: time.UnixMilli(1700)}}
+	if f.version != 105 || f.streamed != 100 || !reflect.DeepEqual(f.held, want) {
+		t.Errorf("got %+v, want version 105, streamed 100, marks %v", f, want)
+	}
+	if f, err := parseFeed(""); err != nil || f.version != 0 {
+		t.Errorf("an empty string: %+v, %v; want version 0", f, err)
+	}
+	if f, err := parseFeed("7 2000 0"); err != nil || f.version != 7 || len(f.held) != 0 {
+		t.Errorf("a string without marks: %+v, %v", f, err)
+	}
+	for _, bad := range []string{"7 2000", "x 2000 0", "7 2000 8", "7 2000 0 1500 4 abc", "7 2000 0 1500 1 ab", "7 2000 0 1500", "7 2000 6 1 1 a 1 1 b"} {
+		if _, err := parseFeed(bad); err == nil {
+			t.Errorf("parseFeed(%q) took it", bad)
+		}
 	}
 }

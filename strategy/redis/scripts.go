@@ -127,68 +127,101 @@ end
 return 1
 `)
 
-// feedSource defines writeFeed(feed, vkey, version, marks), which appends
+// feedSource defines writeFeed(feed, vkey, raw, marks), which appends
 // marks to a namespace's near feed (see strategy.NearFeed): feed is the
 // stream of the marks and vkey the string of their version, which holds
-// version (false when it does not exist); marks holds a key and its end
-// (Unix milliseconds) for each mark, in the order made.
+// raw (false when it does not exist); marks holds a key and its end (Unix
+// milliseconds) for each mark, in the order made.
 //
-// The string holds "<version> <end>": the version of the newest mark, and
-// the latest end of a mark, at which both keys expire, so that a
-// namespace whose marks all ended holds nothing and reads as version 0.
-// Each mark takes the next version, so a version counts the marks made
-// since the feed was made, from the server's time in microseconds then
-// (TIME), as bans' versions do, so that a reader of an older feed is
-// never taken to be current. The stream holds one entry per 256 marks,
-// whose ID is "<version of its last mark>-0" and whose fields and values
-// are the marks' keys and ends: a reader after version v reads from ID
-// v+1 (XRANGE). Each XADD drops, exactly (MINID), the entries that hold
-// only marks older than the newest maxNearMarks, so that the feed never
-// holds more than that many. A feed that is current costs one XADD per
-// 256 marks and the SET of its version, and a PEXPIREAT of the stream
-// when the latest end moves.
+// The string holds "<version> <end> <streamed>" and then the newest
+// marks, each " <end> <length of the key> <key>": the version of the
+// newest mark, the latest end of a mark, at which both keys expire (so
+// that a namespace whose marks all ended holds nothing and reads as
+// version 0), and the version of the newest mark in the stream (0 for
+// none). Each mark takes the next version, so a version counts the marks
+// made since the feed was made, from the server's time in microseconds
+// then (TIME), as bans' versions do, so that a reader of an older feed is
+// never taken to be current. The marks the string holds are the newest
+// ones, the versions after streamed; a reader whose version is among them
+// or after streamed reads its marks from the string, which the fetch's
+// MGET reads anyway. When the string would hold more than
+// maxInlineMarkBytes of marks, they all go to the stream: one entry per
+// 256 marks, whose ID is "<version of its last mark>-0" and whose fields
+// and values are the marks' keys and ends, so that a reader after version
+// v reads from ID v+1 (XRANGE) up to streamed. Each XADD drops, exactly
+// (MINID), the entries that hold only marks older than the newest
+// maxNearMarks, so that the feed never holds more than that many, and
+// the stream expires with the latest end when it is written. A push that
+// marks costs the SET of the string, and one XADD per 256 marks and a
+// PEXPIREAT once the string is full.
 const feedSource = `
-local function writeFeed(feed, vkey, version, marks)
-	local v, last = 0, 0
-	if version then
-		local sp = string.find(version, ' ', 1, true)
-		if sp then
-			v, last = tonumber(string.sub(version, 1, sp - 1)) or 0, tonumber(string.sub(version, sp + 1)) or 0
+local function writeFeed(feed, vkey, raw, marks)
+	local v, last, streamed, held = 0, 0, 0, ''
+	if raw then
+		local a = string.find(raw, ' ', 1, true)
+		local b = a and string.find(raw, ' ', a + 1, true)
+		if b then
+			local c = string.find(raw, ' ', b + 1, true) or (#raw + 1)
+			v = tonumber(string.sub(raw, 1, a - 1)) or 0
+			last = tonumber(string.sub(raw, a + 1, b - 1)) or 0
+			streamed = tonumber(string.sub(raw, b + 1, c - 1)) or 0
+			held = string.sub(raw, c)
 		end
 	end
 	if v == 0 then
 		local t = redis.call('TIME')
-		v = t[1] * 1000000 + t[2]
+		v, last, streamed, held = t[1] * 1000000 + t[2], 0, 0, ''
 	end
 	local expire = last
-	for j = 2, #marks, 2 do
-		expire = math.max(expire, tonumber(marks[j]))
+	local add = {}
+	for j = 1, #marks, 2 do
+		expire = math.max(expire, tonumber(marks[j + 1]))
+		add[#add + 1] = ' ' .. marks[j + 1] .. ' ' .. #marks[j] .. ' ' .. marks[j]
 	end
-	for c = 1, #marks, 512 do
-		local entry = {}
-		for j = c, math.min(#marks, c + 511) do
-			entry[#entry + 1] = marks[j]
+	held = held .. table.concat(add)
+	v = v + #marks / 2
+	if #held > ` + maxInlineMarkBytesLua + ` then
+		-- Every mark the string holds goes to the stream, in order.
+		local all, p = {}, 1
+		while p <= #held do
+			local a = string.find(held, ' ', p + 1, true)
+			local b = string.find(held, ' ', a + 1, true)
+			local n = tonumber(string.sub(held, a + 1, b - 1))
+			all[#all + 1] = string.sub(held, b + 1, b + n)
+			all[#all + 1] = string.sub(held, p + 1, a - 1)
+			p = b + n + 1
 		end
-		v = v + #entry / 2
-		local args = {'XADD', feed, 'MINID', string.format('%.0f', v - 65536 + 256), string.format('%.0f-0', v)}
-		for j = 1, #entry do
-			args[#args + 1] = entry[j]
+		local first = v - #all / 2 -- the version before the first
+		for c = 1, #all, 512 do
+			local args = {'XADD', feed, 'MINID', string.format('%.0f', v - 65536 + 256), false}
+			local upto = math.min(#all, c + 511)
+			args[5] = string.format('%.0f-0', first + (upto / 2))
+			for j = c, upto do
+				args[#args + 1] = all[j]
+			end
+			local r = redis.pcall(unpack(args))
+			if type(r) == 'table' and r.err then
+				-- A stream left by a feed whose version was lost (evicted,
+				-- say) may hold later IDs, or the key be no stream: drop it.
+				redis.call('DEL', feed)
+				redis.call(unpack(args))
+			end
 		end
-		local r = redis.pcall(unpack(args))
-		if type(r) == 'table' and r.err then
-			-- A stream left by a feed whose version was lost (evicted,
-			-- say) may hold later IDs, or the key be no stream: drop it.
-			redis.call('DEL', feed)
-			redis.call(unpack(args))
-			last = -1 -- the new stream needs its expiry
-		end
-	end
-	redis.call('SET', vkey, string.format('%.0f %.0f', v, expire), 'PXAT', string.format('%.0f', expire))
-	if expire > last then
 		redis.call('PEXPIREAT', feed, string.format('%.0f', expire))
+		streamed, held = v, ''
 	end
+	redis.call('SET', vkey, string.format('%.0f %.0f %.0f', v, expire, streamed) .. held, 'PXAT', string.format('%.0f', expire))
 end
 `
+
+// maxInlineMarkBytes is the most bytes of marks that the string of a
+// feed's version holds (see feedSource): every fetch reads them, and a
+// reader up to date takes its new marks from there. maxInlineMarkBytesLua
+// spells it for the script.
+const (
+	maxInlineMarkBytes    = 512
+	maxInlineMarkBytesLua = "512"
+)
 
 // nearSource is the source of nearScript, kept to send with EVAL when a
 // server does not hold the script. It writes a Cluster push's marks to
