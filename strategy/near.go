@@ -22,8 +22,13 @@ import (
 // A push marks: a diff of a Batch whose Near and Limit are above 0 marks
 // its key when it brings its window's count from below Near × Limit to
 // Near × Limit or more, so a key is marked once per window and crossing,
-// not by every diff past it. The mark lasts until the window's start plus
-// twice its size, as long as the window's count weighs on a sliding rate.
+// not by every diff past it (NearAt). The mark lasts until the window's
+// start plus three times its size (NearUntil): the window's count weighs
+// on a sliding rate through the next window, and an odd-numbered window
+// (its start divided by its size is odd) whose diff says the window
+// before came near (window.Diff.Previous) marks nothing, since that
+// even-numbered window's mark lasts through this one's next. So a key
+// near its limit in every window is marked every other window.
 // Marks are made by the push that applies the diffs, in its round trip or
 // before PushDiffs returns: a batch pushed again under its ID marks
 // nothing again, and a push that fails may have made its marks or not.
@@ -70,13 +75,18 @@ type NearMark struct {
 // NearAt returns the count of a diff's window at which a batch whose
 // Near is near marks the diff's key, or 0 when it marks nothing: when
 // near or the diff's Limit is not above 0, or their product is not
-// finite.
+// finite, or the window is odd-numbered and the diff's Previous is at
+// that count or more (the window before marked the key until this
+// window's next one ends; see NearFeed).
 func NearAt(near float64, d *window.Diff) float64 {
 	if !(near > 0) || !(d.Limit > 0) {
 		return 0
 	}
 	at := near * d.Limit
 	if math.IsInf(at, 0) || math.IsNaN(at) {
+		return 0
+	}
+	if d.Size > 0 && (d.Start/int64(d.Size))%2 != 0 && d.Previous >= at {
 		return 0
 	}
 	return at
@@ -90,9 +100,9 @@ func Crosses(at, count, value float64) bool {
 }
 
 // NearUntil returns when the mark of a diff's key ends: its window's
-// start plus twice its size.
+// start plus three times its size (see NearFeed).
 func NearUntil(d *window.Diff) time.Time {
-	return time.Unix(0, d.Start).Add(2 * d.Size)
+	return time.Unix(0, d.Start).Add(3 * d.Size)
 }
 
 // CheckNear checks a Batch's Near: 0, or a finite share above 0. The

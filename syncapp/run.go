@@ -210,10 +210,10 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 // nearShare returns the share of a diff's limit at which a periodic
 // namespace with sync_above (or without, at 0) has its store mark the
 // diff's key near: half of sync_above's fraction, or of the limit. A
-// window's count at half the threshold marks the key until the next
-// window ends, so that a sliding rate (the current count plus a share of
-// the previous one) reaches the threshold only with some window's count
-// at half of it, which marked the key.
+// window's count at half the threshold marks the key at least until the
+// next window ends (strategy.NearFeed), so that a sliding rate (the
+// current count plus a share of the previous one) reaches the threshold
+// only with some window's count at half of it, which marked the key.
 func nearShare(syncAbove float64) float64 {
 	if syncAbove > 0 {
 		return syncAbove / 2

@@ -45,7 +45,7 @@ func (p *periodicHits) decidedAtStore(key string, limits []Limit, out []window.S
 	}
 	for i, l := range limits {
 		if at := p.share * l.Max; at > 0 && !math.IsInf(at, 0) && out[i].Current >= at {
-			p.near.ask(key, out[i].Start+2*int64(out[i].Size))
+			p.near.ask(key, strategy.NearUntil(&window.Diff{Start: out[i].Start, Size: out[i].Size}).UnixNano())
 			return
 		}
 	}

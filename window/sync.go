@@ -64,8 +64,8 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				n.dirty.Add(-1)
 				s.forEach(e, func(c *counts) {
 					limit := s.limitOf(e, c)
-					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit)
-					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit)
+					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit, c.prev.total())
+					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit, 0)
 					*limit = 0
 				})
 			}
@@ -87,11 +87,11 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 	return diffs, keys
 }
 
-func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell, limit float32) []Diff {
+func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell, limit float32, previous float64) []Diff {
 	if cl.diff == 0 {
 		return diffs
 	}
-	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: float64(limit)})
+	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: float64(limit), Previous: previous})
 	cl.synced += cl.diff
 	cl.diff = 0
 	return diffs

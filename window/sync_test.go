@@ -362,3 +362,31 @@ func TestEvictedDiffsWithinTwiceTheCapacity(t *testing.T) {
 		t.Fatalf("%d diffs of evicted keys counted after the take, want 0", z.orphaned.Load())
 	}
 }
+
+// A diff of a key's newest window carries the node's count of the window
+// before (the store's, as last applied, plus the node's own hits); a diff
+// of the window before carries none.
+func TestTakeCarriesThePreviousWindowsCount(t *testing.T) {
+	clock := fakeclock.New(base.Add(30 * time.Second))
+	ns := mustNamespace(t, mustZone(t, 100, clock), "p")
+	ns.SetTracked(true)
+	ns.Increment("k", time.Minute, 2)
+	ns.Take()
+	ns.Apply([]Count{{Key: "k", Size: time.Minute, Start: base.UnixNano(), Value: 7}}) // 2 of ours, 5 of others
+	ns.Increment("k", time.Minute, 1)                                                  // not pushed: counts too
+	clock.Advance(time.Minute)
+	ns.Increment("k", time.Minute, 4)
+	diffs, _ := ns.Take()
+	want := map[int64]Diff{
+		base.UnixNano():                  {Key: "k", Size: time.Minute, Start: base.UnixNano(), Value: 1},
+		base.Add(time.Minute).UnixNano(): {Key: "k", Size: time.Minute, Start: base.Add(time.Minute).UnixNano(), Value: 4, Previous: 8},
+	}
+	if len(diffs) != len(want) {
+		t.Fatalf("took %+v, want %v", diffs, want)
+	}
+	for _, d := range diffs {
+		if d != want[d.Start] {
+			t.Errorf("took %+v, want %+v", d, want[d.Start])
+		}
+	}
+}

@@ -99,6 +99,12 @@ type Diff struct {
 	// tells the fleet which keys come near their limits (strategy.NearFeed)
 	// compares the window's count with it.
 	Limit float64
+	// Previous is this node's count of the window before, for a diff of
+	// a key's newest window (0 for others): what the node last fetched of
+	// the store's count, plus its own hits since, so never more than the
+	// store holds once the node pushed. A NearFeed reads it to skip a mark
+	// that the window before already made (strategy.NearAt).
+	Previous float64
 }
 
 // Count is a counter's total as a store reports it: the count of Key's window

@@ -28,6 +28,7 @@ func testNear(t *testing.T, h Harness) {
 		f    func(*testing.T, strategy.NearFeed)
 	}{
 		{"Crossing", testNearCrossing},
+		{"EveryOtherWindow", testNearEveryOtherWindow},
 		{"Version", testNearVersion},
 		{"RetriedBatch", testNearRetriedBatch},
 		{"MarkNear", testNearMarkNear},
@@ -89,7 +90,7 @@ func untilOf(d window.Diff) int64 { return strategy.NearUntil(&d).UnixMilli() }
 
 // testNearCrossing checks that a diff marks its key when it brings its
 // window's count from below Near × Limit to it or more, once, until the
-// window's start plus twice its size; and that a diff below it, one
+// window's start plus three times its size; and that a diff below it, one
 // already past it, a negative one, one without a limit, and a batch
 // without a Near mark nothing.
 func testNearCrossing(t *testing.T, f strategy.NearFeed) {
@@ -127,6 +128,30 @@ func testNearCrossing(t *testing.T, f strategy.NearFeed) {
 	slices.SortFunc(got, func(a, b nearRead) int { return cmp.Compare(a.key, b.key) })
 	if want := []nearRead{{"p", untilOf(p)}, {"q", untilOf(q)}}; !slices.Equal(got, want) || v2 <= v1 {
 		t.Fatalf("a push crossing two keys: marks %v at version %d, want %v after version %d", got, v2, want, v1)
+	}
+}
+
+// testNearEveryOtherWindow checks that a crossing diff of an
+// odd-numbered window whose Previous (the node's count of the window
+// before) came near marks nothing, the window before having marked the
+// key until this one's next ends, while one whose Previous did not, and
+// one of an even-numbered window, mark.
+func testNearEveryOtherWindow(t *testing.T, f strategy.NearFeed) {
+	ns := unique("near-parity")
+	at := steadyNow()
+	odd, even := nearDiff(at, "", 5, 10, false), nearDiff(at, "", 5, 10, true)
+	if (odd.Start/int64(hour))%2 == 0 {
+		odd, even = even, odd
+	}
+	covered, fresh, evenNear := odd, odd, even
+	covered.Key, covered.Previous = "covered", 5
+	fresh.Key, fresh.Previous = "fresh", 4
+	evenNear.Key, evenNear.Previous = "even", 5
+	pushNear(t, f, ns, 0.5, covered, fresh, evenNear)
+	got, _ := readNear(t, f, ns, 0)
+	slices.SortFunc(got, func(a, b nearRead) int { return cmp.Compare(a.key, b.key) })
+	if want := []nearRead{{"even", untilOf(evenNear)}, {"fresh", untilOf(fresh)}}; !slices.Equal(got, want) {
+		t.Fatalf("crossings of an odd window after a near one, after a far one, and of an even window after a near one: marks %v, want %v", got, want)
 	}
 }
 
