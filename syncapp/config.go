@@ -44,7 +44,7 @@ type NamespaceConfig struct {
 
 	// In a periodic namespace, the fraction of a limit, in (0, 1], from
 	// which a key is counted at the store: a hit that brings the key's
-	// rate on this node above sync_above of any of its limits is applied
+	// rate on this node to sync_above of any of its limits or more is applied
 	// synchronously (one round trip; the store decides on its counts and
 	// this node's unpushed diffs), until the rate falls back below. Keys
 	// far from their limits stay local. The fleet then admits exactly the

@@ -15,9 +15,11 @@ type Unsynced struct {
 // at the store (sync_above), with one look-up of the key. The local
 // counts are a lower bound of the fleet's (what the store last reported
 // plus this node's own hits), so a hit that takes some limit's rate past
-// its Max is surely rejected, and one that keeps every limit's rate at or
-// below near times its Max is far from any limit: both are counted here,
-// as Hit counts them, and HitUnlessNear reports false.
+// its Max is surely rejected, and one that keeps every limit's rate below
+// near times its Max is far from any limit: both are counted here, as Hit
+// counts them, and HitUnlessNear reports false. A hit whose rate reaches
+// near times a Max is near: the store decides the hit that brings a key
+// to sync_above of its limit.
 //
 // Any other hit is near a limit, where only the store can decide: it
 // counts nothing and reports true, out receives each limit's window
@@ -34,7 +36,7 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 		return rejected, false
 	}
 	for j, l := range limits {
-		if out[j].Rate(fixed) > near*l.Max {
+		if out[j].Rate(fixed) >= near*l.Max {
 			isNear = true
 			break
 		}

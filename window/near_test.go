@@ -19,34 +19,34 @@ func TestHitUnlessNear(t *testing.T) {
 	out, un := make([]Sample, 2), make([]Unsynced, 2)
 	hit := func() (int, bool) { return n.HitUnlessNear("k", limits, 1, true, false, 0.8, out, un) }
 
-	for i := range 8 { // rates 1 to 8: at most 0.8 of 10
+	for i := range 7 { // rates 1 to 7: below 0.8 of 10
 		if rej, near := hit(); rej != -1 || near {
 			t.Fatalf("hit %d: rejected %d, near %v; want a local admission", i+1, rej, near)
 		}
 	}
-	rej, near := hit() // 9 > 8: near
+	rej, near := hit() // 8 reaches 0.8 of 10: near
 	if !near || rej != -1 {
-		t.Fatalf("9th hit: rejected %d, near %v; want near", rej, near)
+		t.Fatalf("8th hit: rejected %d, near %v; want near", rej, near)
 	}
-	if out[0].Current != 8 || un[0].Taken != 8 || un[1].Taken != 8 {
-		t.Fatalf("near hit: out %+v, unsynced %+v; want counts of 8 without the hit, 8 taken", out, un)
+	if out[0].Current != 7 || un[0].Taken != 7 || un[1].Taken != 7 {
+		t.Fatalf("near hit: out %+v, unsynced %+v; want counts of 7 without the hit, 7 taken", out, un)
 	}
-	if got := n.Read("k", time.Second).Current; got != 8 {
-		t.Fatalf("visible count after the take: %v, want 8", got)
+	if got := n.Read("k", time.Second).Current; got != 7 {
+		t.Fatalf("visible count after the take: %v, want 7", got)
 	}
 	if diffs, _ := n.Take(); sum(diffs) != 0 {
 		t.Fatalf("Take after a near hit pushed %v; the near hit took the diffs", diffs)
 	}
 	// The store applied what was taken, and the hit: set the counts as the
 	// store reports them, as a synchronous hit does.
-	n.Observe("k", time.Second, out[0].Start, 9, 0)
-	n.Observe("k", time.Minute, out[1].Start, 9, 0)
+	n.Observe("k", time.Second, out[0].Start, 8, 0)
+	n.Observe("k", time.Minute, out[1].Start, 8, 0)
 	if rej, near := hit(); !near || rej != -1 || un[0].Taken != 0 {
-		t.Fatalf("10th hit: rejected %d, near %v, unsynced %+v; want near with nothing taken", rej, near, un)
+		t.Fatalf("9th hit: rejected %d, near %v, unsynced %+v; want near with nothing taken", rej, near, un)
 	}
-	n.Observe("k", time.Second, out[0].Start, 10, 0)
+	n.Observe("k", time.Second, out[0].Start, 10, 0) // the store has 10, with other nodes' hits
 	if rej, near := hit(); near || rej != 0 {
-		t.Fatalf("11th hit: rejected %d, near %v; want surely rejected at limit 0, locally", rej, near)
+		t.Fatalf("hit past 10: rejected %d, near %v; want surely rejected at limit 0, locally", rej, near)
 	}
 	if got := n.Read("k", time.Second).Current; got != 11 {
 		t.Fatalf("count after a local rejection with penalty: %v, want 11", got)

@@ -37,9 +37,12 @@ type Pattern struct {
 	// Length is how long the traffic lasts; 0 means the run's duration.
 	Length time.Duration
 	// Keys is the number of client keys; 1 for one key. With more, their
-	// popularity follows a Zipf law of exponent ZipfS.
+	// popularity follows a Zipf law of exponent ZipfS, or with Flood each
+	// request has a key of its own (Keys is then the most requests a run
+	// can send, a ceiling).
 	Keys  int
 	ZipfS float64
+	Flood bool
 	// LimitDiv divides the run's limit for this pattern's route: the many
 	// keys pattern uses a smaller per-key limit, so that its hottest keys
 	// go over it while the rest stay far below.
@@ -63,10 +66,14 @@ var (
 	// times, and the other 97 keys, 59 % of the traffic together, at most
 	// half their limit each.
 	ManyKeys = Pattern{Name: "zipf", Label: "100 keys, Zipf", Rate: 2, Keys: 100, ZipfS: 1.1, LimitDiv: 5}
+	// KeyFlood sends twice the limit's rate, each request with a key never
+	// seen before (limited to a fifth of the limit, as ManyKeys): what a
+	// flood of new clients costs the store, each far from its limit.
+	KeyFlood = Pattern{Name: "flood", Label: "a new key each request", Rate: 2, Keys: 1 << 17, Flood: true, LimitDiv: 5}
 )
 
 // Patterns are all the patterns, in table order.
-var Patterns = []Pattern{Steady1x, Steady2x, Steady5x, Burst10x, ManyKeys}
+var Patterns = []Pattern{Steady1x, Steady2x, Steady5x, Burst10x, ManyKeys, KeyFlood}
 
 // Row is one measurement: a pattern on a store with one sync setting.
 type Row struct {

@@ -45,7 +45,7 @@ func Schedule(p Pattern, nodes int, limit float64, length time.Duration, seed ui
 	rate := p.Rate * limit / Window.Seconds() // requests per second
 	n := int(math.Round(rate * length.Seconds()))
 	var zipf *rand.Zipf
-	if p.Keys > 1 {
+	if p.Keys > 1 && !p.Flood {
 		zipf = rand.NewZipf(rand.New(rand.NewPCG(seed, 0x5eed)), p.ZipfS, 1, uint64(p.Keys-1))
 	}
 	at := func(i float64) time.Duration {
@@ -57,6 +57,8 @@ func Schedule(p Pattern, nodes int, limit float64, length time.Duration, seed ui
 		r := Request{At: at(float64(i)), Node: i % nodes}
 		if zipf != nil {
 			r.Key = int(zipf.Uint64())
+		} else if p.Flood {
+			r.Key = i % p.Keys
 		}
 		reqs = append(reqs, r)
 		if i%BareEvery == 0 {
@@ -69,10 +71,14 @@ func Schedule(p Pattern, nodes int, limit float64, length time.Duration, seed ui
 }
 
 // KeyShare returns the expected share of a pattern's requests that key
-// gets: 1 for a one-key pattern, else the Zipf law's probability.
+// gets: 1 for a one-key pattern, one of Keys in a flood, else the Zipf
+// law's probability.
 func KeyShare(p Pattern, key int) float64 {
 	if p.Keys <= 1 {
 		return 1
+	}
+	if p.Flood {
+		return 1 / float64(p.Keys)
 	}
 	var sum float64
 	for k := range p.Keys {

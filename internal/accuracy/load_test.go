@@ -78,6 +78,24 @@ func TestScheduleManyKeys(t *testing.T) {
 	}
 }
 
+// A key flood gives each limited request a key of its own.
+func TestScheduleKeyFlood(t *testing.T) {
+	reqs := Schedule(KeyFlood, 3, 200, 3*time.Second, 1)
+	seen := map[int]bool{}
+	for _, r := range reqs {
+		if r.Bare {
+			continue
+		}
+		if seen[r.Key] {
+			t.Fatalf("key %d sent twice", r.Key)
+		}
+		seen[r.Key] = true
+	}
+	if want := int(KeyFlood.Rate * 200 * 3); len(seen) != want {
+		t.Errorf("%d keys, want %d: one per request", len(seen), want)
+	}
+}
+
 func TestSend(t *testing.T) {
 	var calls atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
