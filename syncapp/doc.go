@@ -184,11 +184,12 @@
 //	  outbox.deliver ──► store.PushDiffs (retries, failed batch, new batch;
 //	    with a feed, the new batch asks the store to mark the keys whose
 //	    windows it brings to nearShare of their limits)
-//	  with a feed, the marks asked for (nearKeys.takeAsked) ──►
-//	    store.MarkNear (runner.markAsked)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
-//	    (with a feed, every run: store.GetCountersNear, the marks since
-//	    nearKeys.known ──► nearKeys.add, in the same round trip)
+//	    (with a feed: store.GetCountersNear, the marks since nearKeys.known
+//	    ──► nearKeys.add, in the same round trip; no key due: nearKeys.rest,
+//	    and no read)
+//	  with a feed, the marks asked for that no mark read covers
+//	    (nearKeys.takeAsked) ──► store.MarkNear (runner.markAsked)
 //	  banTable.sync ──► store.SetBans, store.GetBans
 //	  nothing asked and the store failing ──► store.Ping
 //	  requests admitted locally still running ──► slotHolder.adopt

@@ -105,8 +105,9 @@ func (n *nearKeys) ask(key string, until int64) {
 	}
 }
 
-// takeAsked returns the marks asked for since the last call, and forgets
-// them.
+// takeAsked returns the marks asked for since the last call, but those of
+// keys marked by now until as late (a push marked them meanwhile), and
+// forgets them.
 func (n *nearKeys) takeAsked() []strategy.NearMark {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -115,7 +116,9 @@ func (n *nearKeys) takeAsked() []strategy.NearMark {
 	}
 	marks := make([]strategy.NearMark, 0, len(n.asked))
 	for k, u := range n.asked {
-		marks = append(marks, strategy.NearMark{Key: k, Until: time.Unix(0, u)})
+		if n.until[k] < u {
+			marks = append(marks, strategy.NearMark{Key: k, Until: time.Unix(0, u)})
+		}
 	}
 	clear(n.asked)
 	return marks

@@ -115,20 +115,32 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 // asked the store anything and how long it waited for fetchAt.
 func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = r.pushPending(ctx)
+	if err == nil && fetch {
+		var fetched bool
+		fetched, waited, err = r.fetchDue(ctx, fetchAt)
+		contacted = contacted || fetched
+	}
 	if err == nil {
+		// After the fetch, which read the marks the pushes made: a key
+		// marked meanwhile needs none of its own.
 		var asked bool
 		asked, err = r.markAsked(ctx)
 		contacted = contacted || asked
 	}
-	if err != nil || !fetch {
-		return contacted, 0, err
-	}
+	return contacted, waited, err
+}
+
+// fetchDue reads the store's counts of the keys due (and with a feed, its
+// marks) once fetchAt has come, and reports whether it asked the store
+// anything and how long it waited for fetchAt. With no key due, a node
+// with a feed rests (nearKeys.rest) and asks nothing.
+func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	keys := r.fetched.due(fetchRuns(r.interval()))
 	if len(keys) == 0 {
 		if r.feed != nil {
 			r.near.rest()
 		}
-		return contacted, 0, nil
+		return false, 0, nil
 	}
 	if wait := time.Until(fetchAt); wait > 0 {
 		t := time.NewTimer(wait)
@@ -136,7 +148,7 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return contacted, wait, ctx.Err()
+			return false, wait, ctx.Err()
 		}
 		waited = wait
 	}
@@ -145,16 +157,15 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 		return true, waited, err
 	}
 	r.counters.Apply(counts)
-	if len(keys) > 0 {
-		r.fetched.fetched()
-	}
+	r.fetched.fetched()
 	return true, waited, nil
 }
 
 // markAsked makes the marks that this node's synchronous hits asked for
-// (nearKeys.ask), which no push makes, before the run's fetch: the other
-// nodes read them with their next runs, as a push's. It reports whether
-// it asked the store anything; marks it failed to make wait for the next
+// (nearKeys.ask), which no push makes, after the run's fetch, so that a
+// key that a push marked meanwhile is not marked again: the other nodes
+// read them with their next runs, as a push's. It reports whether it
+// asked the store anything; marks it failed to make wait for the next
 // run.
 func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 	if r.feed == nil {
