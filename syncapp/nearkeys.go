@@ -27,8 +27,7 @@ import (
 // idle fleet costs the store nothing. The first request that finds it
 // resting reads the feed (periodicHits.wake) before it is decided, and
 // the requests that come meanwhile wait for that read: one round trip
-// per node and wake, not per request or key. A node
-// starts resting: it has read no mark yet.
+// per node and wake, not per request or key.
 type nearKeys struct {
 	mu      sync.RWMutex
 	until   map[string]int64 // Unix nanoseconds

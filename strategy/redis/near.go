@@ -53,11 +53,11 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 	}
 	var marks []strategy.NearMark
 	if f.streamed > 0 && (known < f.streamed || known > f.version) {
-		if marks, err = s.readMarks(ctx, feed, known, f.streamed, nowMs); err != nil {
+		if marks, err = s.readMarks(ctx, feed, known, f.streamed); err != nil {
 			return nil, nil, 0, err
 		}
 	}
-	return counts, append(marks, current(f.held, nowMs)...), f.version, nil
+	return counts, current(append(marks, f.held...), nowMs), f.version, nil
 }
 
 // feedString is what the string of a namespace's marks holds (see
@@ -127,9 +127,8 @@ func current(marks []strategy.NearMark, nowMs int64) []strategy.NearMark {
 }
 
 // readMarks reads the marks of a feed's stream after version known up to
-// version upto, leaving out those that ended by nowMs: from the first
-// entry when known is 0 or not behind upto.
-func (s *Store) readMarks(ctx context.Context, feed string, known, upto, nowMs int64) ([]strategy.NearMark, error) {
+// version upto: from the first entry when known is 0 or not behind upto.
+func (s *Store) readMarks(ctx context.Context, feed string, known, upto int64) ([]strategy.NearMark, error) {
 	start := "-"
 	if known > 0 && known < upto {
 		start = strconv.FormatInt(known+1, 10)
@@ -158,9 +157,7 @@ func (s *Store) readMarks(ctx context.Context, feed string, known, upto, nowMs i
 			if !ok || err != nil {
 				return nil, fmt.Errorf("the near-limit feed's entry %v holds %v %v, not a key and an end", entry[0], fields[j], fields[j+1])
 			}
-			if until > nowMs {
-				marks = append(marks, strategy.NearMark{Key: key, Until: time.UnixMilli(until)})
-			}
+			marks = append(marks, strategy.NearMark{Key: key, Until: time.UnixMilli(until)})
 		}
 	}
 	return marks, nil

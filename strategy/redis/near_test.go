@@ -282,10 +282,14 @@ func TestCommandsPerNearMarkCluster(t *testing.T) {
 	}
 }
 
-// feedSource trims to maxNearMarks, which it spells out.
+// feedSource trims to maxNearMarks, and moves the string's marks to the
+// stream past maxInlineMarkBytes, which it spells out.
 func TestFeedBound(t *testing.T) {
 	if !strings.Contains(feedSource, "v - "+strconv.Itoa(maxNearMarks)+" + 256") {
 		t.Errorf("feedSource does not trim its feed to the newest %d marks", maxNearMarks)
+	}
+	if !strings.Contains(feedSource, "#held > "+strconv.Itoa(maxInlineMarkBytes)+" then") {
+		t.Errorf("feedSource does not hold %d bytes of marks in the version's string", maxInlineMarkBytes)
 	}
 }
 

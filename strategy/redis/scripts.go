@@ -180,7 +180,7 @@ local function writeFeed(feed, vkey, raw, marks)
 	end
 	held = held .. table.concat(add)
 	v = v + #marks / 2
-	if #held > ` + maxInlineMarkBytesLua + ` then
+	if #held > 512 then
 		-- Every mark the string holds goes to the stream, in order.
 		local all, p = {}, 1
 		while p <= #held do
@@ -216,12 +216,9 @@ end
 
 // maxInlineMarkBytes is the most bytes of marks that the string of a
 // feed's version holds (see feedSource): every fetch reads them, and a
-// reader up to date takes its new marks from there. maxInlineMarkBytesLua
-// spells it for the script.
-const (
-	maxInlineMarkBytes    = 512
-	maxInlineMarkBytesLua = "512"
-)
+// reader up to date takes its new marks from there. feedSource holds the
+// number itself.
+const maxInlineMarkBytes = 512
 
 // nearSource is the source of nearScript, kept to send with EVAL when a
 // server does not hold the script. It writes a Cluster push's marks to
