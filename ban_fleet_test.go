@@ -26,10 +26,20 @@ func TestBanAcrossNodes(t *testing.T) {
 		map[string]any{"handler": "static_response", "body": "ok"})
 	first, second := nodes[0], nodes[1]
 
-	for i := range 4 {
-		if got, _ := nodeGet(first, "k"); got != []int{200, 200, 200, 429}[i] {
-			t.Fatalf("first node, request %d: status %d, want %d", i+1, got, []int{200, 200, 200, 429}[i])
+	for i := range 3 {
+		if got, _ := nodeGet(first, "k"); got != http.StatusOK {
+			t.Fatalf("first node, request %d: status %d, want 200", i+1, got)
 		}
+	}
+	// The fourth request trips the limit unless the first three ended a
+	// window and a slow machine let a third of the next pass before it:
+	// the sliding estimate then weighs them less. The next ones trip it.
+	var got int
+	for i := 4; i <= 10 && got != http.StatusTooManyRequests; i++ {
+		got, _ = nodeGet(first, "k")
+	}
+	if got != http.StatusTooManyRequests {
+		t.Fatalf("first node: 10 requests in a row never tripped limit 3 1s; last status %d", got)
 	}
 	tripped := time.Now()
 	nodeGet(first, "control") // a key that was never banned
