@@ -3,7 +3,6 @@ package syncapp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -96,11 +95,10 @@ func neverStall(q *hitQueue) {
 	q.watching = true // a check counts as armed, so none is
 }
 
-// fillRoundTrips starts maxRoundTrips round trips of hits of key that the
-// test holds: a hit sent alone, as no round trip was out, and then the
-// secondTripHits that waited behind it, sent together as soon as that many
-// waited. It returns the round trips and, once they are answered, the
-// results of their hits.
+// fillRoundTrips starts the round trip a queue of a batch store has in
+// flight at most, with one hit of key that the test holds, sent alone as
+// no round trip was out. It returns the round trips and, once they are
+// answered, the results of their hits.
 func fillRoundTrips(t *testing.T, q *hitQueue, s *gatedBatchStore, key string) ([]gatedTrip, <-chan []strategy.HitResult) {
 	t.Helper()
 	alone := hitsAsync(q, 1, key)
@@ -108,69 +106,93 @@ func fillRoundTrips(t *testing.T, q *hitQueue, s *gatedBatchStore, key string) (
 	if len(first.hits) != 1 {
 		t.Fatalf("a hit sent while no round trip was out went in a batch of %d", len(first.hits))
 	}
-	waited := hitsAsync(q, secondTripHits, key)
-	second := <-s.trips
-	if len(second.hits) != secondTripHits {
-		t.Fatalf("the hits that waited behind one round trip went in a batch of %d, want %d", len(second.hits), secondTripHits)
-	}
-	all := make(chan []strategy.HitResult, 1)
-	go func() { all <- append(<-alone, <-waited...) }()
-	return []gatedTrip{first, second}, all
+	return []gatedTrip{first}, alone
 }
 
-// Hits that arrive while a round trip is out wait: fewer than
-// secondTripHits for it to end, and that many go at once in a second one;
-// while maxRoundTrips are out, any number wait, and go together in one
-// round trip when one of them ends. Each hit gets its own answer, in the
+// A hit that arrives while no round trip is out goes alone, at once; the
+// hits that arrive while one is out wait, however many, and go together
+// in one round trip when it ends. Each hit gets its own answer, in the
 // order the store applied them.
-func TestHitQueueCoalescesWhileRoundTripsAreOut(t *testing.T) {
+func TestHitQueueCoalescesWhileARoundTripIsOut(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
 	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
 	neverStall(q) // the test holds round trips open as long as it needs
-	alone := hitsAsync(q, 1, "k")
-	out := []gatedTrip{<-s.trips}
-	few := hitsAsync(q, secondTripHits-1, "k")
-	poll.Until(t, 10*time.Second, fmt.Sprintf("%d hits to queue", secondTripHits-1), func() bool { return queuedLen(q) >= secondTripHits-1 })
+	out, alone := fillRoundTrips(t, q, s, "k")
+	waiting := hitsAsync(q, 50, "k")
+	poll.Until(t, 10*time.Second, "50 hits to queue", func() bool { return queuedLen(q) >= 50 })
 	select {
 	case trip := <-s.trips:
-		t.Fatalf("%d hits went in a second round trip, fewer than %d", len(trip.hits), secondTripHits)
-	case <-time.After(20 * time.Millisecond):
+		t.Fatalf("%d hits went in a second round trip while one was out", len(trip.hits))
+	default:
 	}
-	one := hitsAsync(q, 1, "k") // the one that makes secondTripHits
-	second := <-s.trips
-	if len(second.hits) != secondTripHits {
-		t.Fatalf("the hits that waited went in a second round trip of %d, want %d", len(second.hits), secondTripHits)
-	}
-	out = append(out, second)
-	waiting := hitsAsync(q, 50, "k")
-	// Every one of the 50 queues before a round trip ends.
-	poll.Until(t, 10*time.Second, "50 hits to queue", func() bool { return queuedLen(q) >= 50 })
-	out[0].answer <- nil // one round trip ends: the 50 go in the next
+	out[0].answer <- nil // the round trip ends: the 50 go in the next
 	next := <-s.trips
 	if len(next.hits) != 50 {
 		t.Fatalf("the hits that waited went in a batch of %d, want 50", len(next.hits))
 	}
-	for _, trip := range append(out[1:], next) {
-		trip.answer <- nil
-	}
+	next.answer <- nil
 	var currents []float64
-	for _, r := range slices.Concat(<-alone, <-few, <-one, <-waiting) {
+	for _, r := range slices.Concat(<-alone, <-waiting) {
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
 		currents = append(currents, r.Counts[0].Current)
 	}
-	slices.Sort(currents)
+	slices.Sort(currents) // from 1, or on from an earlier run's (-count)
 	for i, c := range currents {
-		if c != float64(i+1) {
-			t.Fatalf("the hits saw counts %v, want 1 to %d once each", currents, len(currents))
+		if c != currents[0]+float64(i) || int(currents[0]-1)%len(currents) != 0 {
+			t.Fatalf("the hits saw counts %v, want %d in a row, once each", currents, len(currents))
 		}
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.trips != 0 || len(q.queued) != 0 {
 		t.Fatalf("%d round trips and %d hits left after every hit was answered", q.trips, len(q.queued))
+	}
+}
+
+// singleHitter is a gatedBatchStore seen as a store without HitBatch: each
+// Hit is a round trip of its own that the test answers.
+type singleHitter struct {
+	strategy.Store // the gated store's, and only those of a Store
+	g              *gatedBatchStore
+}
+
+func (s singleHitter) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	r := []strategy.HitResult{{}}
+	s.g.HitBatch(ctx, namespace, id, []strategy.HitRequest{{Key: key, Windows: windows, Undo: undo}}, r)
+	return r[0].Counts, r[0].Rejected, r[0].Err
+}
+
+// A store that takes one hit at a time has two round trips out at once,
+// each of one hit; a third hit waits for one of them to end.
+func TestHitQueueOfSingleHitsKeepsTwoRoundTripsOut(t *testing.T) {
+	initMetrics()
+	g := newGatedBatches(t)
+	q := newHitQueue(singleHitter{g, g}, "api", newHealth("api", zap.NewNop()))
+	neverStall(q)
+	results := hitsAsync(q, 3, "k")
+	first, second := <-g.trips, <-g.trips
+	poll.Until(t, 10*time.Second, "a third hit to queue", func() bool { return queuedLen(q) == 1 })
+	select {
+	case trip := <-g.trips:
+		t.Fatalf("a third round trip of %d hits went while two were out", len(trip.hits))
+	default:
+	}
+	first.answer <- nil
+	third := <-g.trips
+	second.answer <- nil
+	third.answer <- nil
+	for _, trip := range []gatedTrip{first, second, third} {
+		if len(trip.hits) != 1 {
+			t.Fatalf("a store without HitBatch got a round trip of %d hits", len(trip.hits))
+		}
+	}
+	for _, r := range <-results {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
 	}
 }
 
