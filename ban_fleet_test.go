@@ -26,21 +26,7 @@ func TestBanAcrossNodes(t *testing.T) {
 		map[string]any{"handler": "static_response", "body": "ok"})
 	first, second := nodes[0], nodes[1]
 
-	for i := range 3 {
-		if got, _ := nodeGet(first, "k"); got != http.StatusOK {
-			t.Fatalf("first node, request %d: status %d, want 200", i+1, got)
-		}
-	}
-	// The fourth request trips the limit unless the first three ended a
-	// window and a slow machine let a third of the next pass before it:
-	// the sliding estimate then weighs them less. The next ones trip it.
-	var got int
-	for i := 4; i <= 10 && got != http.StatusTooManyRequests; i++ {
-		got, _ = nodeGet(first, "k")
-	}
-	if got != http.StatusTooManyRequests {
-		t.Fatalf("first node: 10 requests in a row never tripped limit 3 1s; last status %d", got)
-	}
+	tripLimit3(t, "first node", func() (int, string) { return nodeGet(first, "k") })
 	tripped := time.Now()
 	nodeGet(first, "control") // a key that was never banned
 
@@ -62,4 +48,26 @@ func TestBanAcrossNodes(t *testing.T) {
 			t.Errorf("after the ban: status %d, want 200", got)
 		}
 	}
+}
+
+// tripLimit3 sends requests of one key under limit 3 1s with get, which
+// returns a response's status and Retry-After, until one is rejected, and
+// returns that one's Retry-After. The first three must pass. The fourth
+// trips the limit unless the first three ended a window and a slow
+// machine let a third of the next pass before it (the sliding estimate
+// then weighs them less); the next ones do, and ten in a row must.
+func tripLimit3(t *testing.T, what string, get func() (status int, retryAfter string)) string {
+	t.Helper()
+	for i := range 3 {
+		if status, _ := get(); status != http.StatusOK {
+			t.Fatalf("%s, request %d: status %d, want 200", what, i+1, status)
+		}
+	}
+	for range 7 {
+		if status, retryAfter := get(); status == http.StatusTooManyRequests {
+			return retryAfter
+		}
+	}
+	t.Fatalf("%s: 10 requests in a row never tripped limit 3 1s", what)
+	return ""
 }
