@@ -136,13 +136,13 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 	idArg, idExpires := s.hitID(id, last)
 	rt := newBatchRates(hits, good)
 	if len(rt.keys) > 0 {
-		if err := s.ensurePart(ctx, s.rateSQL.schema, &s.ratesReady, "the rates tables"); err != nil {
+		if err := s.ensurePart(ctx, s.rateSQL.schema, "the rates tables", &s.ratesReady); err != nil {
 			return err
 		}
 	}
 
 	if len(slots) > 0 {
-		if err := s.ensurePart(ctx, s.sql.slotSchema, &s.slotsReady, "the slots table"); err != nil {
+		if err := s.ensurePart(ctx, s.sql.slotSchema, "the slots table", &s.slotsReady); err != nil {
 			return err
 		}
 	}

@@ -140,7 +140,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, keys, sizes, starts, values}
 	query := s.sql.push
 	if len(b.Rates) > 0 {
-		if err := s.ensurePart(ctx, s.rateSQL.schema, &s.ratesReady, "the rates tables"); err != nil {
+		if err := s.ensurePart(ctx, s.rateSQL.schema, "the rates tables", &s.ratesReady); err != nil {
 			return err
 		}
 		rkeys, rwins, rincs := rateDiffArgs(b.Rates)

@@ -199,8 +199,10 @@
 // the keys whose diffs bring their windows' counts near their limits, and
 // GetCountersNear reads the marks made since a version with the counts.
 // Two tables hold the marks, created by the first push that may mark or
-// the first read of the marks (apart from the counters' schema, as the
-// bans' are):
+// the first read of the marks: in the same transaction as the counters'
+// schema when that call makes it too (a node's start costs one round
+// trip), and apart from it when a role may not create them, as the bans'
+// are:
 //
 //	<table>_near (namespace bytea, n bigint, key bytea, until_ms bigint,
 //	              PRIMARY KEY (namespace, n))

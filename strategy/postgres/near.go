@@ -93,9 +93,19 @@ func (s *Store) nearOn(ctx context.Context) (bool, error) {
 	if time.Now().UnixNano() < s.nearOffUntil.Load() {
 		return false, nil
 	}
-	err := s.ensurePart(ctx, s.nearSQL.schema, &s.nearReady, "the near marks tables")
-	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != insufficientPrivilege {
+	var err error
+	if !s.schemaReady.Load() {
+		// A store's first push or fetch makes the counters' part and the
+		// feed's in one transaction, one round trip: a node's start costs
+		// the store no more than without the feed.
+		err = s.ensurePart(ctx, s.sql.schema+s.nearSQL.schema, "the tables", &s.schemaReady, &s.nearReady)
+	}
+	if !s.nearReady.Load() && (err == nil || refused(err)) {
+		// A role refused the feed's tables may still make or use the
+		// counters': the feed's part alone tells.
+		err = s.ensurePart(ctx, s.nearSQL.schema, "the near marks tables", &s.nearReady)
+	}
+	if err == nil || !refused(err) {
 		return err == nil, err
 	}
 	s.nearOffUntil.Store(time.Now().Add(nearRetry).UnixNano())
@@ -104,11 +114,19 @@ func (s *Store) nearOn(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// refused reports whether err is PostgreSQL's refusal of a statement the
+// role may not run.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == insufficientPrivilege
+}
+
 // nearSchemaSQL creates what the feed needs, when missing, as
-// slotSchemaSQL does for slots, under the same lock. It is apart from
-// schemaSQL, and run by the first push that may mark or the first read,
-// so that a deployment whose role may not create objects keeps its
-// counters working when it upgrades, until its DBA creates these too.
+// slotSchemaSQL does for slots, under the same lock. The first push that
+// may mark or the first read runs it, after schemaSQL in one query when
+// the counters' part is missing too, and alone when that fails for want
+// of rights, so that a deployment whose role may not create objects keeps
+// its counters working when it upgrades, until its DBA creates these too.
 //
 // Marks: one row per mark of a namespace, numbered n in the order made,
 // with the whole key (not the key as the counters hold it: a reader needs

@@ -124,6 +124,27 @@ func TestNearPushStatements(t *testing.T) {
 	}
 }
 
+// A node's first fetch makes the counters' part of the schema and the
+// feed's in one statement, one transaction: the feed adds no round trip
+// to a node's start.
+func TestNearSchemaWithTheCounters(t *testing.T) {
+	_, dsn := startServer(t)
+	s := open(t, &Postgres{DSN: dsn, MaxConns: 1})
+	tr := new(sqlTracer)
+	s.config.ConnConfig.Tracer = tr // before the first use makes the pool
+	at := strategytest.SteadyNow(time.Minute)
+	if _, _, _, err := s.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0); err != nil {
+		t.Fatal(err)
+	}
+	queries, batches, _, _ := tr.since(0, 0)
+	if len(queries) != 1 || queries[0] != s.sql.schema+s.nearSQL.schema || batches != 1 {
+		t.Errorf("a first fetch sent %d queries and %d pipelines, want the two parts of the schema in one and the fetch", len(queries), batches)
+	}
+	if !s.schemaReady.Load() || !s.nearReady.Load() {
+		t.Errorf("after a first fetch: counters' part made %v, feed's %v", s.schemaReady.Load(), s.nearReady.Load())
+	}
+}
+
 // The feed's tables are made apart from the counters': a database whose
 // counters an older store made gets them from the first push that may
 // mark or the first read of the marks, and a role that may not create

@@ -159,39 +159,41 @@ func (s *Store) acquireSlots(ctx context.Context) (*pgxpool.Conn, error) {
 // which ready records) in place too. It makes that part before it takes
 // a connection, as createSchema takes one of its own.
 func (s *Store) acquirePart(ctx context.Context, schema string, ready *atomic.Bool, what string) (*pgxpool.Conn, error) {
-	if err := s.ensurePart(ctx, schema, ready, what); err != nil {
+	if err := s.ensurePart(ctx, schema, what, ready); err != nil {
 		return nil, err
 	}
 	return s.acquire(ctx)
 }
 
 // ensurePart makes a part of the schema, as acquirePart does, without
-// taking a connection: for a call that needs two parts.
-func (s *Store) ensurePart(ctx context.Context, schema string, ready *atomic.Bool, what string) error {
-	if ready.Load() {
+// taking a connection: for a call that needs two parts. Given several
+// ready flags, schema makes the parts they record together.
+func (s *Store) ensurePart(ctx context.Context, schema, what string, ready ...*atomic.Bool) error {
+	if allReady(ready) {
 		return nil
 	}
 	pool, err := s.getPool()
 	if err != nil {
 		return err
 	}
-	if err := s.createSchema(ctx, pool, schema, ready); err != nil {
+	if err := s.createSchema(ctx, pool, schema, ready...); err != nil {
 		return errs.NotSent(fmt.Errorf("creating %s: %w", what, err))
 	}
 	return nil
 }
 
 // createSchema runs a schema statement (the tables, their indexes and the
-// hit function, or the slots' part) that creates what is missing, once per
-// store, and records it in ready. Nodes that start together may do it at
-// the same time: an advisory lock taken in the same transaction makes them
-// take turns, and a unique violation (from a node that does not take the
-// lock) means that another node created an object first, so it tries
-// again, finding it there.
-func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema string, ready *atomic.Bool) error {
+// hit function, or the slots' part, or several parts one after the other)
+// that creates what is missing, once per store, and records it in each of
+// ready. Nodes that start together may do it at the same time: an
+// advisory lock taken in the same transaction makes them take turns, and
+// a unique violation (from a node that does not take the lock) means that
+// another node created an object first, so it tries again, finding it
+// there.
+func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema string, ready ...*atomic.Bool) error {
 	s.schemaMu.Lock()
 	defer s.schemaMu.Unlock()
-	if ready.Load() {
+	if allReady(ready) {
 		return nil
 	}
 	var err error
@@ -199,7 +201,9 @@ func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema str
 		// One simple-protocol query: its statements run in one implicit
 		// transaction, which holds the advisory lock until it ends.
 		if _, err = pool.Exec(ctx, schema); err == nil {
-			ready.Store(true)
+			for _, r := range ready {
+				r.Store(true)
+			}
 			return nil
 		}
 		var pgErr *pgconn.PgError
@@ -208,6 +212,17 @@ func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema str
 		}
 	}
 	return err
+}
+
+// allReady reports whether every part of the schema that ready records
+// is in place.
+func allReady(ready []*atomic.Bool) bool {
+	for _, r := range ready {
+		if !r.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // sent classifies an error of a request that was handed to a connection:
