@@ -28,7 +28,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	rate_limit [<matcher>] {
 //	    namespace <name>
-//	    key <placeholders>
+//	    key <placeholders> [<fallback placeholders>...]
+//	    ipv4_prefix <bits>
+//	    ipv6_prefix <bits>
 //	    limit <n|placeholders> <window>
 //	    rate <n|placeholders>/<window> [burst <m|placeholders>]
 //	    window_type sliding|fixed
@@ -49,7 +51,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // given once. A handler needs a limit or a rate (or both). The count of a
 // limit, and a rate's n and burst, may be placeholders read per request,
 // such as {plan_quota}. headers takes draft (the default), kong, both (draft kong),
-// or none; hide_client_headers and draft_headers, older spellings of
+// or none; key's further arguments are fallbacks, tried in order while
+// the key renders empty; hide_client_headers and draft_headers, older spellings of
 // headers none and of adding draft, still load.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
@@ -69,7 +72,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "key":
-			if err := cfargs.One(d, &h.Key); err != nil {
+			var keys []string
+			if err := cfargs.List(d, &keys); err != nil {
+				return err
+			}
+			h.Key, h.KeyFallbacks = keys[0], keys[1:]
+		case "ipv4_prefix":
+			if err := cfargs.IntRange(d, "ipv4_prefix", 1, 32, &h.IPv4Prefix); err != nil {
+				return err
+			}
+		case "ipv6_prefix":
+			if err := cfargs.IntRange(d, "ipv6_prefix", 1, 128, &h.IPv6Prefix); err != nil {
 				return err
 			}
 		case "window_type":

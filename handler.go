@@ -27,8 +27,11 @@ func init() {
 
 // Defaults of the handler's fields.
 const (
-	// DefaultKey counts requests by the client's address.
-	DefaultKey = "{http.request.remote.host}"
+	// DefaultKey counts requests by the client's address as Caddy sees
+	// it: the address the request came from, or behind the server's
+	// trusted_proxies, the one they forwarded ({client_ip} in a
+	// Caddyfile).
+	DefaultKey = "{http.vars.client_ip}"
 	// DefaultErrorCode is the status of rejections.
 	DefaultErrorCode = http.StatusTooManyRequests
 	// DefaultMaxWaiting is max_waiting when max_delay is set.
@@ -78,9 +81,28 @@ type Handler struct {
 	Namespace string `json:"namespace,omitempty"`
 
 	// The key to count requests by, with placeholders, e.g.
-	// "{http.request.header.X-API-Key}". Default:
-	// "{http.request.remote.host}".
+	// "{http.request.header.X-API-Key}". Default: the client's address as
+	// Caddy sees it, "{http.vars.client_ip}" ("{client_ip}" works too),
+	// which honours the server's trusted_proxies. A request whose key
+	// renders empty, and whose fallbacks do too, is counted under the
+	// empty key, one counter for all such requests.
 	Key string `json:"key,omitempty"`
+
+	// Keys to try in order when Key renders empty: the first that renders
+	// non-empty is the request's key. E.g. an API key, else the client's
+	// address: key "{http.request.header.X-API-Key}", key_fallbacks
+	// ["{http.vars.client_ip}"].
+	KeyFallbacks []string `json:"key_fallbacks,omitempty"`
+
+	// A key that is an IPv4 address is counted under its network of this
+	// many bits: 1 to 32. Default: 32, the address itself.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// A key that is an IPv6 address is counted under its network of this
+	// many bits, written as a prefix ("2001:db8:1:2::/64"): 1 to 128.
+	// Default: 64, the network an ISP hands one customer, so that a client
+	// cycling through the addresses of its /64 is one client.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// The limits. Each window may appear once. A handler needs at least
 	// one limit or a rate.
@@ -253,7 +275,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("namespace: %v", err)
 	}
 	h.ns = ns
-	h.key = keyFunc(h.Key)
+	h.key = clientKeys(append([]string{h.Key}, h.KeyFallbacks...), h.IPv4Prefix, h.IPv6Prefix)
 	for _, l := range h.static.hitLimits {
 		if err := ns.AddWindowSizes(l.Size); err != nil {
 			return fmt.Errorf("limits: %v", err)
@@ -307,6 +329,23 @@ func (h *Handler) validate() error {
 	}
 	if h.MaxWaiting > 0 && h.MaxDelay == 0 {
 		return fmt.Errorf("max_waiting: %d has no effect without max_delay", h.MaxWaiting)
+	}
+	for i, k := range h.KeyFallbacks {
+		if k == "" {
+			return fmt.Errorf("key_fallbacks: fallback %d is empty: want placeholders, such as {http.vars.client_ip}", i+1)
+		}
+	}
+	if h.IPv4Prefix == 0 {
+		h.IPv4Prefix = DefaultIPv4Prefix
+	}
+	if h.IPv6Prefix == 0 {
+		h.IPv6Prefix = DefaultIPv6Prefix
+	}
+	if err := checkPrefix("ipv4_prefix", h.IPv4Prefix, 32); err != nil {
+		return err
+	}
+	if err := checkPrefix("ipv6_prefix", h.IPv6Prefix, 128); err != nil {
+		return err
 	}
 	if h.Ban < 0 {
 		return fmt.Errorf("ban: must not be negative, got %v", time.Duration(h.Ban))

@@ -593,6 +593,18 @@ func TestLoadErrors(t *testing.T) {
 		}`, `window_type: unknown window type`},
 		{`rate_limit {
 			limit 5 1m
+			ipv6_prefix 129
+		}`, `ipv6_prefix: want a whole number from 1 to 128, got \"129\"`},
+		{`rate_limit {
+			limit 5 1m
+			ipv4_prefix /24
+		}`, `ipv4_prefix: want a whole number from 1 to 32, got \"/24\"`},
+		{`rate_limit {
+			limit 5 1m
+			key
+		}`, `wrong argument count`},
+		{`rate_limit {
+			limit 5 1m
 			error_code 302
 		}`, `error_code: want a status from 400 to 599`},
 		{`rate_limit {
@@ -706,6 +718,9 @@ func TestJSONLoadErrors(t *testing.T) {
 		{"", `{"handler": "rate_limit", "retry_after_jitter": "-2s", "limits": [{"limit": 5, "window": "1m"}]}`, "retry_after_jitter: must not be negative, got -2s"},
 		{"", `{"handler": "rate_limit", "max_delay": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "max_delay: must not be negative, got -1s"},
 		{"", `{"handler": "rate_limit", "max_delay": "1s", "max_waiting": -4, "limits": [{"limit": 5, "window": "1m"}]}`, "max_waiting: must not be negative, got -4"},
+		{"", `{"handler": "rate_limit", "key_fallbacks": ["{http.vars.client_ip}", ""], "limits": [{"limit": 5, "window": "1m"}]}`, "key_fallbacks: fallback 2 is empty"},
+		{"", `{"handler": "rate_limit", "ipv4_prefix": 33, "limits": [{"limit": 5, "window": "1m"}]}`, "ipv4_prefix: 33 is not a network's prefix length: want 1 to 32"},
+		{"", `{"handler": "rate_limit", "ipv6_prefix": -1, "limits": [{"limit": 5, "window": "1m"}]}`, "ipv6_prefix: -1 is not a network's prefix length: want 1 to 128"},
 		{"", `{"handler": "rate_limit", "ban": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: must not be negative, got -1s"},
 		{"", `{"handler": "rate_limit", "ban": "9000h", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: 9000h0m0s is longer than a store keeps a ban, 8784h0m0s"},
 		{"", `{"handler": "rate_limit", "cost": -2, "limits": [{"limit": 5, "window": "1m"}]}`, `cost: want a number of 0 or more, or placeholders, got \"-2\"`},

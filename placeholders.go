@@ -98,6 +98,10 @@ func keyFunc(template string) func(r *http.Request, repl *caddy.Replacer) string
 		return func(_ *http.Request, repl *caddy.Replacer) string { return repl.ReplaceAll(template, "") }
 	case name == "http.request.remote.host":
 		return func(r *http.Request, _ *caddy.Replacer) string { return remoteHost(r) }
+	case name == "http.vars.client_ip" || name == "client_ip":
+		// "{client_ip}" is the Caddyfile's shorthand, which JSON does not
+		// expand: a key copied from a Caddyfile means the same.
+		return clientIP
 	case strings.HasPrefix(name, "http.request.header."):
 		field := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(name, "http.request.header."))
 		return func(r *http.Request, _ *caddy.Replacer) string { return strings.Join(r.Header[field], ",") }
@@ -127,6 +131,24 @@ func remoteHost(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// clientIP is {http.vars.client_ip}: the client's address as the server
+// determined it (behind its trusted_proxies, the forwarded one), and, as
+// remoteHost, nothing before a QUIC handshake completes. A request that
+// no Caddy server prepared has no such variable: its remote host.
+func clientIP(r *http.Request, _ *caddy.Replacer) string {
+	v := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey)
+	switch {
+	case v == nil:
+		return remoteHost(r)
+	case r.TLS != nil && !r.TLS.HandshakeComplete:
+		return ""
+	}
+	if ip, ok := v.(string); ok {
+		return ip
+	}
+	return caddy.ToString(v)
 }
 
 // singlePlaceholder reports whether template is exactly one placeholder,

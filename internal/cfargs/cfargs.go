@@ -58,6 +58,12 @@ func Int(d *caddyfile.Dispenser, name string, least int, dst *int) error {
 	return whole(d, name, least, math.MaxInt, dst)
 }
 
+// IntRange reads the single argument of the subdirective name into dst: a
+// whole number from least to most.
+func IntRange(d *caddyfile.Dispenser, name string, least, most int, dst *int) error {
+	return whole(d, name, least, most, dst)
+}
+
 // Int32 reads the single argument of the subdirective name into dst: a
 // whole number from least to math.MaxInt32.
 func Int32(d *caddyfile.Dispenser, name string, least int32, dst *int32) error {
