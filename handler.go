@@ -91,7 +91,7 @@ type Handler struct {
 	// Keys to try in order when Key renders empty: the first that renders
 	// non-empty is the request's key. E.g. an API key, else the client's
 	// address: key "{http.request.header.X-API-Key}", key_fallbacks
-	// ["{http.vars.client_ip}"].
+	// ["{http.vars.client_ip}"]. Only with a Key.
 	KeyFallbacks []string `json:"key_fallbacks,omitempty"`
 
 	// A key that is an IPv4 address is counted under its network of this
@@ -255,6 +255,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.Namespace = syncapp.DefaultName
 	}
 	if h.Key == "" {
+		if len(h.KeyFallbacks) > 0 {
+			return fmt.Errorf("key_fallbacks: %q without a key: the default key, the client's address, is never empty, so no fallback would be used", h.KeyFallbacks)
+		}
 		h.Key = DefaultKey
 	}
 	if h.ErrorCode == 0 {
