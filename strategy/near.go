@@ -53,7 +53,14 @@ type NearFeed interface {
 	// is not at (ahead of its version, as after the store lost its data).
 	// Marks come in the order they were made; a key marked twice may come
 	// twice.
-	GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (counts []window.Count, marks []NearMark, version int64, err error)
+	//
+	// mark, when not empty, holds marks to make after the read, as
+	// MarkNear makes them (the read does not return them): a node's run
+	// makes the marks its synchronous hits asked for with its fetch. The
+	// store may send them in the read's round trip (PostgreSQL: in its
+	// transaction) or in one after it; when the call fails, they may
+	// have been made or not.
+	GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []NearMark) (counts []window.Count, marks []NearMark, version int64, err error)
 
 	// MarkNear makes marks as a push's crossings would, one version for
 	// them all, in one round trip: for keys that a node saw come near

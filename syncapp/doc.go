@@ -186,10 +186,11 @@
 //	    windows it brings to nearShare of their limits)
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
 //	    (with a feed: store.GetCountersNear, the marks since nearKeys.known
-//	    ──► nearKeys.add, in the same round trip; no key due: nearKeys.rest,
-//	    and no read)
-//	  with a feed, the marks asked for that no mark read covers
-//	    (nearKeys.takeAsked) ──► store.MarkNear (runner.markAsked)
+//	    ──► nearKeys.add, in the same round trip, which also makes the
+//	    marks asked for that no mark read covers, nearKeys.takeAsked; no
+//	    key due: nearKeys.rest, and no read)
+//	  with a feed and no fetch, the marks asked for ──► store.MarkNear
+//	    (runner.markAsked)
 //	  banTable.sync ──► store.SetBans, store.GetBans
 //	  nothing asked and the store failing ──► store.Ping
 //	  requests admitted locally still running ──► slotHolder.adopt

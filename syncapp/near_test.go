@@ -45,9 +45,9 @@ type countingStore struct {
 	hits, feedReads atomic.Int64
 }
 
-func (c *countingStore) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) ([]window.Count, []strategy.NearMark, int64, error) {
+func (c *countingStore) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) ([]window.Count, []strategy.NearMark, int64, error) {
 	c.feedReads.Add(1)
-	return c.Store.GetCountersNear(ctx, namespace, keys, sizes, now, known)
+	return c.Store.GetCountersNear(ctx, namespace, keys, sizes, now, known, mark)
 }
 
 func (c *countingStore) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {

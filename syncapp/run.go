@@ -115,14 +115,14 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 // asked the store anything and how long it waited for fetchAt.
 func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = r.pushPending(ctx)
+	var fetched bool
 	if err == nil && fetch {
-		var fetched bool
 		fetched, waited, err = r.fetchDue(ctx, fetchAt)
 		contacted = contacted || fetched
 	}
-	if err == nil {
-		// After the fetch, which read the marks the pushes made: a key
-		// marked meanwhile needs none of its own.
+	if err == nil && !fetched {
+		// A fetch carries the marks asked for (getCounters); those asked
+		// after it wait for the next run's.
 		var asked bool
 		asked, err = r.markAsked(ctx)
 		contacted = contacted || asked
@@ -162,11 +162,10 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 }
 
 // markAsked makes the marks that this node's synchronous hits asked for
-// (nearKeys.ask), which no push makes, after the run's fetch, so that a
-// key that a push marked meanwhile is not marked again: the other nodes
-// read them with their next runs, as a push's. It reports whether it
-// asked the store anything; marks it failed to make wait for the next
-// run.
+// (nearKeys.ask), which no push makes, when the run fetched nothing to
+// carry them (getCounters): the other nodes read them with their next
+// runs, as a push's. It reports whether it asked the store anything;
+// marks it failed to make wait for the next run.
 func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 	if r.feed == nil {
 		return false, nil
@@ -183,14 +182,18 @@ func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 }
 
 // getCounters reads the store's counts of keys, and with a feed the marks
-// made since the last read, in the same round trip.
+// made since the last read, in the same round trip, and makes the marks
+// that this node's synchronous hits asked for (see markAsked) after the
+// read: on PostgreSQL in its transaction.
 func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count, error) {
 	now := time.Now()
 	if r.feed == nil {
 		return r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), now)
 	}
-	counts, marks, version, err := r.feed.GetCountersNear(ctx, r.name, keys, r.sizes.list(), now, r.near.known())
+	asked := r.near.takeAsked()
+	counts, marks, version, err := r.feed.GetCountersNear(ctx, r.name, keys, r.sizes.list(), now, r.near.known(), asked)
 	if err != nil {
+		r.near.reask(asked)
 		return nil, err
 	}
 	r.near.add(marks, version, r.counters.Zone().Capacity(), now)

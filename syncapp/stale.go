@@ -113,7 +113,7 @@ func (p *periodicHits) wake(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 		defer cancel()
 		now := time.Now()
-		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known())
+		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known(), nil)
 		if err != nil {
 			p.health.failed(err, 0)
 			return

@@ -89,8 +89,9 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 }
 
 // GetCountersNear is GetCounters, and the namespace's marks made after
-// version known that have not ended by now (see strategy.NearFeed).
-func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+// version known that have not ended by now, then the marks of mark made
+// (see strategy.NearFeed).
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
 	counts, err := s.GetCounters(ctx, namespace, keys, sizes, now)
 	if err != nil {
 		return nil, nil, 0, err
@@ -99,6 +100,7 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 	d := s.data
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer d.markNear(namespace, mark, s.now().UnixNano()) // after the read, under d.mu
 	f := d.feedOf(namespace, s.now().UnixNano())
 	if f == nil {
 		return counts, nil, 0, nil

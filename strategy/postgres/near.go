@@ -314,12 +314,7 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 	if err != nil || !on {
 		return err // without the feed's tables, a store without a feed
 	}
-	keys := make([][]byte, len(marks))
-	untils := make([]int64, len(marks))
-	for i, m := range marks {
-		keys[i] = append([]byte{}, m.Key...) // never nil: NULL
-		untils[i] = m.Until.UnixMilli()
-	}
+	keys, untils := markArgs(marks)
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return err
@@ -331,13 +326,27 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 	return nil
 }
 
+// markArgs returns the keys and ends of marks, as the mark statement
+// takes them.
+func markArgs(marks []strategy.NearMark) (keys [][]byte, untils []int64) {
+	keys = make([][]byte, len(marks))
+	untils = make([]int64, len(marks))
+	for i, m := range marks {
+		keys[i] = append([]byte{}, m.Key...) // never nil: NULL
+		untils[i] = m.Until.UnixMilli()
+	}
+	return keys, untils
+}
+
 // GetCountersNear is GetCounters, and the namespace's marks made after
 // version known that have not ended by now, with its version (see
 // strategy.NearFeed): one pipeline of the fetch and the read of the
 // marks, so one round trip (plus, once per pooled connection, one to
 // prepare them), whatever known is; only the read when no counter is
-// asked. The store keeps the newest 65,536 marks of a namespace.
-func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+// asked. The marks of mark are made by MarkNear's statement at the end of
+// the same pipeline, so in the same transaction. The store keeps the
+// newest 65,536 marks of a namespace.
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
 	defer errs.GetCounters(&err, namespace, len(keys))
 	if err := strategy.CheckSizes(sizes); err != nil {
 		return nil, nil, 0, err
@@ -365,6 +374,10 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 		b.Queue(s.sql.fetch, ns, fetch.keys, fetch.sizes, fetch.starts)
 	}
 	b.Queue(s.nearSQL.read, ns, known, now.UnixMilli())
+	if len(mark) > 0 {
+		markKeys, untils := markArgs(mark)
+		b.Queue(s.nearSQL.mark, ns, markKeys, untils)
+	}
 	br := conn.SendBatch(ctx, &b)
 	defer br.Close()
 	var counts []window.Count
@@ -377,29 +390,36 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 			return nil, nil, 0, s.sent(err)
 		}
 	}
-	rows, err := br.Query()
+	marks, version, err := readMarks(br)
 	if err != nil {
 		return nil, nil, 0, s.sent(err)
 	}
+	if len(mark) > 0 {
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, 0, s.sent(err)
+		}
+	}
+	return counts, marks, version, nil
+}
+
+// readMarks reads the reply of the read of the marks from a pipeline.
+func readMarks(br pgx.BatchResults) (marks []strategy.NearMark, version int64, err error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, 0, err
+	}
 	defer rows.Close()
-	var (
-		marks   []strategy.NearMark
-		version int64
-	)
 	for rows.Next() {
 		var key []byte
 		var until *int64
 		if err := rows.Scan(&version, &key, &until); err != nil {
-			return nil, nil, 0, err
+			return nil, 0, err
 		}
 		if until != nil {
 			marks = append(marks, strategy.NearMark{Key: string(key), Until: time.UnixMilli(*until)})
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, 0, s.sent(err)
-	}
-	return counts, marks, version, nil
+	return marks, version, rows.Err()
 }
 
 // purgeNear deletes, in the purge's transaction, up to purgeChunk marks

@@ -75,7 +75,7 @@ func TestNearPushStatements(t *testing.T) {
 	}
 	rate := []strategy.RateDiff{{Key: "r", Window: time.Minute, Increment: time.Second}}
 	fetch := func(keys []string) error {
-		_, _, _, err := s.GetCountersNear(ctx, "ns", keys, []time.Duration{time.Hour}, at, 0)
+		_, _, _, err := s.GetCountersNear(ctx, "ns", keys, []time.Duration{time.Hour}, at, 0, nil)
 		return err
 	}
 	n, b := 0, 0
@@ -118,7 +118,7 @@ func TestNearPushStatements(t *testing.T) {
 			t.Errorf("%s: sent\n%s\nwant\n%s", tc.name, queries[0], tc.want)
 		}
 	}
-	_, marks, v, err := s.GetCountersNear(ctx, "ns", nil, nil, at, 0)
+	_, marks, v, err := s.GetCountersNear(ctx, "ns", nil, nil, at, 0, nil)
 	if err != nil || len(marks) != 4 || v == 0 {
 		t.Errorf("marks %v at version %d (%v), want those of m0, m1, q0 and q1", marks, v, err)
 	}
@@ -133,7 +133,7 @@ func TestNearSchemaWithTheCounters(t *testing.T) {
 	tr := new(sqlTracer)
 	s.config.ConnConfig.Tracer = tr // before the first use makes the pool
 	at := strategytest.SteadyNow(time.Minute)
-	if _, _, _, err := s.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0); err != nil {
+	if _, _, _, err := s.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	queries, batches, _, _ := tr.since(0, 0)
@@ -165,7 +165,7 @@ func TestNearSchemaApart(t *testing.T) {
 	if !app.nearReady.Load() && app.nearOffUntil.Load() == 0 {
 		t.Fatal("the refused feed is neither made nor off")
 	}
-	counts, marks, v, err := app.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0)
+	counts, marks, v, err := app.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0, nil)
 	if err != nil || len(counts) != 1 || counts[0].Value != 2 || len(marks) != 0 || v != 0 {
 		t.Fatalf("as that role: counts %v, marks %v at version %d (%v); want 2 and no marks", counts, marks, v, err)
 	}
@@ -182,7 +182,7 @@ func TestNearSchemaApart(t *testing.T) {
 		t.Fatal(err)
 	}
 	app.nearOffUntil.Store(0) // as nearRetry later
-	counts, marks, v, err = app.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0)
+	counts, marks, v, err = app.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0, nil)
 	if err != nil || len(counts) != 1 || counts[0].Value != 3 || len(marks) != 1 || marks[0].Key != "k" || v == 0 {
 		t.Fatalf("as that role, once granted: counts %v, marks %v at version %d (%v); want 3 and k's mark", counts, marks, v, err)
 	}
@@ -241,7 +241,7 @@ func TestNearConcurrentMarks(t *testing.T) {
 	seen := make(map[string]int)
 	var known int64
 	read := func() {
-		_, marks, v, err := s.GetCountersNear(ctx, "ns", []string{"shared-a"}, []time.Duration{time.Hour}, at, known)
+		_, marks, v, err := s.GetCountersNear(ctx, "ns", []string{"shared-a"}, []time.Duration{time.Hour}, at, known, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +316,7 @@ func TestNearPurge(t *testing.T) {
 	if marks() != 1 || versions() != 1 {
 		t.Errorf("%d marks and %d versions left, want kept's long mark and version", marks(), versions())
 	}
-	if _, got, v, err := s.GetCountersNear(ctx, "kept", nil, nil, clock.Now(), 0); err != nil || len(got) != 1 || got[0].Key != "long" || v == 0 {
+	if _, got, v, err := s.GetCountersNear(ctx, "kept", nil, nil, clock.Now(), 0, nil); err != nil || len(got) != 1 || got[0].Key != "long" || v == 0 {
 		t.Errorf("kept's marks %v at version %d (%v), want long's", got, v, err)
 	}
 }

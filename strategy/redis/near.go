@@ -30,9 +30,23 @@ const maxNearMarks = 1 << 16
 // second round trip (XRANGE of the feed, from the entry after known):
 // all of them, at most maxNearMarks, when known is 0 or ahead of the
 // store. Marks come in the order they were made; their ends are whole
-// milliseconds. Errors are those of GetCounters.
-func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+// milliseconds. The marks of mark are made after the read, as MarkNear
+// makes them, in a round trip of their own: on Redis they cost the same
+// commands either way. Errors are those of GetCounters.
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
 	defer errs.GetCounters(&err, namespace, len(keys))
+	counts, marks, version, err := s.readNear(ctx, namespace, keys, sizes, now, known)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if err := s.runNear(ctx, namespace, mark); err != nil {
+		return nil, nil, 0, fmt.Errorf("marking %d keys near their limits: %w", len(mark), err)
+	}
+	return counts, marks, version, nil
+}
+
+// readNear is GetCountersNear's read.
+func (s *Store) readNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) ([]window.Count, []strategy.NearMark, int64, error) {
 	feed, versionKey := s.layout.nearKeys(namespace)
 	counts, raw, err := s.getCounters(ctx, namespace, keys, sizes, now, versionKey)
 	if err != nil {

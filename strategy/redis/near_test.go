@@ -156,7 +156,7 @@ func TestCommandsPerNearMark(t *testing.T) {
 	fetch := func(known int64, keys []string) (map[string]int, int64, int) {
 		t.Helper()
 		resetStats(t, c)
-		_, marks, v, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, known)
+		_, marks, v, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, known, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,12 +268,12 @@ func TestCommandsPerNearMarkCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	counters := calls()
-	_, _, v, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, 0)
+	_, _, v, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reset()
-	if _, marks, got, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, v); err != nil || len(marks) != 0 || got != v {
+	if _, marks, got, err := r.GetCountersNear(ctx, "near-cmds", keys, []time.Duration{time.Hour}, now, v, nil); err != nil || len(marks) != 0 || got != v {
 		t.Fatalf("a fetch at the known version %d: %d marks at %d (%v)", v, len(marks), got, err)
 	}
 	extra := extraCalls(calls(), counters)

@@ -3,6 +3,7 @@ package strategytest
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -32,6 +33,7 @@ func testNear(t *testing.T, h Harness) {
 		{"Version", testNearVersion},
 		{"RetriedBatch", testNearRetriedBatch},
 		{"MarkNear", testNearMarkNear},
+		{"MarkWithTheRead", testNearMarkWithTheRead},
 		{"Counts", testNearCounts},
 		{"Bound", testNearBound},
 		{"Expiry", testNearExpiry},
@@ -57,7 +59,7 @@ func pushNear(t *testing.T, f strategy.NearFeed, ns string, near float64, diffs 
 // "key until-in-ms" pairs, in the order they came, with the version.
 func readNear(t *testing.T, f strategy.NearFeed, ns string, known int64) ([]nearRead, int64) {
 	t.Helper()
-	_, marks, version, err := f.GetCountersNear(testContext(t), ns, nil, nil, time.Now(), known)
+	_, marks, version, err := f.GetCountersNear(testContext(t), ns, nil, nil, time.Now(), known, nil)
 	if err != nil {
 		t.Fatalf("reading the marks of %q after version %d: %v", ns, known, err)
 	}
@@ -223,6 +225,37 @@ func testNearMarkNear(t *testing.T, f strategy.NearFeed) {
 	}
 }
 
+// testNearMarkWithTheRead checks that GetCountersNear makes the marks it
+// is given after its read, as MarkNear would: it returns the counts and
+// the marks made before, and a later read returns the new marks, at a
+// greater version; with keys to fetch and with none.
+func testNearMarkWithTheRead(t *testing.T, f strategy.NearFeed) {
+	ns := unique("near-mark-read")
+	at := steadyNow()
+	d := nearDiff(at, "pushed", 3, 4, false)
+	pushNear(t, f, ns, 0.5, d)
+	later := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	for i, keys := range [][]string{{"pushed", "none"}, nil} {
+		_, v1 := readNear(t, f, ns, 0)
+		key := fmt.Sprint("asked-", i)
+		counts, marks, v, err := f.GetCountersNear(testContext(t), ns, keys, []time.Duration{hour}, at, 0,
+			[]strategy.NearMark{{Key: key, Until: later}})
+		if err != nil {
+			t.Fatalf("GetCountersNear of %v, marking %s: %v", keys, key, err)
+		}
+		if keys != nil && (len(counts) != 1 || counts[0].Key != "pushed" || counts[0].Value != 3) {
+			t.Fatalf("GetCountersNear of %v, marking %s: counts %v, want pushed's 3", keys, key, counts)
+		}
+		if len(marks) == 0 || marks[len(marks)-1].Key == key || v != v1 {
+			t.Fatalf("GetCountersNear marking %s read %v at version %d, want the marks before it, at %d", key, marks, v, v1)
+		}
+		got, v2 := readNear(t, f, ns, v)
+		if !slices.Equal(got, []nearRead{{key, later.UnixMilli()}}) || v2 <= v {
+			t.Fatalf("after GetCountersNear marking %s, a reader at %d read %v at %d, want that mark at a greater version", key, v, got, v2)
+		}
+	}
+}
+
 // testNearRetriedBatch checks that a batch pushed again under its ID
 // marks nothing again.
 func testNearRetriedBatch(t *testing.T, f strategy.NearFeed) {
@@ -250,7 +283,7 @@ func testNearCounts(t *testing.T, f strategy.NearFeed) {
 	if err != nil {
 		t.Fatalf("GetCounters: %v", err)
 	}
-	got, marks, _, err := f.GetCountersNear(testContext(t), ns, keys, sizes, at, 0)
+	got, marks, _, err := f.GetCountersNear(testContext(t), ns, keys, sizes, at, 0, nil)
 	if err != nil {
 		t.Fatalf("GetCountersNear: %v", err)
 	}
