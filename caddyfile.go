@@ -43,6 +43,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_delay <duration>
 //	    max_waiting <n>
 //	    cost <number|placeholders>
+//	    response_cost <number|placeholders>
 //	    count_status <status...>
 //	    ban <duration>
 //	}
@@ -163,6 +164,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := h.parseCost(); err != nil {
 				return d.Err(err.Error())
 			}
+		case "response_cost":
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			if err := checkResponseCost(v); err != nil {
+				return d.Err(err.Error())
+			}
+			h.ResponseCost = caddyhttp.WeakString(v)
 		case "count_status":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

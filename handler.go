@@ -182,6 +182,19 @@ type Handler struct {
 	// level. Default: 1.
 	Cost caddyhttp.WeakString `json:"cost,omitempty"`
 
+	// What each admitted request counts, read after its response: a
+	// number, or placeholders that give one then, such as a header the
+	// upstream set, "{http.response.header.X-Units}" (a budget of tokens,
+	// bytes or rows). The request is admitted while every limit has room
+	// for Cost (default 1), checked before it runs without counting it,
+	// and is charged this in full once its response is written, even
+	// past a limit: with many requests in flight the count can pass a
+	// limit by what they cost beyond the room each one found. A value
+	// that is not a number of 0 or more charges Cost (logged at debug
+	// level). With count_status, only the responses of those statuses
+	// are charged. Not with max_delay or a rate.
+	ResponseCost caddyhttp.WeakString `json:"response_cost,omitempty"`
+
 	// If set, only requests whose response has one of these statuses
 	// count, such as 401 for failed logins: the limits are checked before
 	// the request without counting it, and it is counted after its
@@ -364,6 +377,17 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("count_status: %d is not a status: want 100 to 599", code)
 		}
 	}
+	if h.ResponseCost != "" {
+		if err := checkResponseCost(string(h.ResponseCost)); err != nil {
+			return err
+		}
+		if h.MaxDelay > 0 {
+			return fmt.Errorf("response_cost: cannot be combined with max_delay (%v): a request that waits for its turn takes it before its cost is known", time.Duration(h.MaxDelay))
+		}
+		if h.Rate != nil {
+			return fmt.Errorf("response_cost: cannot be combined with rate: a rate's turn is taken before the request runs, not charged after it")
+		}
+	}
 	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
 		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
@@ -433,7 +457,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err != nil {
 		return err
 	}
-	if len(h.CountStatus) > 0 {
+	if h.countsAfter() {
 		return h.serveThenCount(w, r, next, p, key, value)
 	}
 	return next.ServeHTTP(w, r)
@@ -472,10 +496,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 	samples, left = samples[:n], left[:n]
 	o = allowed
 	var rejected int
-	if len(h.CountStatus) > 0 {
+	if h.countsAfter() {
 		rejected, _ = h.peek(ctx, p, key, value, samples)
 		switch {
-		case rejected >= 0 && !h.DisablePenalty && slices.Contains(h.CountStatus, h.ErrorCode):
+		case rejected >= 0 && !h.DisablePenalty && h.countsStatus(h.ErrorCode):
 			h.hit(ctx, p, key, value, false, samples)
 		case rejected < 0:
 			// The headers of an admitted request show the counts as they

@@ -54,10 +54,48 @@ func (h *Handler) requestCost(repl *caddy.Replacer) float64 {
 	return v
 }
 
-// serveThenCount runs the next handler, and counts the request (count_status)
-// when the status of its response is one of count_status: the status it
-// was written with, or else the status of the error it ended with (such
-// as basic_auth's 401, which handle_errors writes later).
+// countsAfter reports whether requests are checked before they run and
+// counted after their response: with count_status or response_cost.
+func (h *Handler) countsAfter() bool { return len(h.CountStatus) > 0 || h.ResponseCost != "" }
+
+// countsStatus reports whether a response of status counts: any, unless
+// count_status names some.
+func (h *Handler) countsStatus(status int) bool {
+	return len(h.CountStatus) == 0 || slices.Contains(h.CountStatus, status)
+}
+
+// checkResponseCost checks response_cost: placeholders, or a number of 0
+// or more.
+func checkResponseCost(c string) error {
+	if strings.Contains(c, "{") {
+		return nil
+	}
+	if v, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !validCost(v) {
+		return fmt.Errorf("response_cost: want a number of 0 or more, or placeholders such as {http.response.header.X-Units}, got %q", c)
+	}
+	return nil
+}
+
+// responseCost is what response_cost gives once the response is written,
+// or value (the request's cost) when it is not a number of 0 or more.
+func (h *Handler) responseCost(repl *caddy.Replacer, value float64) float64 {
+	s := repl.ReplaceKnown(string(h.ResponseCost), "")
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || !validCost(v) {
+		if c := h.logger.Check(zap.DebugLevel, "response_cost is not a number of 0 or more: charging cost"); c != nil {
+			c.Write(zap.String("namespace", h.Namespace), zap.String("response_cost", s), zap.Float64("cost", value))
+		}
+		return value
+	}
+	return v
+}
+
+// serveThenCount runs the next handler, and counts the request
+// (count_status, response_cost) when the status of its response is one of
+// count_status, or any with no count_status: the status it was written
+// with, or else the status of the error it ended with (such as
+// basic_auth's 401, which handle_errors writes later). It counts what
+// response_cost gives then, or else the request's cost.
 func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, p *plan, key string, value float64) error {
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	err := next.ServeHTTP(rec, r)
@@ -72,7 +110,10 @@ func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next ca
 			}
 		}
 	}
-	if slices.Contains(h.CountStatus, status) {
+	if h.countsStatus(status) {
+		if h.ResponseCost != "" {
+			value = h.responseCost(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), value)
+		}
 		// The response is on its way: a client that went away must not
 		// keep the request from counting.
 		var buf [maxInlineLimits]window.Sample
