@@ -6,6 +6,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/strategy/redis"
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // A budget charged from the response: each admitted request is charged
@@ -76,5 +80,76 @@ func TestResponseCost(t *testing.T) {
 	send(t, tester, http.MethodGet, "/status-missing", third, "X-Want", "7")
 	if got := count(t, "default", "status-"+third, time.Hour); got != 7 {
 		t.Errorf("with count_status 200, a 200 and a 404 of 7 units each: count %v, want 7", got)
+	}
+}
+
+// Three nodes at sync_rate 0, each request to the next: the store's count
+// is exactly the sum of what the admitted responses reported, no request
+// is admitted without room for one unit, and once the budget is spent the
+// fleet rejects.
+func TestResponseCostAcrossNodes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	nodes := startFleet(t, 3, srv.Addr, "0",
+		map[string]any{"handler": "headers", "response": map[string]any{"set": map[string]any{"X-Units": []string{"{http.request.header.X-Want}"}}}},
+		map[string]any{
+			"handler":       "rate_limit",
+			"namespace":     "api",
+			"key":           "{http.request.header.X-Key}",
+			"limits":        []any{map[string]any{"limit": 1000, "window": "1h"}},
+			"window_type":   "fixed",
+			"response_cost": "{http.response.header.X-Units}",
+		},
+		map[string]any{"handler": "static_response", "body": "ok"})
+	store, err := (&redis.Redis{Addresses: []string{srv.Addr}}).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	stored := func() float64 {
+		counts, err := store.GetCounters(t.Context(), "api", []string{"budget"}, []time.Duration{time.Hour}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		for _, c := range counts {
+			if c.Start == window.Start(time.Now().UnixNano(), time.Hour) {
+				sum += c.Value
+			}
+		}
+		return sum
+	}
+	sum, admitted := 0.0, 0
+	for i := 0; ; i++ {
+		if i > 500 {
+			t.Fatalf("no rejection after %d requests, %v units", i, sum)
+		}
+		units := 1 + rand.IntN(50)
+		before := stored()
+		req, _ := http.NewRequest(http.MethodGet, nodes[i%3].URL("/api"), nil)
+		req.Header.Set("X-Key", "budget")
+		req.Header.Set("X-Want", strconv.Itoa(units))
+		resp, err := nodeClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			if before+1 <= 1000 {
+				t.Fatalf("node %d rejected with %v of 1000 units used", i%3+1, before)
+			}
+			break
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("node %d: status %d", i%3+1, resp.StatusCode)
+		}
+		if before+1 > 1000 {
+			t.Fatalf("node %d admitted with %v of 1000 units used", i%3+1, before)
+		}
+		sum += float64(units)
+		admitted++
+	}
+	if got := stored(); got != sum+1 {
+		t.Errorf("the store counts %v after %d admitted requests reporting %v units and a rejection of cost 1, want %v", got, admitted, sum, sum+1)
 	}
 }
