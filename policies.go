@@ -20,22 +20,28 @@ import (
 
 // parseCost prepares cost: a number now, or placeholders to read per
 // request.
-func (h *Handler) parseCost() error {
-	h.cost, h.costFromRequest = 1, false
-	c := strings.TrimSpace(string(h.Cost))
-	if c == "" {
-		return nil
+func (h *Handler) parseCost() (err error) {
+	h.cost, h.costFromRequest, err = parseCostField("cost", string(h.Cost), "placeholders", 1)
+	return err
+}
+
+// parseCostField reads a cost field (cost, response_cost): a number of 0
+// or more, or placeholders to read later (reported by placeholders; v is
+// def then, as for "" or a bad value). The error names the field, what it
+// wants (a number of 0 or more, or want) and the value.
+func parseCostField(field, c, want string, def float64) (v float64, placeholders bool, err error) {
+	c = strings.TrimSpace(c)
+	switch {
+	case c == "":
+		return def, false, nil
+	case strings.Contains(c, "{"):
+		return def, true, nil
 	}
-	if strings.Contains(c, "{") {
-		h.costFromRequest = true
-		return nil
-	}
-	v, err := strconv.ParseFloat(c, 64)
+	v, err = strconv.ParseFloat(c, 64)
 	if err != nil || !validCost(v) {
-		return fmt.Errorf("cost: want a number of 0 or more, or placeholders, got %q", string(h.Cost))
+		return def, false, fmt.Errorf("%s: want a number of 0 or more, or %s, got %q", field, want, c)
 	}
-	h.cost = v
-	return nil
+	return v, false, nil
 }
 
 func validCost(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
@@ -43,13 +49,19 @@ func validCost(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 // requestCost is the cost that the placeholders of cost give for this
 // request, or 1 when they do not give a number of 0 or more.
 func (h *Handler) requestCost(repl *caddy.Replacer) float64 {
-	s := repl.ReplaceKnown(string(h.Cost), "")
+	return h.costOf(repl, "cost", string(h.Cost), 1)
+}
+
+// costOf is what the placeholders of a cost field give now, or fallback
+// when that is not a number of 0 or more (logged at debug level).
+func (h *Handler) costOf(repl *caddy.Replacer, field, template string, fallback float64) float64 {
+	s := repl.ReplaceKnown(template, "")
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || !validCost(v) {
-		if c := h.logger.Check(zap.DebugLevel, "cost is not a number of 0 or more: counting 1"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String("cost", s))
+		if c := h.logger.Check(zap.DebugLevel, field+" is not a number of 0 or more: counting the fallback"); c != nil {
+			c.Write(zap.String("namespace", h.Namespace), zap.String(field, s), zap.Float64("fallback", fallback))
 		}
-		return 1
+		return fallback
 	}
 	return v
 }
@@ -67,27 +79,8 @@ func (h *Handler) countsStatus(status int) bool {
 // checkResponseCost checks response_cost: placeholders, or a number of 0
 // or more.
 func checkResponseCost(c string) error {
-	if strings.Contains(c, "{") {
-		return nil
-	}
-	if v, err := strconv.ParseFloat(strings.TrimSpace(c), 64); err != nil || !validCost(v) {
-		return fmt.Errorf("response_cost: want a number of 0 or more, or placeholders such as {http.response.header.X-Units}, got %q", c)
-	}
-	return nil
-}
-
-// responseCost is what response_cost gives once the response is written,
-// or value (the request's cost) when it is not a number of 0 or more.
-func (h *Handler) responseCost(repl *caddy.Replacer, value float64) float64 {
-	s := repl.ReplaceKnown(string(h.ResponseCost), "")
-	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || !validCost(v) {
-		if c := h.logger.Check(zap.DebugLevel, "response_cost is not a number of 0 or more: charging cost"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String("response_cost", s), zap.Float64("cost", value))
-		}
-		return value
-	}
-	return v
+	_, _, err := parseCostField("response_cost", c, "placeholders such as {http.response.header.X-Units}", 0)
+	return err
 }
 
 // serveThenCount runs the next handler, and counts the request
@@ -112,7 +105,8 @@ func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next ca
 	}
 	if h.countsStatus(status) {
 		if h.ResponseCost != "" {
-			value = h.responseCost(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), value)
+			// What response_cost gives now, or the request's cost.
+			value = h.costOf(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), "response_cost", string(h.ResponseCost), value)
 		}
 		// The response is on its way: a client that went away must not
 		// keep the request from counting.
