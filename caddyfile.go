@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/ratesync/caddy-ratelimit/internal/cfargs"
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 func init() {
@@ -31,7 +32,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    key <placeholders> [<fallback placeholders>...]
 //	    ipv4_prefix <bits>
 //	    ipv6_prefix <bits>
-//	    limit <n|placeholders> <window>
+//	    limit <n|placeholders> <window|day|week|month>
+//	    timezone <IANA name>
 //	    rate <n|placeholders>/<window> [burst <m|placeholders>]
 //	    window_type sliding|fixed
 //	    disable_penalty
@@ -96,17 +98,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "limit":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
-				return d.Errf("limit: want <n> <window>, such as 'limit 100 1m'")
+				return d.Errf("limit: want <n> <window>, such as 'limit 100 1m' or 'limit 10000 month'")
 			}
 			n, placeholders, err := parseAmount(args[0], "limit")
 			if err != nil || placeholders == "" && !(n > 0) {
 				return d.Errf("limit: the limit must be a positive number or placeholders, got %q", args[0])
 			}
+			if _, ok := window.ParseUnit(args[1]); ok {
+				h.Limits = append(h.Limits, Limit{Limit: n, Calendar: args[1], Placeholders: placeholders})
+				break
+			}
 			win, err := caddy.ParseDuration(args[1])
 			if err != nil || win <= 0 {
-				return d.Errf("limit: the window must be a positive duration, got %q", args[1])
+				return d.Errf("limit: the window must be a positive duration or day, week or month, got %q", args[1])
 			}
 			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win), Placeholders: placeholders})
+		case "timezone":
+			if err := cfargs.One(d, &h.Timezone); err != nil {
+				return err
+			}
 		case "rate":
 			r, err := parseRate(d.RemainingArgs())
 			if err != nil {

@@ -108,6 +108,12 @@ type Handler struct {
 	// one limit or a rate.
 	Limits []Limit `json:"limits,omitempty"`
 
+	// The time zone of the calendar windows (a limit's calendar: day,
+	// week, month): an IANA name such as "America/New_York", whose
+	// changes to and from daylight saving time move the boundaries with
+	// the local clock. Default: "UTC". Only with a calendar window.
+	Timezone string `json:"timezone,omitempty"`
+
 	// A rate (GCRA, nginx limit_req's rate and burst), checked before the
 	// limits: a request must pass both. See Rate.
 	Rate *Rate `json:"rate,omitempty"`
@@ -230,6 +236,10 @@ type Handler struct {
 	// Unix nanoseconds.
 	unresolvedLog *atomic.Int64
 	fixed         bool
+	// loc is the calendar windows' time zone; periods caches the
+	// RateLimit-Policy of the static plan's current periods (calendar.go).
+	loc     *time.Location
+	periods *atomic.Pointer[periodPolicy]
 	// What headers responses carry: the draft's fields, Kong's headers.
 	draft, kong bool
 	// The concurrency policy's name in the draft's fields.
@@ -400,18 +410,27 @@ func (h *Handler) validate() error {
 	if len(h.Limits) == 0 && h.Rate == nil {
 		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m, unless the handler has a rate")
 	}
+	if err := h.loadTimezone(); err != nil {
+		return err
+	}
 	var limits []limit
 	for _, l := range h.Limits {
-		lim, err := newLimit(h.Namespace, l)
+		lim, err := newLimit(h.Namespace, l, h.loc)
 		if err != nil {
 			return err
 		}
 		for _, other := range limits {
-			if other.size == lim.size {
-				return fmt.Errorf("limits: window %v appears twice", lim.size)
+			switch {
+			case other.size == lim.size:
+				return fmt.Errorf("limits: window %s appears twice", lim.per)
+			case other.name == lim.name:
+				return fmt.Errorf("limits: windows %s and %s are both named %s in the headers: keep one", other.per, lim.per, lim.name)
 			}
 		}
 		limits = append(limits, lim)
+	}
+	if h.Timezone != "" && !slices.ContainsFunc(limits, func(l limit) bool { return l.calendar }) {
+		return fmt.Errorf("timezone: %q has no effect without a calendar window (a limit per day, week or month)", h.Timezone)
 	}
 	slices.SortFunc(limits, func(a, b limit) int { return int(a.size - b.size) })
 	h.first = 0
@@ -429,6 +448,7 @@ func (h *Handler) validate() error {
 	h.isDynamic = h.dynamic()
 	h.concurrencyName = policyName(h.Namespace, "concurrency")
 	h.static.policy = h.policyOf(limits)
+	h.periods = new(atomic.Pointer[periodPolicy])
 	h.newBlock = blockFor(h.headerRoom())
 	return nil
 }
@@ -528,6 +548,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 		left[i] = h.remaining(p, i, s)
 	}
 
+	p = h.inPeriods(p, samples)
 	shown := shown(left, rejected)
 	remaining := left[shown]
 	now := samples[shown].At // when the zone counted the request: no second clock reading
@@ -589,11 +610,11 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, ke
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(p, samples, value, now)))
 	if l.rate {
-		return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: faster than %s per %v with a burst of %s in namespace %s",
-			l.limitValue, l.size, formatCount(l.burst), h.Namespace))
+		return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: faster than %s per %s with a burst of %s in namespace %s",
+			l.limitValue, l.per, formatCount(l.burst), h.Namespace))
 	}
-	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %v in namespace %s",
-		l.limitValue, l.size, h.Namespace))
+	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %s in namespace %s",
+		l.limitValue, l.per, h.Namespace))
 }
 
 // acquire takes one of max_concurrent places of the key for the request,

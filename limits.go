@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // Limit is N hits per window.
@@ -19,9 +22,17 @@ type Limit struct {
 	// 500, see Handler).
 	Limit float64 `json:"limit"`
 
-	// The window size, such as "1s", "1m", "1h" or "30d". Required; must
-	// be positive.
-	Window caddy.Duration `json:"window"`
+	// The window size, such as "1s", "1m", "1h" or "30d". Required
+	// unless calendar is set; must be positive.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// A calendar window instead of a window size: "day", "week" or
+	// "month", a fixed window from the calendar's boundary (local
+	// midnight; weeks start on Monday; months on the 1st) in the
+	// handler's timezone to the next. Its headers' names are Day, Week
+	// and Month; the draft's w is the current period's length, and t and
+	// Retry-After of a spent quota count down to the next boundary.
+	Calendar string `json:"calendar,omitempty"`
 
 	// The placeholders of limit, when JSON gave a string: they are read
 	// per request. (In JSON, limit itself holds them.)
@@ -34,7 +45,9 @@ type limit struct {
 	max         float64 // the limit, or a rate's requests per window
 	burst       float64 // a rate's burst
 	rate        bool    // a rate (GCRA), not a window's limit
+	calendar    bool    // a calendar window: size is its code (window.CalendarSize)
 	size        time.Duration
+	per         string // the window, as errors name it: "1m0s", "month"
 	limitValue  string // the limit, as configured
 	headerLimit string // the limit as Kong's headers show it: an Integer, rounded down
 	limitHeader string // X-RateLimit-Limit-<Window>
@@ -58,16 +71,37 @@ type limit struct {
 	placeholders, burstFrom string
 }
 
-func newLimit(namespace string, l Limit) (limit, error) {
+func newLimit(namespace string, l Limit, loc *time.Location) (limit, error) {
 	size := time.Duration(l.Window)
+	per := size.String()
+	if l.Calendar != "" {
+		per = l.Calendar
+	}
 	if l.Placeholders == "" && !(l.Limit > 0) {
-		return limit{}, fmt.Errorf("limits: limit must be positive, got %v (window %v)", l.Limit, size)
+		return limit{}, fmt.Errorf("limits: limit must be positive, got %v (window %s)", l.Limit, per)
 	}
-	if size <= 0 {
+	var name string
+	switch {
+	case l.Calendar != "":
+		unit, ok := window.ParseUnit(l.Calendar)
+		if !ok {
+			return limit{}, fmt.Errorf("limits: calendar: unknown calendar window %q: want day, week or month", l.Calendar)
+		}
+		if size != 0 {
+			return limit{}, fmt.Errorf("limits: a limit has both a window (%v) and a calendar window (%s): want one", size, l.Calendar)
+		}
+		var err error
+		if size, err = window.CalendarSize(unit, loc); err != nil {
+			return limit{}, fmt.Errorf("limits: calendar %s: %v", l.Calendar, err)
+		}
+		name = strings.ToUpper(l.Calendar[:1]) + l.Calendar[1:]
+	case size <= 0:
 		return limit{}, fmt.Errorf("limits: window must be positive, got %v (limit %v)", size, l.Limit)
+	default:
+		name = windowName(size)
 	}
-	name := windowName(size)
 	lim := namedLimit(namespace, size, name, policyName(namespace, name))
+	lim.calendar, lim.per = l.Calendar != "", per
 	lim.placeholders = l.Placeholders
 	return lim.judged(l.Limit, 0), nil
 }
@@ -93,10 +127,11 @@ func namedLimit(namespace string, size time.Duration, name, pName string) limit 
 // (draft-ietf-httpapi-ratelimit-headers-11) makes the quota q and the
 // window w Integers, w in seconds, and w optional: q is the limit rounded
 // down, and a window that is not a whole number of seconds is listed
-// without w, rather than with one that states another window.
+// without w, rather than with one that states another window. (A
+// calendar window's w is its current period's: see Handler.inPeriods.)
 func draftPolicy(name string, limit float64, size time.Duration) string {
 	q := strconv.FormatFloat(math.Floor(limit), 'f', 0, 64)
-	if size%time.Second != 0 {
+	if size%time.Second != 0 || window.IsCalendar(size) {
 		return name + ";q=" + q
 	}
 	return name + ";q=" + q + ";w=" + strconv.FormatInt(int64(size/time.Second), 10)

@@ -195,7 +195,7 @@ func (r *Rate) check() error {
 func newRateLimit(namespace string, r *Rate) limit {
 	size := time.Duration(r.Window)
 	l := namedLimit(namespace, size, "Rate-"+windowName(size), policyName(namespace, "rate-"+windowName(size)))
-	l.rate = true
+	l.rate, l.per = true, size.String()
 	l.placeholders, l.burstFrom = r.RatePlaceholders, r.BurstPlaceholders
 	return l.judged(r.Rate, r.Burst)
 }

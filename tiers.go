@@ -121,9 +121,9 @@ func resolveCount(repl *caddy.Replacer, placeholders string, zeroOK bool) (float
 // unresolved logs (throttled) a request whose placeholders gave no count,
 // and returns the error that ends it.
 func (h *Handler) unresolved(l limit, placeholders string, repl *caddy.Replacer) error {
-	what := "limit of window " + l.size.String()
+	what := "limit of window " + l.per
 	if l.rate {
-		what = "rate of window " + l.size.String()
+		what = "rate of window " + l.per
 		if placeholders == l.burstFrom {
 			what = "burst of the " + what
 		}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // The rules of input that every store of this module applies (memory,
@@ -75,13 +77,14 @@ func CheckSizes(sizes []time.Duration) error {
 }
 
 // CheckWindow checks a window's size, as CheckSize does, and its start
-// (Unix nanoseconds): a multiple of the size. The error names the size or
-// the start and wraps ErrInvalidWindow.
+// (Unix nanoseconds): a multiple of the size, or for a calendar window
+// (window.CalendarSize) the start of a period. The error names the size
+// or the start and wraps ErrInvalidWindow.
 func CheckWindow(size time.Duration, start int64) error {
 	if err := CheckSize(size); err != nil {
 		return err
 	}
-	if start%int64(size) != 0 {
+	if window.Start(start, size) != start {
 		return fmt.Errorf("%w: start %d is not a multiple of size %v", ErrInvalidWindow, start, size)
 	}
 	return nil

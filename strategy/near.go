@@ -93,7 +93,7 @@ func NearAt(near float64, d *window.Diff) float64 {
 	if math.IsInf(at, 0) || math.IsNaN(at) {
 		return 0
 	}
-	if d.Size > 0 && (d.Start/int64(d.Size))%2 != 0 && d.Previous >= at {
+	if d.Size > 0 && window.Index(d.Start, d.Size)%2 != 0 && d.Previous >= at {
 		return 0
 	}
 	return at

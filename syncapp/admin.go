@@ -152,8 +152,13 @@ type keyInfo struct {
 
 // windowInfo is one window size of a key.
 type windowInfo struct {
-	Size     string    `json:"size"`
-	Start    time.Time `json:"start"`
+	Size  string    `json:"size"`
+	Start time.Time `json:"start"`
+	// A calendar window's time zone and end (its size is day, week or
+	// month, its start and end in local time).
+	Timezone string     `json:"timezone,omitempty"`
+	End      *time.Time `json:"end,omitempty"`
+
 	Current  float64   `json:"current"`
 	Previous float64   `json:"previous"`
 	Sliding  float64   `json:"sliding"`
@@ -399,7 +404,7 @@ func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInf
 	if until := ns.BannedUntil(key); !until.IsZero() {
 		info.BannedUntil = &until
 	}
-	now := time.Now().UnixNano()
+	now := ns.counters.Now()
 	var samples []windowInfo
 	if source == sourceStore {
 		store, err := storeSamples(ctx, ns.store, ns.name, key, sizes, now)
@@ -459,13 +464,18 @@ func storeSamples(ctx context.Context, store strategy.Store, namespace, key stri
 
 // windowOf is a window's sample as the admin API shows it.
 func windowOf(s window.Sample) windowInfo {
-	return windowInfo{
+	w := windowInfo{
 		Size:     s.Size.String(),
 		Start:    time.Unix(0, s.Start).UTC(),
 		Current:  s.Current,
 		Previous: s.Previous,
 		Sliding:  s.Sliding(),
 	}
+	if unit, loc, ok := window.CalendarOf(s.Size); ok {
+		end := time.Unix(0, window.End(s.Start, s.Size)).In(loc)
+		w.Size, w.Timezone, w.Start, w.End = unit.String(), loc.String(), w.Start.In(loc), &end
+	}
+	return w
 }
 
 // emptySample is the sample of a window with no counts, at now (Unix

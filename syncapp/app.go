@@ -58,6 +58,7 @@ type App struct {
 	acquired   []poolKey
 	unflushed  map[*Namespace]bool // whose push at Stop failed
 	pool       *caddy.UsagePool
+	clock      window.Clock // of the zones the app makes; nil: the system's (tests set one)
 	logger     *zap.Logger
 }
 
@@ -131,7 +132,7 @@ func (a *App) provisionZones() error {
 	for _, name := range slices.Sorted(maps.Keys(a.maxKeys)) {
 		key := poolKey{"zone", name}
 		v, _, err := a.pool.LoadOrNew(key, func() (caddy.Destructor, error) {
-			return newZoneHolder(name, a.maxKeys[name])
+			return newZoneHolder(name, a.maxKeys[name], a.clock)
 		})
 		if err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // node is one loaded config of the app, as Caddy would run it.
@@ -23,11 +25,18 @@ type node struct {
 // the test.
 func provision(t testing.TB, pool *caddy.UsagePool, cfg string) (*node, error) {
 	t.Helper()
+	return provisionAt(t, pool, cfg, nil)
+}
+
+// provisionAt is provision with the zones the app makes reading clock
+// (nil: the system's).
+func provisionAt(t testing.TB, pool *caddy.UsagePool, cfg string, clock window.Clock) (*node, error) {
+	t.Helper()
 	a := new(App)
 	if err := json.Unmarshal([]byte(cfg), a); err != nil {
 		t.Fatalf("config %s: %v", cfg, err)
 	}
-	a.pool = pool
+	a.pool, a.clock = pool, clock
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	n := &node{t: t, app: a, cancel: cancel}
 	err := a.Provision(ctx)

@@ -61,6 +61,12 @@ func (s fleetStore) config(syncRate string, windows ...string) string {
 // the given size in namespace api, through a store of its own.
 func (s fleetStore) total(t *testing.T, key string, size time.Duration) float64 {
 	t.Helper()
+	return s.totalAt(t, key, size, time.Now())
+}
+
+// totalAt is total with the windows that hold at.
+func (s fleetStore) totalAt(t *testing.T, key string, size time.Duration, at time.Time) float64 {
+	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
 	var mod struct {
@@ -78,7 +84,7 @@ func (s fleetStore) total(t *testing.T, key string, size time.Duration) float64 
 	defer store.Close()
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
-	counts, err := store.GetCounters(rctx, "api", []string{key}, []time.Duration{size}, time.Now())
+	counts, err := store.GetCounters(rctx, "api", []string{key}, []time.Duration{size}, at)
 	if err != nil {
 		t.Fatalf("reading the store: %v", err)
 	}

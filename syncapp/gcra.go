@@ -101,7 +101,7 @@ func (n *Namespace) HitRateIfRoom(ctx context.Context, key string, rate Rate, co
 	case !rateOK:
 		return false, -1, rs.Wait(rate, cost)
 	case rejected >= 0:
-		return true, rejected, roomWait(limits, value, fixed, out)
+		return true, rejected, roomWait(limits, value, fixed, out, n.counters.Now())
 	}
 	return true, -1, 0
 }

@@ -34,7 +34,7 @@ import (
 // this node's counts it marks the key as used, as any read does, which
 // keeps it from eviction and has the next sync fetch its counts.
 func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
-	now := window.SystemClock() // the zones' clock
+	now := n.counters.Now()
 	fromStore := false
 	if n.mode == Synchronous && !n.health.down() {
 		sizes := make([]time.Duration, len(limits))

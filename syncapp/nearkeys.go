@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
+	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 // nearKeys is what a periodic node knows of the store's feed of keys near
@@ -41,8 +42,11 @@ type nearKeys struct {
 	// resting is set while the runs skip the feed (rest); waking is
 	// closed when the read of the requests that found it so ends (wake).
 	resting atomic.Bool
-	wakeMu  sync.Mutex
-	waking  chan struct{}
+	// clock is the zone whose clock the marks' ends are read by, the
+	// windows' (the config's that uses the namespace last).
+	clock  atomic.Pointer[window.Zone]
+	wakeMu sync.Mutex
+	waking chan struct{}
 }
 
 // maxAsked is the most marks a node asks for between two runs: past it,
@@ -181,5 +185,13 @@ func (n *nearKeys) has(key string) bool {
 	n.mu.RLock()
 	u, ok := n.until[key]
 	n.mu.RUnlock()
-	return ok && u > time.Now().UnixNano()
+	return ok && u > n.now()
+}
+
+// now reads the zones' clock.
+func (n *nearKeys) now() int64 {
+	if z := n.clock.Load(); z != nil {
+		return z.Now()
+	}
+	return time.Now().UnixNano()
 }

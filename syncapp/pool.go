@@ -39,8 +39,8 @@ type zoneHolder struct {
 	sweeper worker
 }
 
-func newZoneHolder(name string, maxKeys int) (*zoneHolder, error) {
-	z, err := window.NewZone(maxKeys, nil)
+func newZoneHolder(name string, maxKeys int, clock window.Clock) (*zoneHolder, error) {
+	z, err := window.NewZone(maxKeys, clock)
 	if err != nil {
 		return nil, err
 	}

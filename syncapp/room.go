@@ -29,15 +29,14 @@ func (n *Namespace) HitIfRoom(ctx context.Context, key string, limits []Limit, v
 	if rejected = n.Hit(ctx, key, limits, value, fixed, true, out); rejected < 0 {
 		return -1, 0
 	}
-	return rejected, roomWait(limits, value, fixed, out)
+	return rejected, roomWait(limits, value, fixed, out, n.counters.Now())
 }
 
 // roomWait returns how long until a hit of value that the store rejected
 // may fit every limit, from their windows' states in out, if no other hit
 // comes: when the store's rate (sliding or fixed) admits it, as
 // Retry-After says; negative when it never fits.
-func roomWait(limits []Limit, value float64, fixed bool, out []window.Sample) time.Duration {
-	now := window.SystemClock()
+func roomWait(limits []Limit, value float64, fixed bool, out []window.Sample, now int64) time.Duration {
 	var wait time.Duration
 	for i, l := range limits {
 		if l.Max < value {

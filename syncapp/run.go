@@ -186,7 +186,7 @@ func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 // that this node's synchronous hits asked for (see markAsked) after the
 // read: on PostgreSQL in its transaction.
 func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count, error) {
-	now := time.Now()
+	now := time.Unix(0, r.counters.Now())
 	if r.feed == nil {
 		return r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), now)
 	}
@@ -283,7 +283,7 @@ func (r *runner) fetch(ctx context.Context, keys []string) error {
 		return err
 	}
 	defer r.lock.unlock()
-	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Now())
+	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Unix(0, r.counters.Now()))
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (r *runner) reset(ctx context.Context, key string) error {
 	held := r.counters.Reset(key)
 	r.outbox.dropKey(key, r.answers)
 	sizes := r.sizes.with(held, true)
-	if err := r.store.Reset(ctx, r.name, key, sizes, time.Now()); err != nil {
+	if err := r.store.Reset(ctx, r.name, key, sizes, time.Unix(0, r.counters.Now())); err != nil {
 		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",
 			r.name, r.storeModule, err)
 	}

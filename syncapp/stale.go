@@ -112,7 +112,7 @@ func (p *periodicHits) wake(ctx context.Context) {
 	p.near.wake(ctx, func() {
 		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 		defer cancel()
-		now := time.Now()
+		now := time.Unix(0, p.counters.Now())
 		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known(), nil)
 		if err != nil {
 			p.health.failed(err, 0)
@@ -136,7 +136,7 @@ func (p *periodicHits) stale(key string) bool {
 // counts as they were.
 func (p *periodicHits) refresh(ctx context.Context, key string) {
 	if p.road != nil {
-		if _, ok := p.road.read(ctx, key, p.sizes.list(), window.SystemClock(), true); !ok {
+		if _, ok := p.road.read(ctx, key, p.sizes.list(), p.counters.Now(), true); !ok {
 			return
 		}
 	} else if !p.fetchOne(ctx, key) {
@@ -150,7 +150,7 @@ func (p *periodicHits) refresh(ctx context.Context, key string) {
 func (p *periodicHits) fetchOne(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
-	counts, err := p.store.GetCounters(ctx, p.name, []string{key}, p.sizes.list(), time.Now())
+	counts, err := p.store.GetCounters(ctx, p.name, []string{key}, p.sizes.list(), time.Unix(0, p.counters.Now()))
 	if err != nil {
 		p.health.failed(err, 0)
 		return false

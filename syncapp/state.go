@@ -84,6 +84,7 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 	feed, ok := n.store.(strategy.NearFeed)
 	if ok && n.mode == Periodic {
 		near = s.near
+		near.clock.Store(n.counters.Zone())
 	} else {
 		feed = nil
 	}

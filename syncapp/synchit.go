@@ -43,7 +43,7 @@ type storeRoad struct {
 // instead. The diffs taken of windows the hit did not increment go back
 // to the zone.
 func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
-	windows := syncWindows(limits, value, fixed, window.SystemClock())
+	windows := syncWindows(limits, value, fixed, r.counters.Now())
 	if unsynced != nil {
 		// A run's diffs taken from the zone are in the view: a near hit's
 		// unsynced diffs and the view never both miss them. Some may be in
@@ -130,7 +130,7 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 // trip's retry: the limits' increments and the rate's turn.
 func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int, ok bool) {
 	req := strategy.RateRequestOf(rate.Window, rate.N, rate.Burst, cost)
-	windows := syncWindows(limits, value, fixed, window.SystemClock())
+	windows := syncWindows(limits, value, fixed, r.counters.Now())
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
 	switch err := res.Err; {
 	case err == nil:

@@ -250,7 +250,7 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 		k, r := position(now, size)
 		c := s.countsFor(e, size, false)
 		if c == nil {
-			out[j] = Sample{Weight: weight(r, size), Start: k * size, Size: l.Size, At: now}
+			out[j] = Sample{Weight: weight(r, size), Start: now - r, Size: l.Size, At: now}
 			continue
 		}
 		c.advance(k)

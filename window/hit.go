@@ -46,7 +46,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		k, r := position(now, size)
 		c := s.countsFor(e, size, rejected < 0)
 		if c == nil { // only read, and never counted: zero
-			out[j] = Sample{Weight: weight(r, size), Start: k * size, Size: l.Size, At: now}
+			out[j] = Sample{Weight: weight(r, size), Start: now - r, Size: l.Size, At: now}
 			continue
 		}
 		c.advance(k)

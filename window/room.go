@@ -75,6 +75,13 @@ func (c *counts) untilRoom(k, now int64, value, max float64) time.Duration {
 	if value > max {
 		return -1
 	}
+	if calendarOf(c.size) != nil {
+		// Fixed: its hits all leave at its end.
+		if c.cur.total()+value <= max {
+			return 0
+		}
+		return time.Duration(startOf(k+1, c.size) - now)
+	}
 	start := k * c.size
 	// When each window's hits have all left the last window length.
 	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size + roomMargin

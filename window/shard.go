@@ -111,9 +111,9 @@ func (c *counts) sample(k, r int64) Sample {
 	s := Sample{
 		Current: c.cur.total(),
 		Weight:  weight(r, c.size),
-		Start:   c.index * c.size,
+		Start:   startOf(c.index, c.size),
 		Size:    timeDuration(c.size),
-		At:      k*c.size + r,
+		At:      startOf(k, c.size) + r,
 	}
 	if c.index <= k {
 		s.Previous = c.prev.total()
@@ -422,7 +422,7 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 // counted. From the capacity on, the namespace's Backlog is signalled,
 // for its sync loop to take them before that.
 func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v, limit float64, now int64) {
-	if v == 0 || (k+2)*size <= now {
+	if v == 0 || startOf(k+2, size) <= now {
 		return
 	}
 	if z.orphaned.Load() >= 2*z.limit.Load() {
@@ -437,7 +437,7 @@ func (s *shard) orphan(z *Zone, ns uint16, key string, size, k int64, v, limit f
 		}
 		s.orphans = append(s.orphans[:0], s.orphans[drop:]...)
 	}
-	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: k * size, Value: v, Limit: limit}})
+	s.orphans = append(s.orphans, orphan{ns: ns, Diff: Diff{Key: key, Size: timeDuration(size), Start: startOf(k, size), Value: v, Limit: limit}})
 	n := z.namespace(ns)
 	n.orphans.Add(1)
 	if z.orphaned.Add(1) >= z.limit.Load() {

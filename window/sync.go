@@ -91,7 +91,7 @@ func takeCell(diffs []Diff, key string, c *counts, k int64, cl *cell, limit floa
 	if cl.diff == 0 {
 		return diffs
 	}
-	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: k * c.size, Value: cl.diff, Limit: float64(limit), Previous: previous})
+	diffs = append(diffs, Diff{Key: key, Size: timeDuration(c.size), Start: startOf(k, c.size), Value: cl.diff, Limit: float64(limit), Previous: previous})
 	cl.synced += cl.diff
 	cl.diff = 0
 	return diffs

@@ -7,10 +7,14 @@ import "time"
 // fades through the current window, and in the next one the current count
 // fades in turn. With fixed, only the current count counts, and it ends
 // with the window. A negative target, which no rate reaches, waits until
-// both windows are gone. It is what Retry-After, RateLimit-Reset and a
-// peek's wait are computed from.
+// both windows are gone. A calendar window is always fixed, and its
+// period's length is its size here. It is what Retry-After,
+// RateLimit-Reset and a peek's wait are computed from.
 func (s Sample) Until(target float64, now int64, fixed bool) time.Duration {
 	size := s.Size.Seconds()
+	if IsCalendar(s.Size) {
+		fixed, size = true, s.Length().Seconds()
+	}
 	pos := min(max(float64(now-s.Start)/1e9, 0), size) // seconds into the window
 	return time.Duration(untilSeconds(s, target, size, pos, fixed) * 1e9)
 }

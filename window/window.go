@@ -8,7 +8,9 @@
 //	rate = current + previous * (S - now mod S) / S
 //
 // where current and previous are the counts of the window holding now and of
-// the one before it. A fixed window gives the previous window the weight 0.
+// the one before it. A fixed window gives the previous window the weight 0,
+// and so does a calendar window (see CalendarSize), which starts at a
+// calendar's boundary instead.
 package window
 
 import (
@@ -27,23 +29,35 @@ func ValidateSize(size time.Duration) error {
 // Start returns the start, in Unix nanoseconds, of the window of the given
 // size that holds now (also in Unix nanoseconds).
 func Start(now int64, size time.Duration) int64 {
-	k, _ := position(now, int64(size))
-	return k * int64(size)
+	_, r := position(now, int64(size))
+	return now - r
 }
 
 // Weight returns the weight of the previous window at now:
-// (S - now mod S) / S, at nanosecond precision.
+// (S - now mod S) / S, at nanosecond precision; 0 for a calendar window.
 func Weight(now int64, size time.Duration) float64 {
 	_, r := position(now, int64(size))
 	return weight(r, int64(size))
 }
 
-func weight(r, size int64) float64 { return float64(size-r) / float64(size) }
+func weight(r, size int64) float64 {
+	if size >= minCode && calendarOf(size) != nil {
+		return 0
+	}
+	return float64(size-r) / float64(size)
+}
 
 // position returns the number k of the window that holds now, so that the
-// window starts at k*size, and how far into it now is. It floors, so times
-// before the epoch fall in the right window too. One division gives both.
+// window starts at startOf(k, size) (k*size but for a calendar's), and
+// how far into it now is. It floors, so times before the epoch fall in
+// the right window too. One division gives both.
 func position(now, size int64) (k, r int64) {
+	if size >= minCode {
+		if c := calendarOf(size); c != nil {
+			p := c.place(now)
+			return p.k, now - p.start
+		}
+	}
 	k, r = now/size, now%size
 	if r < 0 {
 		k, r = k-1, r+size
@@ -68,6 +82,12 @@ type Sample struct {
 	// zone's clock when it was taken. Waits computed from the sample
 	// (Until) start there, so a caller needs no second clock reading.
 	At int64
+}
+
+// Length returns the length of the sample's window: its Size, or for a
+// calendar window its period's.
+func (s Sample) Length() time.Duration {
+	return time.Duration(End(s.Start, s.Size) - s.Start)
 }
 
 // Sliding returns the sliding rate: Current + Previous*Weight.

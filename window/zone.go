@@ -287,6 +287,13 @@ func (n *Namespace) Name() string { return n.name }
 // Zone returns the zone that holds the namespace.
 func (n *Namespace) Zone() *Zone { return n.zone }
 
+// Now reads the zone's clock, in Unix nanoseconds: the time every window
+// of the namespace is placed by, also the windows a store is asked for.
+func (n *Namespace) Now() int64 { return n.zone.now() }
+
+// Now reads the zone's clock, in Unix nanoseconds.
+func (z *Zone) Now() int64 { return z.now() }
+
 // Increment adds value (which may be fractional or negative) to key's
 // current window of the given size and returns the window's state after it.
 func (n *Namespace) Increment(key string, size time.Duration, value float64) Sample {
@@ -351,7 +358,7 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	s := z.lock(h)
 	defer s.mu.Unlock()
 	k, r := position(now, int64(size))
-	out := Sample{Weight: weight(r, int64(size)), Start: k * int64(size), Size: size, At: now}
+	out := Sample{Weight: weight(r, int64(size)), Start: now - r, Size: size, At: now}
 	i := s.find(uint32(h), n.id, key)
 	if i < 0 {
 		if diff != nil {

@@ -363,7 +363,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 	type win struct{ sizeMs, cur, prev int64 }
 	wins := make([]win, len(sizes))
 	for j, size := range sizes {
-		sizeMs, _, err := windowMs(size, 0)
+		sizeMs, err := sizeMsOf(size)
 		if err != nil {
 			return nil, "", err
 		}
@@ -538,7 +538,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 	)
 	pipe := s.client.TxPipeline()
 	for _, size := range sizes {
-		sizeMs, _, err := windowMs(size, 0)
+		sizeMs, err := sizeMsOf(size)
 		if err != nil {
 			return err
 		}

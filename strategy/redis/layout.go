@@ -160,6 +160,15 @@ func windowMs(size time.Duration, start int64) (sizeMs, startMs int64, err error
 	return int64(size / time.Millisecond), start / int64(time.Millisecond), nil
 }
 
+// sizeMsOf checks a window size (strategy.CheckSize) and returns it in
+// milliseconds, as keys hold it.
+func sizeMsOf(size time.Duration) (int64, error) {
+	if err := strategy.CheckSize(size); err != nil {
+		return 0, err
+	}
+	return int64(size / time.Millisecond), nil
+}
+
 // expireAtMs returns when a counter of a window expires, in Unix
 // milliseconds: once it can no longer be the previous window, plus a margin.
 func expireAtMs(sizeMs, startMs int64) int64 {

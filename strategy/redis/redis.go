@@ -222,7 +222,7 @@ func (r *Redis) StoreKey() string {
 // one that is not a positive whole number of milliseconds. The error names
 // the size and wraps ErrInvalidWindow.
 func (r *Redis) ValidateWindow(size time.Duration) error {
-	_, _, err := windowMs(size, 0)
+	_, err := sizeMsOf(size)
 	return errs.Settings(err)
 }
 
