@@ -159,9 +159,9 @@ type windowInfo struct {
 	Timezone string     `json:"timezone,omitempty"`
 	End      *time.Time `json:"end,omitempty"`
 
-	Current  float64   `json:"current"`
-	Previous float64   `json:"previous"`
-	Sliding  float64   `json:"sliding"`
+	Current  float64 `json:"current"`
+	Previous float64 `json:"previous"`
+	Sliding  float64 `json:"sliding"`
 	// This node's diffs of the current and previous windows that wait to
 	// be pushed; only when the counts are this node's.
 	Pending         *float64 `json:"pending,omitempty"`
