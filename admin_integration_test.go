@@ -46,9 +46,11 @@ type adminKey struct {
 	Key       string `json:"key"`
 	Source    string `json:"source"`
 	Windows   []struct {
-		Size     string    `json:"size"`
-		Start    time.Time `json:"start"`
-		Current  float64   `json:"current"`
+		Size     string     `json:"size"`
+		Start    time.Time  `json:"start"`
+		Timezone string     `json:"timezone"`
+		End      *time.Time `json:"end"`
+		Current  float64    `json:"current"`
 		Previous float64   `json:"previous"`
 		Sliding  float64   `json:"sliding"`
 		Pending  *float64  `json:"pending"`

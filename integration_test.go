@@ -600,6 +600,25 @@ func TestLoadErrors(t *testing.T) {
 			ipv4_prefix /24
 		}`, `ipv4_prefix: want a whole number from 1 to 32, got \"/24\"`},
 		{`rate_limit {
+			limit 5 fortnight
+		}`, `limit: the window must be a positive duration or day, week or month, got \"fortnight\"`},
+		{`rate_limit {
+			limit 5 month
+			timezone Mars/Olympus_Mons
+		}`, `timezone: unknown time zone \"Mars/Olympus_Mons\": want an IANA name such as America/New_York`},
+		{`rate_limit {
+			limit 5 1h
+			timezone Europe/Paris
+		}`, `timezone: \"Europe/Paris\" has no effect without a calendar window`},
+		{`rate_limit {
+			limit 5 month
+			limit 50 720h
+		}`, `limits: windows month and 720h0m0s are both named Month in the headers`},
+		{`rate_limit {
+			limit 5 day
+			timezone Local
+		}`, `timezone: \"Local\" is each machine's own zone`},
+		{`rate_limit {
 			limit 5 1m
 			key
 		}`, `wrong argument count`},
@@ -726,6 +745,10 @@ func TestJSONLoadErrors(t *testing.T) {
 		{"", `{"handler": "rate_limit", "ipv4_prefix": 33, "limits": [{"limit": 5, "window": "1m"}]}`, "ipv4_prefix: 33 is not a network's prefix length: want 1 to 32"},
 		{"", `{"handler": "rate_limit", "ipv6_prefix": -1, "limits": [{"limit": 5, "window": "1m"}]}`, "ipv6_prefix: -1 is not a network's prefix length: want 1 to 128"},
 		{"", `{"handler": "rate_limit", "ban": "-1s", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: must not be negative, got -1s"},
+		{"", `{"handler": "rate_limit", "limits": [{"limit": 5, "calendar": "year"}]}`, `limits: calendar: unknown calendar window \"year\": want day, week or month`},
+		{"", `{"handler": "rate_limit", "limits": [{"limit": 5, "window": "1h", "calendar": "day"}]}`, "limits: a limit has both a window (1h0m0s) and a calendar window (day): want one"},
+		{"", `{"handler": "rate_limit", "timezone": "Nowhere/City", "limits": [{"limit": 5, "calendar": "week"}]}`, `timezone: unknown time zone \"Nowhere/City\"`},
+		{"", `{"handler": "rate_limit", "limits": [{"limit": 5, "calendar": "week"}, {"limit": 9, "calendar": "week"}]}`, "limits: window week appears twice"},
 		{"", `{"handler": "rate_limit", "ban": "9000h", "limits": [{"limit": 5, "window": "1m"}]}`, "ban: 9000h0m0s is longer than a store keeps a ban, 8784h0m0s"},
 		{"", `{"handler": "rate_limit", "cost": -2, "limits": [{"limit": 5, "window": "1m"}]}`, `cost: want a number of 0 or more, or placeholders, got \"-2\"`},
 		{"", `{"handler": "rate_limit", "count_status": [700], "limits": [{"limit": 5, "window": "1m"}]}`, "count_status: 700 is not a status: want 100 to 599"},

@@ -82,13 +82,14 @@ func (r Rate) MarshalJSON() ([]byte, error) {
 // placeholders.
 func (l *Limit) UnmarshalJSON(b []byte) error {
 	var raw struct {
-		Limit  json.RawMessage `json:"limit"`
-		Window caddy.Duration  `json:"window"`
+		Limit    json.RawMessage `json:"limit"`
+		Window   caddy.Duration  `json:"window"`
+		Calendar string          `json:"calendar"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return fmt.Errorf("limits: %v", err)
 	}
-	*l = Limit{Window: raw.Window}
+	*l = Limit{Window: raw.Window, Calendar: raw.Calendar}
 	var err error
 	l.Limit, l.Placeholders, err = decodeAmount(raw.Limit, "limits: limit")
 	return err
@@ -98,9 +99,10 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 // string.
 func (l Limit) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
-		Limit  any            `json:"limit"`
-		Window caddy.Duration `json:"window"`
-	}{encodeAmount(l.Limit, l.Placeholders), l.Window})
+		Limit    any            `json:"limit"`
+		Window   caddy.Duration `json:"window,omitempty"`
+		Calendar string         `json:"calendar,omitempty"`
+	}{encodeAmount(l.Limit, l.Placeholders), l.Window, l.Calendar})
 }
 
 // decodeAmount reads a JSON number, or a string: placeholders, or a

@@ -63,7 +63,7 @@ func (u Unit) String() string {
 // by up to 3 hours). Codes of a unit lie in [codeBase, codeBase+codeSpan),
 // ranges that do not overlap.
 var codeBase = [...]int64{
-	Day:   int64(27 * time.Hour),
+	Day:   minCode,
 	Week:  int64(7*24*time.Hour + 3*time.Hour),
 	Month: int64(31*24*time.Hour + 3*time.Hour),
 }
@@ -72,8 +72,9 @@ var codeBase = [...]int64{
 // hours), in which a hash of the zone's name places each zone's code.
 const codeSpan = int64(1<<24) * int64(time.Millisecond)
 
-// minCode is below every code: sizes under it are never looked up.
-var minCode = codeBase[Day]
+// minCode is the smallest code: sizes under it are never looked up, so
+// that windows of fixed sizes pay one comparison for calendars.
+const minCode = int64(27 * time.Hour)
 
 // calendar is a registered calendar window.
 type calendar struct {
@@ -224,13 +225,19 @@ func floorDiv(a, b int64) int64 {
 
 // startOf returns the start of window k of a size.
 func startOf(k, size int64) int64 {
-	if size >= minCode {
-		if c := calendarOf(size); c != nil {
-			if p := c.last.Load(); p != nil && p.k == k {
-				return p.start
-			}
-			return c.bound(k)
+	if size < minCode {
+		return k * size
+	}
+	return longStart(k, size)
+}
+
+// longStart is startOf for sizes that may be calendars'.
+func longStart(k, size int64) int64 {
+	if c := calendarOf(size); c != nil {
+		if p := c.last.Load(); p != nil && p.k == k {
+			return p.start
 		}
+		return c.bound(k)
 	}
 	return k * size
 }

@@ -247,14 +247,17 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 	e := s.at(i)
 	for j, l := range limits {
 		size := int64(l.Size)
-		k, r := position(now, size)
+		f := fixedFrame(now, size)
+		if size >= minCode {
+			f = longFrame(now, size)
+		}
 		c := s.countsFor(e, size, false)
 		if c == nil {
-			out[j] = Sample{Weight: weight(r, size), Start: now - r, Size: l.Size, At: now}
+			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
 			continue
 		}
-		c.advance(k)
-		out[j] = c.sample(k, r)
+		c.advance(f.k)
+		out[j] = c.sample(f)
 	}
 }
 

@@ -43,23 +43,26 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 	rejected := -1
 	for j, l := range limits {
 		size := int64(l.Size)
-		k, r := position(now, size)
+		f := fixedFrame(now, size)
+		if size >= minCode {
+			f = longFrame(now, size)
+		}
 		c := s.countsFor(e, size, rejected < 0)
 		if c == nil { // only read, and never counted: zero
-			out[j] = Sample{Weight: weight(r, size), Start: now - r, Size: l.Size, At: now}
+			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
 			continue
 		}
-		c.advance(k)
+		c.advance(f.k)
 		if rejected < 0 {
 			add(c, value)
 			if value > 0 {
-				c.curAt = stamp(r)
+				c.curAt = stamp(f.r)
 				if !synced {
 					noteLimit(s.limitOf(e, c), l.Max)
 				}
 			}
 		}
-		out[j] = c.sample(k, r)
+		out[j] = c.sample(f)
 		if rejected < 0 && out[j].Rate(fixed) > l.Max {
 			rejected = j
 		}
@@ -67,10 +70,13 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 	if rejected >= 0 && undo {
 		for j := 0; j <= rejected; j++ {
 			size := int64(limits[j].Size)
-			k, r := position(now, size)
+			f := fixedFrame(now, size)
+			if size >= minCode {
+				f = longFrame(now, size)
+			}
 			c := s.countsFor(e, size, false)
 			add(c, -value)
-			out[j] = c.sample(k, r)
+			out[j] = c.sample(f)
 		}
 	}
 	n.mark(s, i, e, !synced)

@@ -47,12 +47,12 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 	e := s.at(i)
 	for j, l := range limits {
 		size := int64(l.Size)
-		k, r := position(now, size)
+		f := frameAt(now, size)
 		c := s.countsFor(e, size, false) // the hit created it
 		c.cur.diff -= value
-		out[j] = c.sample(k, r)
+		out[j] = c.sample(f)
 		u := Unsynced{Taken: c.cur.diff}
-		if c.index == k {
+		if c.index == f.k {
 			u.Previous = c.prev.diff
 		}
 		c.cur.synced += c.cur.diff

@@ -36,11 +36,11 @@ func (n *Namespace) Inspect(key string) []KeyWindow {
 	}
 	var out []KeyWindow
 	s.forEach(s.at(i), func(c *counts) {
-		k, r := position(now, c.size)
+		f := frameAt(now, c.size)
 		cp := *c // advanced as a read would, without writing it back
-		cp.advance(k)
-		w := KeyWindow{Sample: cp.sample(k, r), PendingCurrent: cp.cur.diff}
-		if cp.index <= k {
+		cp.advance(f.k)
+		w := KeyWindow{Sample: cp.sample(f), PendingCurrent: cp.cur.diff}
+		if cp.index <= f.k {
 			w.PendingPrevious = cp.prev.diff
 		}
 		out = append(out, w)

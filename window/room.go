@@ -30,10 +30,10 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 	rejected = -1
 	for j, l := range limits {
 		size := int64(l.Size)
-		k, _ := position(now, size)
+		f := frameAt(now, size)
 		c := s.countsFor(e, size, true)
-		c.advance(k)
-		if w := c.untilRoom(k, now, value, l.Max); w != 0 {
+		c.advance(f.k)
+		if w := c.untilRoom(f, now, value, l.Max); w != 0 {
 			if rejected < 0 {
 				rejected = j
 			}
@@ -49,14 +49,14 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 	}
 	for j, l := range limits {
 		size := int64(l.Size)
-		k, r := position(now, size)
+		f := frameAt(now, size)
 		c := s.countsFor(e, size, false)
 		c.cur.diff += value
 		if value > 0 {
-			c.curAt = stamp(r)
+			c.curAt = stamp(f.r)
 			noteLimit(s.limitOf(e, c), l.Max)
 		}
-		out[j] = c.sample(k, r)
+		out[j] = c.sample(f)
 	}
 	n.mark(s, i, e, true)
 	return -1, 0
@@ -70,8 +70,8 @@ const roomMargin = int64(time.Millisecond)
 
 // untilRoom returns how long after now the windows' hits that can lie in
 // the last window length leave room for value within max: 0 if they do
-// now, negative if they never will. c's current window is k.
-func (c *counts) untilRoom(k, now int64, value, max float64) time.Duration {
+// now, negative if they never will. c's current window is f's.
+func (c *counts) untilRoom(f frame, now int64, value, max float64) time.Duration {
 	if value > max {
 		return -1
 	}
@@ -80,9 +80,9 @@ func (c *counts) untilRoom(k, now int64, value, max float64) time.Duration {
 		if c.cur.total()+value <= max {
 			return 0
 		}
-		return time.Duration(startOf(k+1, c.size) - now)
+		return time.Duration(f.end - now)
 	}
-	start := k * c.size
+	start := f.start
 	// When each window's hits have all left the last window length.
 	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size + roomMargin
 	curGone := c.lastHit(start, c.curAt, c.cur, now) + c.size + roomMargin

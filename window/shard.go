@@ -105,18 +105,21 @@ func (c *counts) cellAt(k int64) *cell {
 	return nil
 }
 
-// sample returns the counts' state at the instant r nanoseconds into
-// window k.
-func (c *counts) sample(k, r int64) Sample {
+// sample returns the counts' state at the instant of frame f. Counts
+// ahead of it (a hit that read the clock later advanced them first) are
+// those of the window after f's.
+func (c *counts) sample(f frame) Sample {
 	s := Sample{
 		Current: c.cur.total(),
-		Weight:  weight(r, c.size),
-		Start:   startOf(c.index, c.size),
+		Weight:  f.w,
+		Start:   f.start,
 		Size:    timeDuration(c.size),
-		At:      startOf(k, c.size) + r,
+		At:      f.start + f.r,
 	}
-	if c.index <= k {
+	if c.index <= f.k {
 		s.Previous = c.prev.total()
+	} else {
+		s.Start = f.end
 	}
 	return s
 }

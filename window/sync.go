@@ -223,7 +223,7 @@ func (n *Namespace) Observe(key string, size time.Duration, start int64, current
 		cl.synced = previous
 	}
 	n.mark(s, i, e, false)
-	nk, r := position(now, int64(size))
-	c.advance(nk)
-	return c.sample(nk, r)
+	f := frameAt(now, int64(size))
+	c.advance(f.k)
+	return c.sample(f)
 }

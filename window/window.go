@@ -42,9 +42,53 @@ func Weight(now int64, size time.Duration) float64 {
 
 func weight(r, size int64) float64 {
 	if size >= minCode && calendarOf(size) != nil {
-		return 0
+		return 0 // a calendar window is fixed
 	}
 	return float64(size-r) / float64(size)
+}
+
+// frame is where an instant falls among the windows of a size: in window
+// k, which starts at start and ends at end, r nanoseconds into it; w is
+// the weight of the window before it then (0 for a calendar's). A zone
+// operation places the instant once per limit, and its samples read the
+// frame. frameAt is too large to inline, so the hottest paths (a hit, a
+// read) spell it out, for a window of fixed size to pay for calendars one
+// comparison and no call:
+//
+//	f := fixedFrame(now, size)
+//	if size >= minCode {
+//		f = longFrame(now, size)
+//	}
+type frame struct {
+	k, r, start, end int64
+	w                float64
+}
+
+// frameAt returns the frame of now among the windows of a size.
+func frameAt(now, size int64) frame {
+	if size >= minCode {
+		return longFrame(now, size)
+	}
+	return fixedFrame(now, size)
+}
+
+// longFrame is frameAt for sizes that may be calendars'.
+func longFrame(now, size int64) frame {
+	if c := calendarOf(size); c != nil {
+		p := c.place(now)
+		return frame{k: p.k, r: now - p.start, start: p.start, end: p.end}
+	}
+	return fixedFrame(now, size)
+}
+
+// fixedFrame is frameAt for a window of fixed size.
+func fixedFrame(now, size int64) frame {
+	k, r := now/size, now%size
+	if r < 0 {
+		k, r = k-1, r+size
+	}
+	start := k * size
+	return frame{k: k, r: r, start: start, end: start + size, w: float64(size-r) / float64(size)}
 }
 
 // position returns the number k of the window that holds now, so that the
@@ -53,11 +97,26 @@ func weight(r, size int64) float64 {
 // the right window too. One division gives both.
 func position(now, size int64) (k, r int64) {
 	if size >= minCode {
-		if c := calendarOf(size); c != nil {
-			p := c.place(now)
-			return p.k, now - p.start
-		}
+		return longPosition(now, size)
 	}
+	k, r = now/size, now%size
+	if r < 0 {
+		k, r = k-1, r+size
+	}
+	return k, r
+}
+
+// longPosition is position for sizes that may be calendars'.
+func longPosition(now, size int64) (k, r int64) {
+	if c := calendarOf(size); c != nil {
+		p := c.place(now)
+		return p.k, now - p.start
+	}
+	return fixedPosition(now, size)
+}
+
+// fixedPosition is position for a window of fixed size.
+func fixedPosition(now, size int64) (k, r int64) {
 	k, r = now/size, now%size
 	if r < 0 {
 		k, r = k-1, r+size

@@ -322,18 +322,21 @@ func (n *Namespace) increment(key string, size time.Duration, value float64, syn
 	s, i, now := n.lockEntry(key)
 	e := s.at(i)
 	c := s.countsFor(e, int64(size), true)
-	k, r := position(now, int64(size))
-	c.advance(k)
+	f := fixedFrame(now, int64(size))
+	if int64(size) >= minCode {
+		f = longFrame(now, int64(size))
+	}
+	c.advance(f.k)
 	if synced {
 		c.cur.synced += value
 	} else {
 		c.cur.diff += value
 	}
 	if value > 0 {
-		c.curAt = stamp(r)
+		c.curAt = stamp(f.r)
 	}
 	n.mark(s, i, e, !synced)
-	out := c.sample(k, r)
+	out := c.sample(f)
 	s.mu.Unlock()
 	return out
 }
@@ -357,8 +360,11 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	h := z.fullHash(n.id, key)
 	s := z.lock(h)
 	defer s.mu.Unlock()
-	k, r := position(now, int64(size))
-	out := Sample{Weight: weight(r, int64(size)), Start: now - r, Size: size, At: now}
+	f := fixedFrame(now, int64(size))
+	if int64(size) >= minCode {
+		f = longFrame(now, int64(size))
+	}
+	out := Sample{Weight: f.w, Start: f.start, Size: size, At: now}
 	i := s.find(uint32(h), n.id, key)
 	if i < 0 {
 		if diff != nil {
@@ -376,13 +382,13 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 		}
 		return out
 	}
-	c.advance(k)
+	c.advance(f.k)
 	if diff != nil {
 		c := *c
 		c.cur.diff = *diff
-		return c.sample(k, r)
+		return c.sample(f)
 	}
-	return c.sample(k, r)
+	return c.sample(f)
 }
 
 // mark lists a touched entry for the next Take, and flags it dirty when it
