@@ -273,7 +273,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			}
 		}
 		for _, s := range ns.WindowSizes() {
-			info.WindowSizes = append(info.WindowSizes, s.String())
+			info.WindowSizes = append(info.WindowSizes, sizeName(s))
 		}
 		out = append(out, info)
 	}
@@ -460,6 +460,15 @@ func storeSamples(ctx context.Context, store strategy.Store, namespace, key stri
 		}
 	}
 	return out, nil
+}
+
+// sizeName names a window size as the admin API shows it: a duration, or
+// a calendar window's unit and time zone ("month America/New_York").
+func sizeName(size time.Duration) string {
+	if unit, loc, ok := window.CalendarOf(size); ok {
+		return unit.String() + " " + loc.String()
+	}
+	return size.String()
 }
 
 // windowOf is a window's sample as the admin API shows it.
