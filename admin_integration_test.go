@@ -51,9 +51,9 @@ type adminKey struct {
 		Timezone string     `json:"timezone"`
 		End      *time.Time `json:"end"`
 		Current  float64    `json:"current"`
-		Previous float64   `json:"previous"`
-		Sliding  float64   `json:"sliding"`
-		Pending  *float64  `json:"pending"`
+		Previous float64    `json:"previous"`
+		Sliding  float64    `json:"sliding"`
+		Pending  *float64   `json:"pending"`
 	} `json:"windows"`
 }
 

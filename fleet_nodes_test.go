@@ -15,6 +15,12 @@ import (
 // syncRate), and each serves /ready, and every other path with handlers.
 func startFleet(t *testing.T, n int, redisAddr, syncRate string, handlers ...map[string]any) []*caddyproc.Node {
 	t.Helper()
+	return startFleetOn(t, n, map[string]any{"module": "redis", "addresses": []string{redisAddr}}, syncRate, handlers...)
+}
+
+// startFleetOn is startFleet on any store: strategy is its JSON.
+func startFleetOn(t *testing.T, n int, strategy map[string]any, syncRate string, handlers ...map[string]any) []*caddyproc.Node {
+	t.Helper()
 	bin, err := caddyproc.BuildHere(t.Context(), ".")
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +32,7 @@ func startFleet(t *testing.T, n int, redisAddr, syncRate string, handlers ...map
 			"apps": map[string]any{
 				"rate_limit": map[string]any{"namespaces": map[string]any{"api": map[string]any{
 					"sync_rate": syncRate,
-					"strategy":  map[string]any{"module": "redis", "addresses": []string{redisAddr}},
+					"strategy":  strategy,
 				}}},
 				"http": map[string]any{"servers": map[string]any{"fleet": map[string]any{
 					"listen":          []string{caddyproc.Listen(0)},
