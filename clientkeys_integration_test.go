@@ -87,3 +87,51 @@ func TestClientKeysBehindTrustedProxies(t *testing.T) {
 		}
 	}
 }
+
+// Through a chain of two Caddy servers, the first a reverse_proxy in
+// front of the limited one, both trusting the private ranges as a fleet
+// behind a load balancer does: two clients with different
+// X-Forwarded-For are limited apart by default, and one client keeps its
+// counter whichever hop it comes through.
+func TestClientKeysThroughAReverseProxyChain(t *testing.T) {
+	tester := loadWithOptions(t, `
+	servers {
+		trusted_proxies static private_ranges
+	}`, `
+	http://localhost:9080 {
+		reverse_proxy localhost:9082
+	}
+	http://localhost:9082 {
+		rate_limit {
+			limit 1 1h
+		}
+		respond "ok"
+	}`)
+	r := rand.Uint32()
+	client := func(host int) string { return fmt.Sprintf("10.%d.%d.%d", (r>>16)&0xff, (r>>8)&0xff, host) }
+	through := func(url, from string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("X-Forwarded-For", from)
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		name, url, from string
+		want            int
+	}{
+		{"client A through the proxy", "http://localhost:9080/", client(1), 200},
+		{"client B through the proxy", "http://localhost:9080/", client(2), 200},
+		{"client A again through the proxy", "http://localhost:9080/", client(1), 429},
+		{"client B again, straight to the limited server", "http://localhost:9082/", client(2), 429},
+		{"client C straight to the limited server", "http://localhost:9082/", client(3), 200},
+	} {
+		if got := through(tc.url, tc.from); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
