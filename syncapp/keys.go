@@ -28,7 +28,10 @@ import (
 // reads the store's counts (a hit of the hit queue that counts nothing,
 // in the round trip of the hits beside it), plus this node's diffs on
 // their way to the store; if the store cannot answer, it reads this
-// node's counts, as Hit falls back to them.
+// node's counts, as Hit falls back to them. With sync_above, a key near a
+// limit as Hit sees it (this node's counts after value at sync_above of
+// the limit or more, or marked by the store's feed) is read from the
+// store the same way, and the node keeps the store's counts of it.
 //
 // Peek never changes a count, nor adds a key to the zone. When it reads
 // this node's counts it marks the key as used, as any read does, which
@@ -36,13 +39,16 @@ import (
 func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
 	now := n.counters.Now()
 	fromStore := false
-	if n.mode == Synchronous && !n.health.down() {
+	sizes := func() []time.Duration {
 		sizes := make([]time.Duration, len(limits))
 		for i, l := range limits {
 			sizes[i] = l.Size
 		}
+		return sizes
+	}
+	if n.mode == Synchronous && !n.health.down() {
 		// Synchronous mode has a road: the store takes synchronous hits.
-		if samples, ok := n.road.read(ctx, key, sizes, now, false); ok {
+		if samples, ok := n.road.read(ctx, key, sizes(), now, false); ok {
 			copy(out, samples)
 			fromStore = true
 		}
@@ -50,6 +56,13 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 	if !fromStore {
 		for i, l := range limits {
 			out[i] = n.counters.Read(key, l.Size)
+		}
+		// So does a periodic one with sync_above. Observed, the store's
+		// counts replace this node's, as refresh's do.
+		if n.syncAbove > 0 && !n.health.down() && n.peekNear(ctx, key, limits, value, fixed, out) {
+			if samples, ok := n.road.read(ctx, key, sizes(), now, true); ok {
+				copy(out, samples)
+			}
 		}
 	}
 	rejected = -1
@@ -65,6 +78,24 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		wait = max(wait, out[i].Until(l.Max-value, now, fixed))
 	}
 	return rejected, wait
+}
+
+// peekNear reports whether a Peek of key in a periodic namespace with
+// sync_above asks the store, as Hit would: when the key is marked near a
+// limit by the store's feed, or when a hit of value would bring this
+// node's count of some limit to sync_above of it or more.
+func (n *Namespace) peekNear(ctx context.Context, key string, limits []Limit, value float64, fixed bool, local []window.Sample) bool {
+	if n.periodic.blind(ctx, key) {
+		return true
+	}
+	for i, l := range limits {
+		after := local[i]
+		after.Current += value
+		if after.Rate(fixed) >= n.syncAbove*l.Max {
+			return true
+		}
+	}
+	return false
 }
 
 // Reset erases key's counts: its Kong counterpart is an increment by minus

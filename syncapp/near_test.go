@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/internal/fakeclock"
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/strategy/memory"
@@ -254,4 +255,57 @@ func TestFleetSyncAboveOutageLosesNothing(t *testing.T) {
 func (c *countingStore) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
 	c.hits.Add(int64(len(hits)))
 	c.Store.HitBatch(ctx, namespace, id, hits, results)
+}
+
+// TestPeekNearAsksTheStore peeks, on a node that never saw a key, at a key
+// another node brought near its limit, as a request with response_cost
+// does before it runs: with sync_above the store's feed marks the key, so
+// the peek reads the store's count, not the node's empty one; a key the
+// node's own counts bring near is read there too.
+func TestPeekNearAsksTheStore(t *testing.T) {
+	eachStore(t, func(t *testing.T, s fleetStore) {
+		// Runs only when the test syncs; a test clock, so that the hour
+		// cannot end.
+		cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "1h", "sync_above": 0.8, "window_sizes": ["1h"], "strategy": %s}}}`, s.strategy)
+		clock := fakeclock.New(time.Date(time.Now().Year()+1, 3, 2, 10, 0, 0, 0, time.UTC))
+		ctx := context.Background()
+		var a, b *Namespace
+		for _, ns := range []**Namespace{&a, &b} {
+			n, err := provisionAt(t, caddy.NewUsagePool(), cfg, clock.UnixNano)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := n.app.Start(); err != nil {
+				t.Fatal(err)
+			}
+			*ns = n.ns("api")
+			neverStall((*ns).road.hits)
+			(*ns).Increment(ctx, "warm-up", time.Hour, 1)
+			if err := (*ns).Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		limits := []Limit{{Size: time.Hour, Max: 10}}
+		out := make([]window.Sample, 1)
+		for i := range 9 { // the 8th and 9th at the store
+			if a.Hit(ctx, "k", limits, 1, true, true, out) >= 0 {
+				t.Fatalf("hit %d rejected", i+1)
+			}
+		}
+		for _, ns := range []*Namespace{a, b} { // a marks the key, b reads the mark
+			if err := ns.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r, _ := b.Peek(ctx, "k", limits, 2, true, out); r != 0 || out[0].Current != 9 {
+			t.Errorf("a peek of 2 on the other node: rejected %d with a count of %v, want rejected by limit 0 at the store's 9", r, out[0].Current)
+		}
+		if r, _ := b.Peek(ctx, "k", limits, 1, true, out); r != -1 {
+			t.Errorf("a peek of 1 on the other node: rejected %d, want admitted (9 + 1 of 10)", r)
+		}
+		// Near by a's own count: the store's, which holds the same.
+		if r, _ := a.Peek(ctx, "k", limits, 2, true, out); r != 0 || out[0].Current != 9 {
+			t.Errorf("a peek of 2 on the first node: rejected %d with a count of %v, want 0 at 9", r, out[0].Current)
+		}
+	})
 }

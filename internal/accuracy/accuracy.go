@@ -47,6 +47,20 @@ type Pattern struct {
 	// keys pattern uses a smaller per-key limit, so that its hottest keys
 	// go over it while the rest stay far below.
 	LimitDiv float64
+	// Units, when set, makes the limit a budget charged from the
+	// response (response_cost): each response reports 1 to Units units,
+	// drawn at random, Rate is a multiple of the limit in units, and a
+	// window's admitted count is the units its admitted requests cost.
+	Units int
+}
+
+// MeanUnits is what a request of the pattern costs on average: 1, or the
+// mean of 1 to Units.
+func (p Pattern) MeanUnits() float64 {
+	if p.Units <= 0 {
+		return 1
+	}
+	return float64(p.Units+1) / 2
 }
 
 // The traffic patterns of the table. Every limited request goes to the
@@ -70,10 +84,14 @@ var (
 	// seen before (limited to a fifth of the limit, as ManyKeys): what a
 	// flood of new clients costs the store, each far from its limit.
 	KeyFlood = Pattern{Name: "flood", Label: "a new key each request", Rate: 2, Keys: 1 << 17, Flood: true, LimitDiv: 5}
+	// Budget2x sends twice the limit in units, each response reporting 1
+	// to 10 units (response_cost): the limit is a budget charged after
+	// the response, which the requests in flight when it runs out pass.
+	Budget2x = Pattern{Name: "budget2x", Label: "budget 2×, 1–10 units a response", Rate: 2, Keys: 1, Units: 10}
 )
 
 // Patterns are all the patterns, in table order.
-var Patterns = []Pattern{Steady1x, Steady2x, Steady5x, Burst10x, ManyKeys, KeyFlood}
+var Patterns = []Pattern{Steady1x, Steady2x, Steady5x, Burst10x, ManyKeys, KeyFlood, Budget2x}
 
 // Row is one measurement: a pattern on a store with one sync setting.
 type Row struct {

@@ -46,6 +46,25 @@ func ClaimFor(row Row, nodes int, limit, keyRate float64) Claim {
 	return Claim{Allowance: others, Others: others}
 }
 
+// charged returns the promise of a budget charged from the response
+// (response_cost, docs/limits.md): a request is admitted while the budget
+// has room for one unit and charged after its response, so the requests
+// in flight when the budget runs out pass it by what they cost: each up to
+// units, the one that found the last room and those admitted within one
+// request's time (keyRate × latency). A periodic fleet adds the other
+// nodes' requests of one interval at units each, unless with sync_above
+// those stay under (1 − sync_above) × limit, in units.
+func (c Claim) charged(row Row, limit float64, units int, keyRate float64, latency time.Duration) Claim {
+	u := float64(units)
+	inFlight := u * (1 + math.Ceil(keyRate*latency.Seconds()))
+	c.Others *= u
+	c.Exact, c.Allowance = false, inFlight
+	if row.Periodic() && !(row.SyncAbove > 0 && c.Others < (1-row.SyncAbove)*limit) {
+		c.Allowance += c.Others
+	}
+	return c
+}
+
 // Breach is a window of a key that admitted more than its promise.
 type Breach struct {
 	Key      int
@@ -147,9 +166,10 @@ func (o Outcome) Intervals() float64 {
 // Testable reports whether the row's traffic can show the periodic
 // bound: whether the worst key is sent more per window than the limit
 // plus the others' hits of one interval. Otherwise (steady 1×, or a long
-// sync_rate) the fleet admits all it is sent within the bound anyway.
+// sync_rate) the fleet admits all it is sent within the bound anyway. A
+// budget's rows have a bound of their own (Claim.charged).
 func (o Outcome) Testable() bool {
-	if !o.Row.Periodic() {
+	if !o.Row.Periodic() || o.Row.Pattern.Units > 0 {
 		return false
 	}
 	perWindow := o.TargetRate * KeyShare(o.Row.Pattern, o.WorstKey) * Window.Seconds()
@@ -203,8 +223,8 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 			o.Admitted++
 			limitedLat = append(limitedLat, r.Latency)
 			kw := keyWindow{r.Key, r.ServerMs / windowMs}
-			admitted[kw]++
-			if row.Periodic() {
+			admitted[kw] += max(r.Units, 1)
+			if row.Periodic() && row.Pattern.Units == 0 { // checkLag counts requests
 				admittedReqs[kw] = append(admittedReqs[kw], r)
 			}
 			if r.Key == 0 {
@@ -233,6 +253,9 @@ func Analyze(row Row, nodes int, limit, targetRate float64, start time.Time, res
 	for kw, n := range admitted {
 		rate := max(o.TargetRate*KeyShare(row.Pattern, kw.key), float64(sent[kw])/Window.Seconds())
 		c := ClaimFor(row, nodes, limit, rate)
+		if u := row.Pattern.Units; u > 0 {
+			c = c.charged(row, limit, u, rate, o.LimitedP99)
+		}
 		if allowed := limit + c.Allowance; float64(n) > allowed+1e-9 {
 			past := float64(n) - allowed
 			if o.Holds || past > float64(o.Breach.Admitted)-o.Breach.Allowed ||

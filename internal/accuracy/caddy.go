@@ -19,6 +19,10 @@ const (
 	OnePath    = "/one"  // the patterns of one key
 	ManyPath   = "/many" // the many keys pattern, with its own limit
 	KeyHeader  = "X-Key"
+	// UnitsPath is the budget patterns' route, whose limit is charged
+	// what UnitsHeader asks the response to report (response_cost).
+	UnitsPath   = "/units"
+	UnitsHeader = "X-Want-Units"
 	TimeHeader = "X-Server-Time-Ms"
 )
 
@@ -35,6 +39,10 @@ type NodeConfig struct {
 	Strategy  json.RawMessage
 	Limit     float64 // of OnePath
 	ManyLimit float64 // of ManyPath, per key
+	// Units adds UnitsPath, limited to Limit units charged from the
+	// response: only for a budget pattern's row, so that other rows run
+	// on a plugin without response_cost.
+	Units bool
 	// Routes are limited routes of their own, after the three: the spread
 	// clients' family has one per limit.
 	Routes []LimitRoute
@@ -86,6 +94,17 @@ func (c NodeConfig) JSON() ([]byte, error) {
 		},
 		limited(OnePath, c.Limit, Window, "fixed"),
 		limited(ManyPath, c.ManyLimit, Window, "fixed"),
+	}
+	if c.Units {
+		budget := limited(UnitsPath, c.Limit, Window, "fixed")
+		rl := budget["handle"].([]any)[0].(map[string]any)
+		rl["response_cost"] = "{http.response.header.X-Units}"
+		// The response reports what the request asked it to: set before
+		// the limiter reads it, once the response is written.
+		report := map[string]any{"handler": "headers", "response": map[string]any{
+			"set": map[string][]string{"X-Units": {"{http.request.header." + UnitsHeader + "}"}}}}
+		budget["handle"] = []any{report, rl, ok}
+		routes = append(routes, budget)
 	}
 	for _, r := range c.Routes {
 		wt := "fixed"

@@ -70,10 +70,10 @@ func TestRowID(t *testing.T) {
 	if got := (Row{Pattern: Burst10x, Store: "postgres"}).ID(); got != "postgres-burst10x-sync0-aboveoff" {
 		t.Errorf("ID = %q", got)
 	}
-	if n := len(FullPlan([]string{"redis", "postgres"}, true)); n != 120 {
-		t.Errorf("full plan: %d rows, want 2 stores × 6 patterns × (1 + 3 rates × 3 sync_above) = 120", n)
+	if n := len(FullPlan([]string{"redis", "postgres"}, true)); n != 140 {
+		t.Errorf("full plan: %d rows, want 2 stores × 7 patterns × (1 + 3 rates × 3 sync_above) = 140", n)
 	}
-	if n := len(FullPlan([]string{"redis"}, false)); n != 24 {
-		t.Errorf("plan without sync_above: %d rows, want 6 × (1 + 3) = 24", n)
+	if n := len(FullPlan([]string{"redis"}, false)); n != 28 {
+		t.Errorf("plan without sync_above: %d rows, want 7 × (1 + 3) = 28", n)
 	}
 }

@@ -243,6 +243,9 @@ func (d docData) ExactTable() string {
 	for _, store := range d.storeOrder() {
 		title := d.title(store)
 		for _, p := range Patterns {
+			if p.Units > 0 {
+				continue // a budget is never exact: see MustShow
+			}
 			for _, rate := range SyncRates {
 				off, ok := Find(d.Outcomes, store, p, rate, 0)
 				if !ok {

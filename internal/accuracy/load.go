@@ -23,6 +23,9 @@ type Request struct {
 	Key int
 	// Bare requests go to BarePath, the latency baseline.
 	Bare bool
+	// Units is what its response reports it cost (UnitsHeader), for a
+	// budget pattern; 0 for others.
+	Units int
 }
 
 // BareEvery is how many limited requests there are per bare one: a bare
@@ -42,12 +45,13 @@ func Schedule(p Pattern, nodes int, limit float64, length time.Duration, seed ui
 	if p.Length > 0 {
 		length = p.Length
 	}
-	rate := p.Rate * limit / Window.Seconds() // requests per second
+	rate := p.Rate * limit / Window.Seconds() / p.MeanUnits() // requests per second
 	n := int(math.Round(rate * length.Seconds()))
 	var zipf *rand.Zipf
 	if p.Keys > 1 && !p.Flood {
 		zipf = rand.NewZipf(rand.New(rand.NewPCG(seed, 0x5eed)), p.ZipfS, 1, uint64(p.Keys-1))
 	}
+	units := rand.New(rand.NewPCG(seed, 0x0c05))
 	at := func(i float64) time.Duration {
 		return p.Start + time.Duration(i/rate*float64(time.Second))
 	}
@@ -55,6 +59,9 @@ func Schedule(p Pattern, nodes int, limit float64, length time.Duration, seed ui
 	bare := 0
 	for i := range n {
 		r := Request{At: at(float64(i)), Node: i % nodes}
+		if p.Units > 0 {
+			r.Units = 1 + units.IntN(p.Units)
+		}
 		if zipf != nil {
 			r.Key = int(zipf.Uint64())
 		} else if p.Flood {
@@ -166,6 +173,9 @@ func do(ctx context.Context, client *http.Client, t Target, res *Result) {
 	}
 	if !res.Bare {
 		req.Header.Set(KeyHeader, t.Keys[res.Key])
+	}
+	if res.Units > 0 {
+		req.Header.Set(UnitsHeader, strconv.Itoa(res.Units))
 	}
 	res.Sent = time.Now()
 	resp, err := client.Do(req)

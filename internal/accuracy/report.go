@@ -109,7 +109,15 @@ func MustShow(outcomes []Outcome, store string) []string {
 			above.Nodes, above.Worst, above.OpsPer1k(), unit, 100*share, ref.OpsPer1k(), must))
 	}
 	periodic, kept, testable, testableKept := 0, 0, 0, 0
+	budgets, budgetsKept := 0, 0
 	for _, o := range outcomes {
+		if o.Row.Store == store && o.Row.Pattern.Units > 0 {
+			budgets++
+			if o.Holds {
+				budgetsKept++
+			}
+			continue
+		}
 		if o.Row.Store == store && o.Row.Periodic() && o.Row.SyncAbove == 0 {
 			periodic++
 			if o.Holds {
@@ -127,6 +135,11 @@ func MustShow(outcomes []Outcome, store string) []string {
 		lines = append(lines, fmt.Sprintf(
 			"periodic rows without sync_above within (N−1)·rate·interval: %d of %d; of those whose traffic can exceed it, %d of %d",
 			kept, periodic, testableKept, testable))
+	}
+	if budgets > 0 {
+		lines = append(lines, fmt.Sprintf(
+			"budgets charged from the response (response_cost) within what the requests in flight cost: %d of %d rows",
+			budgetsKept, budgets))
 	}
 	return lines
 }

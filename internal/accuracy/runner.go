@@ -101,7 +101,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	nodes, err := caddyproc.StartAll(ctx, r.Caddy, dir, r.Nodes, BarePath, 1, func([]int) ([]byte, error) {
 		return NodeConfig{
 			Listen: caddyproc.Listen(0), SyncRate: row.SyncRate, SyncAbove: row.SyncAbove, Strategy: st.Strategy(),
-			Limit: r.Limit, ManyLimit: r.Limit / max(p.LimitDiv, 1),
+			Limit: r.Limit, ManyLimit: r.Limit / max(p.LimitDiv, 1), Units: p.Units > 0,
 		}.JSON()
 	})
 	if err != nil {
@@ -117,6 +117,9 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	// Keys of this row only: nothing an earlier row counted can count.
 	prefix := row.ID() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	t := Target{Path: OnePath, Keys: []string{prefix + "k0"}}
+	if p.Units > 0 {
+		t.Path = UnitsPath
+	}
 	if p.Keys > 1 {
 		t.Path = ManyPath
 		t.Keys = make([]string, p.Keys)
@@ -170,7 +173,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 		return Outcome{}, err
 	}
 
-	o := Analyze(row, r.Nodes, limit, p.Rate*r.Limit/Window.Seconds(), start, results)
+	o := Analyze(row, r.Nodes, limit, p.Rate*r.Limit/Window.Seconds()/p.MeanUnits(), start, results)
 	o.Ops = after - before
 	o.OpsRequests = o.Limited + len(nodes)
 	if o.Failed > 0 {
