@@ -15,15 +15,15 @@ import (
 // TimeHeader, so that an admitted request is counted in the window the
 // node counted it in, not in the one the client saw it in.
 const (
-	BarePath   = "/bare" // no limiter: the latency baseline
-	OnePath    = "/one"  // the patterns of one key
-	ManyPath   = "/many" // the many keys pattern, with its own limit
-	KeyHeader  = "X-Key"
+	BarePath  = "/bare" // no limiter: the latency baseline
+	OnePath   = "/one"  // the patterns of one key
+	ManyPath  = "/many" // the many keys pattern, with its own limit
+	KeyHeader = "X-Key"
 	// UnitsPath is the budget patterns' route, whose limit is charged
 	// what UnitsHeader asks the response to report (response_cost).
 	UnitsPath   = "/units"
 	UnitsHeader = "X-Want-Units"
-	TimeHeader = "X-Server-Time-Ms"
+	TimeHeader  = "X-Server-Time-Ms"
 )
 
 // Window is the limit's window. Fixed windows of one second: each window

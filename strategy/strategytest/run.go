@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 		{"FetchCost", testFetchCost},
 		{"ConcurrentPushes", testConcurrentPushes},
 		{"InvalidWindows", testInvalidWindows},
+		{"CalendarWindows", testCalendarWindows},
 		{"Hit", testHit},
 		{"HitBatch", testHitBatch},
 		{"Slots", testSlots},
