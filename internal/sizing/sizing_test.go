@@ -249,10 +249,11 @@ func TestSaveLoad(t *testing.T) {
 
 // TestSavedRows checks the formula against the rows the page shows,
 // saved in testdata: Redis's commands within 10 % on every row, and
-// PostgreSQL's within 25 % where they are at least 10 a second (below, a
-// transaction of the purge or of autovacuum is a large share).
+// PostgreSQL's within 25 % or 5 transactions a second (what the purge and
+// autovacuum add now and then, a large share of the few a periodic
+// fleet's runs make).
 func TestSavedRows(t *testing.T) {
-	f, err := os.Open("testdata/rows-2026-11-27.jsonl")
+	f, err := os.Open("testdata/rows-2026-11-28.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,10 +276,10 @@ func TestSavedRows(t *testing.T) {
 		rep.Constants[store] = Fit(mine, Constants{})
 	}
 	for _, m := range rows {
-		_, e := rep.RowErrors(m)
+		p, e := rep.RowErrors(m)
 		bound := 0.10
 		if m.Row.Store == "postgres" {
-			if m.Commands < 10 {
+			if math.Abs(p.Commands-m.Commands) <= 5 {
 				continue
 			}
 			bound = 0.25
