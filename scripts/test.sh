@@ -2,7 +2,7 @@
 # Runs every check the project has: go vet, gofmt, and the tests under the
 # race detector. Tests that need Redis or PostgreSQL start their own
 # servers, so this installs Debian's redis-server and postgresql when they
-# are missing.
+# are missing, and tzdata, whose zone names a calendar test lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # and from initdb and postgres on PATH or in Debian's
 # /usr/lib/postgresql/*/bin.
 . scripts/lib/debian.sh
-install_missing redis-server postgresql
+install_missing redis-server postgresql tzdata
 
 echo "== go vet"
 go vet ./...

@@ -2,7 +2,8 @@
 # Debian's packages, those of the given packages whose commands are not
 # found. redis-server needs redis-server and redis-cli; postgresql needs
 # initdb on PATH or in /usr/lib/postgresql/*/bin (Debian keeps it there);
-# any other package needs the command of its name.
+# tzdata, the time zone database in /usr/share/zoneinfo; any other
+# package needs the command of its name.
 install_missing() {
 	local missing=() pkg
 	for pkg in "$@"; do
@@ -12,6 +13,9 @@ install_missing() {
 			;;
 		postgresql)
 			command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+			;;
+		tzdata)
+			[ -e /usr/share/zoneinfo/America/New_York ] || missing+=(tzdata)
 			;;
 		*)
 			command -v "$pkg" >/dev/null || missing+=("$pkg")
