@@ -97,9 +97,9 @@ var (
 
 // CalendarSize returns the window size that stands for the calendar
 // windows of unit in loc, registering it. loc must be a named zone that
-// every node resolves the same way (not Local). It fails only when
-// another zone's windows of the same unit have the same code, which a
-// test of every IANA name rules out.
+// every node resolves the same way (not Local). Besides an unknown unit
+// or such a zone, it fails only when another zone's windows of the same
+// unit have the same code, which a test of every IANA name rules out.
 func CalendarSize(unit Unit, loc *time.Location) (time.Duration, error) {
 	if unit < Day || unit > Month {
 		return 0, fmt.Errorf("window: unknown calendar unit %d", unit)
