@@ -246,7 +246,7 @@ func longStart(k, size int64) int64 {
 // size that starts at start.
 func End(start int64, size time.Duration) int64 {
 	if c := calendarOf(int64(size)); c != nil {
-		return c.bound(c.place(start).k + 1)
+		return c.place(start).end
 	}
 	return start + int64(size)
 }
@@ -254,6 +254,5 @@ func End(start int64, size time.Duration) int64 {
 // Index returns the number of the window of the given size that holds t
 // (Unix nanoseconds): consecutive windows have consecutive numbers.
 func Index(t int64, size time.Duration) int64 {
-	k, _ := position(t, int64(size))
-	return k
+	return frameAt(t, int64(size)).k
 }

@@ -108,7 +108,7 @@ func (n *Namespace) Restore(diffs []Diff) {
 	for _, d := range diffs {
 		h := z.fullHash(n.id, d.Key)
 		s := z.lock(h)
-		k := index(d.Start, int64(d.Size))
+		k := Index(d.Start, d.Size)
 		var cl *cell
 		if i := s.find(uint32(h), n.id, d.Key); i >= 0 {
 			e := s.at(i)
@@ -140,7 +140,7 @@ func (n *Namespace) Apply(counts []Count) {
 			// A window size the key has no counts for yet gets them only for
 			// a count worth holding.
 			if c := s.countsFor(s.at(i), int64(ct.Size), ct.Value != 0); c != nil {
-				k := index(ct.Start, int64(ct.Size))
+				k := Index(ct.Start, ct.Size)
 				c.advance(k)
 				if cl := c.cellAt(k); cl != nil {
 					cl.synced = ct.Value
@@ -161,7 +161,7 @@ func (z *Zone) Sweep() {
 		s.forEachLive(func(i int32, e *entry) {
 			empty := true
 			s.forEach(e, func(c *counts) {
-				c.advance(index(now, c.size))
+				c.advance(frameAt(now, c.size).k)
 				if c.cur != (cell{}) || c.prev != (cell{}) {
 					empty = false
 				}
@@ -198,11 +198,6 @@ func (z *Zone) lockAll() func(yield func(*shard) bool) {
 	}
 }
 
-func index(t, size int64) int64 {
-	k, _ := position(t, size)
-	return k
-}
-
 // Observe records the counts a store answered for one hit in synchronous
 // mode: current for key's window of the given size starting at start (Unix
 // nanoseconds) and previous for the window before it. Unlike Apply, it adds
@@ -214,7 +209,7 @@ func (n *Namespace) Observe(key string, size time.Duration, start int64, current
 	defer s.mu.Unlock()
 	e := s.at(i)
 	c := s.countsFor(e, int64(size), true)
-	k := index(start, int64(size))
+	k := Index(start, size)
 	c.advance(k)
 	if cl := c.cellAt(k); cl != nil {
 		cl.synced = current

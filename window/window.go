@@ -29,26 +29,19 @@ func ValidateSize(size time.Duration) error {
 // Start returns the start, in Unix nanoseconds, of the window of the given
 // size that holds now (also in Unix nanoseconds).
 func Start(now int64, size time.Duration) int64 {
-	_, r := position(now, int64(size))
-	return now - r
+	return frameAt(now, int64(size)).start
 }
 
 // Weight returns the weight of the previous window at now:
 // (S - now mod S) / S, at nanosecond precision; 0 for a calendar window.
 func Weight(now int64, size time.Duration) float64 {
-	_, r := position(now, int64(size))
-	return weight(r, int64(size))
-}
-
-func weight(r, size int64) float64 {
-	if size >= minCode && calendarOf(size) != nil {
-		return 0 // a calendar window is fixed
-	}
-	return float64(size-r) / float64(size)
+	return frameAt(now, int64(size)).w
 }
 
 // frame is where an instant falls among the windows of a size: in window
-// k, which starts at start and ends at end, r nanoseconds into it; w is
+// k, which starts at start (k*size but for a calendar's) and ends at end,
+// r nanoseconds into it (flooring, so that times before the epoch fall in
+// the right window too); w is
 // the weight of the window before it then (0 for a calendar's). A zone
 // operation places the instant once per limit, and its samples read the
 // frame. frameAt is too large to inline, so the hottest paths (a hit, a
@@ -89,39 +82,6 @@ func fixedFrame(now, size int64) frame {
 	}
 	start := k * size
 	return frame{k: k, r: r, start: start, end: start + size, w: float64(size-r) / float64(size)}
-}
-
-// position returns the number k of the window that holds now, so that the
-// window starts at startOf(k, size) (k*size but for a calendar's), and
-// how far into it now is. It floors, so times before the epoch fall in
-// the right window too. One division gives both.
-func position(now, size int64) (k, r int64) {
-	if size >= minCode {
-		return longPosition(now, size)
-	}
-	k, r = now/size, now%size
-	if r < 0 {
-		k, r = k-1, r+size
-	}
-	return k, r
-}
-
-// longPosition is position for sizes that may be calendars'.
-func longPosition(now, size int64) (k, r int64) {
-	if c := calendarOf(size); c != nil {
-		p := c.place(now)
-		return p.k, now - p.start
-	}
-	return fixedPosition(now, size)
-}
-
-// fixedPosition is position for a window of fixed size.
-func fixedPosition(now, size int64) (k, r int64) {
-	k, r = now/size, now%size
-	if r < 0 {
-		k, r = k-1, r+size
-	}
-	return k, r
 }
 
 // Sample is the state of one key's window at one instant, as a zone or a

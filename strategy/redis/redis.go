@@ -222,8 +222,7 @@ func (r *Redis) StoreKey() string {
 // one that is not a positive whole number of milliseconds. The error names
 // the size and wraps ErrInvalidWindow.
 func (r *Redis) ValidateWindow(size time.Duration) error {
-	_, err := sizeMsOf(size)
-	return errs.Settings(err)
+	return errs.Settings(strategy.CheckSize(size))
 }
 
 // setup is the part of Provision that needs no Caddy context.
