@@ -42,7 +42,7 @@ type periodPolicy struct {
 // plan is rewritten once per period, and kept; a plan read per request
 // (tiers) gets its field anew.
 func (h *Handler) inPeriods(p *plan, samples []window.Sample) *plan {
-	if !slices.ContainsFunc(p.limits, func(l limit) bool { return l.calendar }) {
+	if h.periods == nil {
 		return p
 	}
 	cached := p == &h.static

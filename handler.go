@@ -236,8 +236,9 @@ type Handler struct {
 	// Unix nanoseconds.
 	unresolvedLog *atomic.Int64
 	fixed         bool
-	// loc is the calendar windows' time zone; periods caches the
-	// RateLimit-Policy of the static plan's current periods (calendar.go).
+	// loc is the calendar windows' time zone; periods, nil without a
+	// calendar window, caches the RateLimit-Policy of the static plan's
+	// current periods (calendar.go).
 	loc     *time.Location
 	periods *atomic.Pointer[periodPolicy]
 	// What headers responses carry: the draft's fields, Kong's headers.
@@ -429,7 +430,10 @@ func (h *Handler) validate() error {
 		}
 		limits = append(limits, lim)
 	}
-	if h.Timezone != "" && !slices.ContainsFunc(limits, func(l limit) bool { return l.calendar }) {
+	h.periods = nil
+	if slices.ContainsFunc(limits, func(l limit) bool { return l.calendar }) {
+		h.periods = new(atomic.Pointer[periodPolicy])
+	} else if h.Timezone != "" {
 		return fmt.Errorf("timezone: %q has no effect without a calendar window (a limit per day, week or month)", h.Timezone)
 	}
 	slices.SortFunc(limits, func(a, b limit) int { return int(a.size - b.size) })
@@ -448,7 +452,6 @@ func (h *Handler) validate() error {
 	h.isDynamic = h.dynamic()
 	h.concurrencyName = policyName(h.Namespace, "concurrency")
 	h.static.policy = h.policyOf(limits)
-	h.periods = new(atomic.Pointer[periodPolicy])
 	h.newBlock = blockFor(h.headerRoom())
 	return nil
 }
