@@ -47,4 +47,15 @@ if [[ " $* " != *" -short "* ]]; then
 fi
 
 echo "== go test -race"
-go test -race -count=1 "$@" ./...
+# The log is kept so that a failure's name and message are printed again
+# last: the servers' and Caddy's logs of a long package run would
+# otherwise bury them where a CI tail cannot see them.
+testlog=$(mktemp)
+trap 'rm -rf "${modtmp:-}" "$testlog"' EXIT
+status=0
+go test -race -count=1 "$@" ./... 2>&1 | tee "$testlog" || status=$?
+if [ "$status" -ne 0 ]; then
+	echo "== failed tests (again, from the log above)"
+	grep -E -A 12 -- '^\s*--- FAIL|^panic:|^FAIL\s' "$testlog" | grep -v -E '^\S+\s+(DEBUG|INFO)\s' || true
+	exit "$status"
+fi

@@ -185,3 +185,8 @@ func (e Errors) GetBans(errp *error, namespace string) {
 func (e Errors) Ping(errp *error) {
 	e.wrap(errp, "pinging")
 }
+
+// Attend wraps the error of Roster.Attend.
+func (e Errors) Attend(errp *error, namespace string) {
+	e.wrap(errp, "attending the fleet of namespace %q", namespace)
+}

@@ -75,6 +75,17 @@ func (r Rate) Increment(cost float64) time.Duration { return time.Duration(r.inc
 
 func (r Rate) increment(cost float64) float64 { return math.Round(cost * r.interval()) }
 
+// share returns the rate one node of m keeps to while the fleet cannot
+// sync (see Namespace.SetUnsyncedWeight): a request every m*T, and the
+// burst's share, though never less than one request at once, without
+// which no request would ever be admitted.
+func (r Rate) share(m float64) Rate {
+	if m == 1 {
+		return r
+	}
+	return Rate{Window: r.Window, N: r.N / m, Burst: max((r.Burst+1)/m, 1) - 1}
+}
+
 // Never is the wait of a request that no wait admits: its cost alone is
 // more than 1 + Burst requests.
 const Never = time.Duration(-1)
@@ -172,7 +183,7 @@ func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit,
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
-	next, wait := Conform(c.index, now, rate, cost)
+	next, wait := Conform(c.index, now, rate.share(n.unsyncedWeight()), cost)
 	*rs = RateSample{TAT: c.index, At: now}
 	if wait != 0 {
 		n.readEntry(s, i, now, limits, out)
@@ -198,7 +209,7 @@ func (n *Namespace) HitRateIfRoom(key string, rate Rate, cost float64, limits []
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
-	next, wait := Conform(c.index, now, rate, cost)
+	next, wait := Conform(c.index, now, rate.share(n.unsyncedWeight()), cost)
 	*rs = RateSample{TAT: c.index, At: now}
 	if wait != 0 {
 		n.readEntry(s, i, now, limits, out)
@@ -245,6 +256,7 @@ func (n *Namespace) ObserveRate(key string, window time.Duration, tat int64) {
 // creating any, as the windows after a rejecting limit are read.
 func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out []Sample) {
 	e := s.at(i)
+	m := n.unsyncedWeight()
 	for j, l := range limits {
 		size := int64(l.Size)
 		f := fixedFrame(now, size)
@@ -257,7 +269,7 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 			continue
 		}
 		c.advance(f.k)
-		out[j] = c.sample(f)
+		out[j] = c.sample(f, m)
 	}
 }
 

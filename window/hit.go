@@ -33,6 +33,7 @@ func (n *Namespace) Hit(key string, limits []Limit, value float64, fixed, undo, 
 // hitEntry is Hit on entry i of s, whose lock the caller holds.
 func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value float64, fixed, undo, synced bool, out []Sample) int {
 	e := s.at(i)
+	m := n.unsyncedWeight()
 	add := func(c *counts, v float64) {
 		if synced {
 			c.cur.synced += v
@@ -62,7 +63,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 				}
 			}
 		}
-		out[j] = c.sample(f)
+		out[j] = c.sample(f, m)
 		if rejected < 0 && out[j].Rate(fixed) > l.Max {
 			rejected = j
 		}
@@ -76,7 +77,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 			}
 			c := s.countsFor(e, size, false)
 			add(c, -value)
-			out[j] = c.sample(f)
+			out[j] = c.sample(f, m)
 		}
 	}
 	n.mark(s, i, e, !synced)

@@ -27,13 +27,14 @@ func (n *Namespace) HitIfRoom(key string, limits []Limit, value float64, out []S
 // holds.
 func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit, value float64, out []Sample) (rejected int, wait time.Duration) {
 	e := s.at(i)
+	m := n.unsyncedWeight()
 	rejected = -1
 	for j, l := range limits {
 		size := int64(l.Size)
 		f := frameAt(now, size)
 		c := s.countsFor(e, size, true)
 		c.advance(f.k)
-		if w := c.untilRoom(f, now, value, l.Max); w != 0 {
+		if w := c.untilRoom(f, now, value, l.Max, m); w != 0 {
 			if rejected < 0 {
 				rejected = j
 			}
@@ -56,7 +57,7 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 			c.curAt = stamp(f.r)
 			noteLimit(s.limitOf(e, c), l.Max)
 		}
-		out[j] = c.sample(f)
+		out[j] = c.sample(f, m)
 	}
 	n.mark(s, i, e, true)
 	return -1, 0
@@ -70,14 +71,17 @@ const roomMargin = int64(time.Millisecond)
 
 // untilRoom returns how long after now the windows' hits that can lie in
 // the last window length leave room for value within max: 0 if they do
-// now, negative if they never will. c's current window is f's.
-func (c *counts) untilRoom(f frame, now int64, value, max float64) time.Duration {
+// now, negative if they never will. This node's unsynced counts, value
+// included, count m times (see Namespace.SetUnsyncedWeight). c's current
+// window is f's.
+func (c *counts) untilRoom(f frame, now int64, value, max, m float64) time.Duration {
+	value *= m
 	if value > max {
 		return -1
 	}
 	if calendarOf(c.size) != nil {
 		// Fixed: its hits all leave at its end.
-		if c.cur.total()+value <= max {
+		if c.cur.weighted(m)+value <= max {
 			return 0
 		}
 		return time.Duration(f.end - now)
@@ -86,7 +90,7 @@ func (c *counts) untilRoom(f frame, now int64, value, max float64) time.Duration
 	// When each window's hits have all left the last window length.
 	prevGone := c.lastHit(start-c.size, c.prevAt, c.prev, start) + c.size + roomMargin
 	curGone := c.lastHit(start, c.curAt, c.cur, now) + c.size + roomMargin
-	cur, prev := c.cur.total(), c.prev.total()
+	cur, prev := c.cur.weighted(m), c.prev.weighted(m)
 	if prevGone <= now {
 		prev = 0
 	}

@@ -28,6 +28,9 @@ type cell struct{ diff, synced float64 }
 
 func (c cell) total() float64 { return c.diff + c.synced }
 
+// weighted is the cell's count with its diff taken m times.
+func (c cell) weighted(m float64) float64 { return c.synced + m*c.diff }
+
 // counts holds one window size of one key: the current window and the one
 // before it. Older windows never matter to a rate, so they are forgotten.
 type counts struct {
@@ -105,19 +108,20 @@ func (c *counts) cellAt(k int64) *cell {
 	return nil
 }
 
-// sample returns the counts' state at the instant of frame f. Counts
-// ahead of it (a hit that read the clock later advanced them first) are
-// those of the window after f's.
-func (c *counts) sample(f frame) Sample {
+// sample returns the counts' state at the instant of frame f, with this
+// node's unsynced counts taken m times (see Namespace.SetUnsyncedWeight;
+// 1 is the counts as they are). Counts ahead of it (a hit that read the
+// clock later advanced them first) are those of the window after f's.
+func (c *counts) sample(f frame, m float64) Sample {
 	s := Sample{
-		Current: c.cur.total(),
+		Current: c.cur.weighted(m),
 		Weight:  f.w,
 		Start:   f.start,
 		Size:    timeDuration(c.size),
 		At:      f.start + f.r,
 	}
 	if c.index <= f.k {
-		s.Previous = c.prev.total()
+		s.Previous = c.prev.weighted(m)
 	} else {
 		s.Start = f.end
 	}

@@ -220,5 +220,5 @@ func (n *Namespace) Observe(key string, size time.Duration, start int64, current
 	n.mark(s, i, e, false)
 	f := frameAt(now, int64(size))
 	c.advance(f.k)
-	return c.sample(f)
+	return c.sample(f, n.unsyncedWeight())
 }

@@ -262,6 +262,36 @@ type Namespace struct {
 	dirty   atomic.Int64 // keys with a diff
 	orphans atomic.Int64 // diffs of keys that left the zone
 	backlog chan struct{}
+	// unsynced holds the bits of the weight of this node's unsynced
+	// counts (see SetUnsyncedWeight); 0 stands for 1.
+	unsynced atomic.Uint64
+}
+
+// SetUnsyncedWeight has every decision of the namespace count this
+// node's unsynced counts (its diffs, which no store has yet) m times, m
+// at least 1, and a request's cost against a rate m times: the node then
+// judges each key as if every one of m nodes had taken as many hits as it
+// did since its last sync, which is how a fleet of m nodes stays within
+// one limit while it cannot reach its store (on_store_failure share).
+// 1 restores the counts as they are. What a sync takes and pushes is
+// never weighted.
+func (n *Namespace) SetUnsyncedWeight(m float64) {
+	if !(m > 1) || math.IsInf(m, 1) {
+		m = 1
+	}
+	if m == 1 {
+		n.unsynced.Store(0)
+		return
+	}
+	n.unsynced.Store(math.Float64bits(m))
+}
+
+// unsyncedWeight returns the weight SetUnsyncedWeight set.
+func (n *Namespace) unsyncedWeight() float64 {
+	if b := n.unsynced.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
 }
 
 // Backlog receives when the zone holds as many diffs of evicted keys as
@@ -336,7 +366,7 @@ func (n *Namespace) increment(key string, size time.Duration, value float64, syn
 		c.curAt = stamp(f.r)
 	}
 	n.mark(s, i, e, !synced)
-	out := c.sample(f)
+	out := c.sample(f, n.unsyncedWeight())
 	s.mu.Unlock()
 	return out
 }
@@ -386,9 +416,9 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	if diff != nil {
 		c := *c
 		c.cur.diff = *diff
-		return c.sample(f)
+		return c.sample(f, n.unsyncedWeight())
 	}
-	return c.sample(f)
+	return c.sample(f, n.unsyncedWeight())
 }
 
 // mark lists a touched entry for the next Take, and flags it dirty when it

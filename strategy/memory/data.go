@@ -50,6 +50,10 @@ type data struct {
 	// near maps a namespace to its feed of keys near their limits (see
 	// near.go); a namespace without marks is removed.
 	near map[string]*nearFeed
+	// fleets maps a namespace to its members (see roster.go): each node's
+	// expiry, in Unix nanoseconds. A namespace without members is
+	// removed.
+	fleets map[string]map[string]int64
 	// expiries lists what expires when, earliest first: one entry per
 	// counter or marker created, and per slot taken or renewed, so that a
 	// sweep drops exactly what has expired, at a cost of O(log n) per entry

@@ -29,6 +29,8 @@ type statements struct {
 	setBans       string
 	getBans       string
 	purgeBans     string
+	fleetSchema   string
+	attend        string
 }
 
 // expiryMarginMs keeps a counter a little past the end of its life as a
@@ -43,6 +45,7 @@ func newStatements(n *names) *statements {
 		"{hit}", n.hit,
 		"{hits}", n.hits,
 		"{rates}", n.qualified(n.base+"_rates"),
+		"{fleet}", n.qualified(n.base+"_fleet"),
 		"{slots}", n.slots,
 		"{acquire}", n.acquire,
 		"{renew}", n.renew,
@@ -85,6 +88,8 @@ func newStatements(n *names) *statements {
 		setBans:       r.Replace(setBansSQL),
 		getBans:       r.Replace(getBansSQL),
 		purgeBans:     r.Replace(purgeBansSQL),
+		fleetSchema:   r.Replace(fleetSchemaSQL),
+		attend:        r.Replace(attendSQL),
 	}
 }
 
@@ -790,3 +795,42 @@ LEFT JOIN {bans} b ON v.version <> $2 AND b.namespace = $1 AND b.until_ms > $3`
 const purgeBansSQL = `
 DELETE FROM {bans} WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM {bans} WHERE until_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
+
+// fleetSchemaSQL creates the members' table when missing, as
+// banSchemaSQL does for bans, under the same lock: one row per node of a
+// namespace's fleet, with when its attendance expires, in Unix
+// milliseconds by the server's clock (see strategy.Roster).
+const fleetSchemaSQL = `
+SELECT pg_advisory_xact_lock({schema_lock});
+DO $do$
+BEGIN
+	IF to_regclass('{fleet}') IS NULL THEN
+		CREATE TABLE {fleet} (
+			namespace bytea NOT NULL,
+			node bytea NOT NULL,
+			until_ms bigint NOT NULL,
+			PRIMARY KEY (namespace, node)
+		);
+	END IF;
+END
+$do$;
+`
+
+// attendSQL records node $2 of namespace $1 until $3 milliseconds from
+// now, deletes the namespace's other members that expired, and counts the
+// members: the node itself and the others that have not expired. The
+// statement's parts see the table as it was before it, so the node is
+// counted apart, and the expired rows it deletes are never its own.
+const attendSQL = `
+WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+up AS (
+	INSERT INTO {fleet} AS f (namespace, node, until_ms)
+		SELECT $1, $2, now.ms + $3 FROM now
+		ON CONFLICT (namespace, node) DO UPDATE SET until_ms = excluded.until_ms
+),
+gone AS (
+	DELETE FROM {fleet} f USING now
+		WHERE f.namespace = $1 AND f.node <> $2 AND f.until_ms <= now.ms
+)
+SELECT 1 + count(*) FROM {fleet} f, now
+	WHERE f.namespace = $1 AND f.node <> $2 AND f.until_ms > now.ms`

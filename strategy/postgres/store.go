@@ -71,6 +71,7 @@ type Store struct {
 	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
 	ratesReady  atomic.Bool // the rates' part, made by the first rate call
 	nearReady   atomic.Bool // the feed's part, made by its first push or read
+	fleetReady  atomic.Bool // the members' table, made by the first Attend
 	// nearOffUntil is when to try making the feed's part again, in Unix
 	// nanoseconds, after the role was refused it (see nearOn).
 	nearOffUntil atomic.Int64
@@ -244,6 +245,7 @@ func (s *Store) sent(err error) error {
 		s.batchReady.Store(false)
 		s.ratesReady.Store(false)
 		s.nearReady.Store(false)
+		s.fleetReady.Store(false)
 	}
 	if pgconn.SafeToRetry(err) {
 		return errs.NotSent(err)
@@ -405,4 +407,5 @@ var (
 	_ strategy.Slotter     = (*Store)(nil)
 	_ strategy.Banner      = (*Store)(nil)
 	_ strategy.NearFeed    = (*Store)(nil)
+	_ strategy.Roster      = (*Store)(nil)
 )

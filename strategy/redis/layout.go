@@ -129,6 +129,14 @@ func (l *layout) bansKeys(namespace string) (set, version string) {
 	return tag + "bans:" + nsp, tag + "bansv:" + nsp
 }
 
+// fleetKey returns the key of the sorted set of a namespace's members
+// (see strategy.Roster): <prefix>:{<bucket>}:fleet:<len(ns)>:<ns>, in the
+// bucket of the namespace's empty key, as its bans. "fleet" is no number
+// and no other kind's name.
+func (l *layout) fleetKey(namespace string) string {
+	return l.tags[bucketOf(namespace, "")] + "fleet:" + nsPart(namespace)
+}
+
 // nearKeys returns the keys of a namespace's near-limit marks (see
 // strategy.NearFeed): the stream of the marks, <prefix>:{<bucket>}:near:<len(ns)>:<ns>,
 // and the string of their version, <prefix>:{<bucket>}:nearv:<len(ns)>:<ns>,

@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 		{"HitBatch", testHitBatch},
 		{"Slots", testSlots},
 		{"Bans", testBans},
+		{"Roster", testRoster},
 		{"Near", testNear},
 		{"Rate", testRate},
 		{"RateBatch", testRateBatch},
