@@ -23,7 +23,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 			Namespace: "caddy",
 			Subsystem: "rate_limit",
 			Name:      "requests_total",
-			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, delayed, rejected, banned, dry_run, concurrency_rejected, invalid_limit: a limit's placeholders gave no number, 500).",
+			Help:      "Requests the rate_limit handler counted, by namespace and outcome (allowed, delayed, rejected, banned, dry_run, concurrency_rejected, store_unreachable: on_store_failure deny while the store was away, invalid_limit: a limit's placeholders gave no number, 500).",
 		}, []string{"namespace", "outcome"})
 		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "caddy",

@@ -15,6 +15,7 @@ const (
 	concurrencyRejected                // the limits admitted it, max_concurrent did not
 	clientGone                         // its client went away while it waited: not counted
 	invalidLimit                       // its placeholders gave no limit (tiers.go): 500
+	storeUnreachable                   // on_store_failure deny rejected it while the store was away
 	numOutcomes
 )
 
@@ -33,6 +34,7 @@ var outcomeLabels = [numOutcomes]string{
 	banned:              "banned",
 	concurrencyRejected: "concurrency_rejected",
 	invalidLimit:        "invalid_limit",
+	storeUnreachable:    "store_unreachable",
 }
 
 // outcomeCounters are a namespace's counters of each outcome, looked up

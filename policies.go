@@ -153,3 +153,30 @@ func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl 
 	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
 	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
 }
+
+// refuse answers a request that the namespace's on_store_failure deny
+// rejects while the node cannot reach the store, without counting it: the
+// headers show the limit of the largest window spent, and the request's
+// wait (when the node next asks the store) in its reset and Retry-After.
+// In a dry run it lets the request through, as a limit's rejection.
+func (h *Handler) refuse(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, p *plan, key string, value float64, wait time.Duration) (outcome, error) {
+	var buf [maxInlineLimits]window.Sample
+	var leftBuf [maxInlineLimits]int
+	samples, left := buf[:], leftBuf[:]
+	n := len(p.limits)
+	if n > len(buf) {
+		samples, left = make([]window.Sample, n), make([]int, n)
+	}
+	samples, left = samples[:n], left[:n]
+	h.peek(ctx, p, key, value, samples) // local: the store is away
+	secs := max(1, ceilSeconds(wait.Seconds()))
+	h.show(w, repl, h.inPeriods(p, samples), left, n-1, secs, true)
+	if h.DryRun {
+		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected: the store is unreachable"); c != nil {
+			c.Write(zap.String("namespace", h.Namespace))
+		}
+		return dryRunRejected, nil
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
+	return storeUnreachable, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit store unreachable in namespace %s: on_store_failure deny rejects requests until it is back", h.Namespace))
+}

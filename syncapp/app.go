@@ -165,6 +165,10 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if err := validateSyncAbove(cfg.SyncAbove, ns.mode); err != nil {
 		return nil, err
 	}
+	var err error
+	if ns.onFailure, err = validateFailurePolicy(cfg.OnStoreFailure, ns.mode); err != nil {
+		return nil, err
+	}
 	if ns.mode == Periodic {
 		ns.rate = time.Duration(*cfg.SyncRate)
 	}
@@ -223,6 +227,7 @@ func (a *App) Start() error {
 		zh.start(a.logger)
 	}
 	for name, ns := range a.namespaces {
+		ns.health.shareOnFailure(ns.shareOnFailure())
 		ns.runner.track()
 		a.loops[name].attach(ns.runner)
 		if ns.mode == Periodic {

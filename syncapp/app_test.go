@@ -148,6 +148,12 @@ func TestBadConfig(t *testing.T) {
 			`this one is synchronous`},
 		{`{"namespaces": {"api": {"sync_rate": "1s", "sync_above": 0.8, "strategy": {"module": "test_slow"}}}}`,
 			`namespace "api": sync_above: the test_slow store cannot apply synchronous hits`},
+		{`{"namespaces": {"api": {"on_store_failure": "share"}}}`,
+			`namespace "api": on_store_failure: a local namespace has no store to lose`},
+		{`{"namespaces": {"api": {"sync_rate": "1s", "on_store_failure": "block", "strategy": {"module": "redis"}}}}`,
+			`namespace "api": on_store_failure: unknown policy "block": want allow, share or deny`},
+		{`{"namespaces": {"api": {"sync_rate": "1s", "on_store_failure": "share", "strategy": {"module": "test_slow"}}}}`,
+			`namespace "api": on_store_failure: share needs a store that counts the fleet's nodes; the test_slow store cannot`},
 		{`{"namespaces": {"api": {"sync_rate": "1s", "window_sizes": ["1500us"], "strategy": {"module": "redis"}}}}`,
 			`namespace "api": window_sizes: window 1.5ms: namespace "api" syncs with the redis store: `},
 	} {

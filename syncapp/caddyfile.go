@@ -44,6 +44,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	        zone <name>
 //	        sync_rate off|0|<duration>
 //	        sync_above <fraction>
+//	        on_store_failure allow|share|deny
 //	        window_sizes <duration>...
 //	        strategy <module> {
 //	            ...
@@ -121,6 +122,18 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 				return d.Errf("namespace %q: sync_above: %q is not a fraction of a limit: want a number in (0, 1], such as 0.8", name, v)
 			}
 			ns.SyncAbove = &f
+			return nil
+		},
+		"on_store_failure": func() error {
+			var v string
+			if err := cfargs.One(d, &v); err != nil {
+				return err
+			}
+			p, err := ParseFailurePolicy(v)
+			if err != nil {
+				return d.Errf("namespace %q: %v", name, err)
+			}
+			ns.OnStoreFailure = string(p)
 			return nil
 		},
 		"window_sizes": func() error {

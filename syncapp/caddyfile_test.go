@@ -33,11 +33,12 @@ func TestGlobalOption(t *testing.T) {
 			}
 			namespace strict {
 				sync_rate 0
+				on_store_failure SHARE
 			}
 			flush_timeout 2s
 		}`, `{"zones":{"big":{"max_keys":5000000},"default":{"max_keys":1000}},` +
 			`"namespaces":{"api":{"zone":"big","sync_rate":"100ms","sync_above":0.8,"window_sizes":[1000000000,60000000000]},` +
-			`"local":{"sync_rate":"off"},"strict":{"sync_rate":"0"}},"flush_timeout":2000000000}`},
+			`"local":{"sync_rate":"off"},"strict":{"sync_rate":"0","on_store_failure":"share"}},"flush_timeout":2000000000}`},
 	} {
 		got, err := parseGlobalOption(caddyfile.NewTestDispenser(tc.input), nil)
 		if err != nil {
@@ -98,6 +99,8 @@ func TestGlobalOptionBadInput(t *testing.T) {
 		{`rate_limit { namespace n { sync_above 1.01 } }`, `sync_above: "1.01" is not a fraction`},
 		{`rate_limit { namespace n { sync_above most } }`, `sync_above: "most" is not a fraction`},
 		{`rate_limit { namespace n { sync_above } }`, `wrong argument count`},
+		{`rate_limit { namespace n { on_store_failure block } }`, `namespace "n": on_store_failure: unknown policy "block": want allow, share or deny`},
+		{`rate_limit { namespace n { on_store_failure } }`, `wrong argument count`},
 		{`rate_limit { namespace n { window_sizes 1m -1s } }`, `window_sizes: invalid window "-1s"`},
 		{`rate_limit { namespace n { window_sizes } }`, `wrong argument count`},
 		{`rate_limit { namespace n { strategy nosuch } }`, `rate_limit.strategies.nosuch`},

@@ -34,7 +34,7 @@ func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release f
 			}, true
 		}
 	}
-	if !n.inFlight.acquire(key, max) {
+	if !n.inFlight.acquire(key, n.localConcurrency(max)) {
 		return nil, false
 	}
 	if n.slotter == nil {

@@ -53,6 +53,19 @@ type NamespaceConfig struct {
 	// synchronous hits. Default: off.
 	SyncAbove *float64 `json:"sync_above,omitempty"`
 
+	// What the node does while it cannot reach the store: "allow" (the
+	// default) enforces every limit on this node's own counts, so a
+	// client spread over N nodes may get up to N times its limit
+	// meanwhile; "share" enforces on each node its share of every limit,
+	// the limit divided by the number of nodes the fleet had when the
+	// store was last reached (each node's hits since then count as many
+	// times as there are nodes), so that the fleet stays within the
+	// limit; "deny" rejects every request of the namespace with the
+	// handler's error_code and a Retry-After of 1 second. Bans this node
+	// knows of hold under every policy. A node that never reached the
+	// store does not know the fleet's size, and shares as allow.
+	OnStoreFailure string `json:"on_store_failure,omitempty"`
+
 	// Window sizes whose counters the namespace syncs, in addition to those
 	// of the rate_limit handlers that use it (which are merged in
 	// automatically). Durations such as "1s" or "1m".

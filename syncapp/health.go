@@ -57,6 +57,10 @@ type health struct {
 	// failing is set from a failure until the next success: requests
 	// then count locally without trying the store.
 	failing atomic.Bool
+
+	// share weighs the attached config's counters while failing, when
+	// its on_store_failure is share.
+	share failureShare
 }
 
 func newHealth(name string, logger *zap.Logger) *health {
@@ -129,6 +133,7 @@ func (h *health) stalled() { h.failed(errStalled, 0) }
 // store was working, has the loop probe it at once.
 func (h *health) markDown() {
 	if !h.failing.Swap(true) {
+		h.share.apply(h.down)
 		signal(h.probe)
 	}
 }
@@ -146,6 +151,7 @@ func (h *health) succeeded() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.failing.Swap(false) {
+		h.share.apply(h.down)
 		if h.logged {
 			h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
 			h.logged = false
@@ -154,6 +160,10 @@ func (h *health) succeeded() {
 	}
 	h.runFailures, h.failures = 0, 0
 }
+
+// shareOnFailure makes p the share policy the store's failures apply
+// (nil: none, the config attached is not share).
+func (h *health) shareOnFailure(p *shareOnFailure) { h.share.set(p, h.down()) }
 
 // ok reports whether the store worked the last time it was asked.
 func (h *health) ok() bool { return !h.failing.Load() }

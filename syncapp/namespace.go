@@ -31,6 +31,8 @@ type Namespace struct {
 	// syncAbove, unless 0, is the fraction of a limit from which a
 	// periodic namespace counts a key's hits at the store.
 	syncAbove float64
+	// onFailure is what the node does while it cannot reach the store.
+	onFailure FailurePolicy
 	counters  *window.Namespace
 	sizes     *windowSizes
 
@@ -41,6 +43,7 @@ type Namespace struct {
 	bans     *banTable
 	slots    *slotHolder
 	inFlight *inFlight
+	members  *fleetMembers
 
 	// The parts that join this config's store to the fleet state: the
 	// sync runs, the round trips of requests that ask the store, the

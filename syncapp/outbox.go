@@ -86,9 +86,9 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 // deliver pushes a flight to store, and reports whether it asked the
 // store anything. On a failure what was not pushed waits for the next
 // run: hits to retry stay queued, and a new batch becomes the failed one,
-// unless one already waits; then restore returns the new batch's diffs,
-// for the zone to take back: at most one batch waits. The caller holds
-// the run lock.
+// unless one already waits or the push surely never reached the store;
+// then restore returns the new batch's diffs, for the zone to take back:
+// at most one batch waits. The caller holds the run lock.
 func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight) (restore []window.Diff, contacted bool, err error) {
 	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batch or the zone
 	if fl.tracked {
@@ -119,6 +119,10 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight) (
 	}
 	if fl.batch != nil {
 		if err := o.push(ctx, store, *fl.batch); err != nil {
+			if errors.Is(err, strategy.ErrNotSent) {
+				// Surely not applied: back to the zone, as new diffs.
+				return fl.batch.Diffs, true, err
+			}
 			o.setFailed(fl.batch)
 			return nil, true, err
 		}

@@ -60,6 +60,11 @@ type runner struct {
 	near      *nearKeys
 	nearShare float64
 
+	// roster is the store, when the namespace's on_store_failure is
+	// share: the runs attend it to learn the fleet's size into members.
+	roster  strategy.Roster
+	members *fleetMembers
+
 	lock    runLock
 	outbox  *outbox
 	fetched *fetchSet
@@ -89,6 +94,11 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 	if err == nil {
 		var asked bool
 		asked, err = r.syncBans(ctx)
+		contacted = contacted || asked
+	}
+	if err == nil && r.roster != nil {
+		var asked bool
+		asked, err = r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
 		contacted = contacted || asked
 	}
 	if err == nil && !contacted && r.health.down() {
@@ -205,6 +215,14 @@ func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count
 // the store anything. In a periodic namespace, the keys touched join
 // those the next fetch reads.
 func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
+	if r.health.down() {
+		// The zone's diffs stay in the zone until the store answers (what
+		// the outbox holds, or a ping), rather than be taken and put back
+		// at every probe: on_store_failure share weighs them there.
+		if contacted, err = r.probe(ctx); err != nil {
+			return contacted, err
+		}
+	}
 	r.outbox.lockTake()
 	diffs, keys := r.counters.Take()
 	fl := r.outbox.load(r.storable(diffs), r.answers)
@@ -219,6 +237,22 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 		r.counters.Restore(restore)
 	}
 	return contacted, err
+}
+
+// probe asks a failing store what the outbox holds (hits to retry, a
+// failed batch), or else whether it serves, and reports whether it asked
+// it anything.
+func (r *runner) probe(ctx context.Context) (asked bool, err error) {
+	if r.outbox.empty() {
+		return r.ping(ctx)
+	}
+	r.outbox.lockTake()
+	fl := r.outbox.load(nil, r.answers)
+	restore, asked, err := r.outbox.deliver(ctx, r.store, fl)
+	if len(restore) > 0 {
+		r.counters.Restore(restore)
+	}
+	return asked, err
 }
 
 // nearShare returns the share of a diff's limit at which a periodic

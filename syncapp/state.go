@@ -17,15 +17,16 @@ import (
 // part and on to the store, never back through the loop.
 type fleetState struct {
 	name     string
-	runs     runLock     // one run at a time
-	health   *health     // the store's health: skip window, backoff, logs
-	outbox   *outbox     // taken from the zone, not yet in the store
-	fetched  *fetchSet   // the keys the periodic runs fetch
-	bans     *banTable   // the bans this node knows of
-	slots    *slotHolder // concurrency slots held in stores
-	inFlight *inFlight   // requests in flight per key, on this node
-	near     *nearKeys   // the keys the store's feed marked near their limits
-	loop     *loop       // the timer and the reload hand-off
+	runs     runLock       // one run at a time
+	health   *health       // the store's health: skip window, backoff, logs
+	outbox   *outbox       // taken from the zone, not yet in the store
+	fetched  *fetchSet     // the keys the periodic runs fetch
+	bans     *banTable     // the bans this node knows of
+	slots    *slotHolder   // concurrency slots held in stores
+	inFlight *inFlight     // requests in flight per key, on this node
+	near     *nearKeys     // the keys the store's feed marked near their limits
+	members  *fleetMembers // the fleet's size, learned through the store
+	loop     *loop         // the timer and the reload hand-off
 }
 
 func newFleetState(name string, logger *zap.Logger, pool *caddy.UsagePool) *fleetState {
@@ -41,6 +42,7 @@ func newFleetState(name string, logger *zap.Logger, pool *caddy.UsagePool) *flee
 		slots:    newSlotHolder(logger, h),
 		inFlight: new(inFlight),
 		near:     newNearKeys(),
+		members:  newFleetMembers(),
 		loop:     newLoop(name, logger, pool, h, runs),
 	}
 }
@@ -77,7 +79,7 @@ func (s *fleetState) Destruct() error {
 // runner, the road of the requests that ask the store, and the second
 // look of a periodic namespace at a stale key.
 func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
-	n.health, n.bans, n.slots, n.inFlight = s.health, s.bans, s.slots, s.inFlight
+	n.health, n.bans, n.slots, n.inFlight, n.members = s.health, s.bans, s.slots, s.inFlight, s.members
 	// A periodic namespace whose store tells of keys near their limits
 	// marks them with its pushes and reads the marks with its fetches.
 	var near *nearKeys
@@ -109,6 +111,10 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		feed:        feed,
 		near:        near,
 		nearShare:   nearShare(n.syncAbove),
+		members:     s.members,
+	}
+	if r, ok := n.store.(strategy.Roster); ok && n.onFailure == FailShare {
+		n.runner.roster = r
 	}
 
 	// Any namespace whose store takes synchronous hits has a road to it:

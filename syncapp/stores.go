@@ -60,6 +60,9 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 	ns.sizes = &windowSizes{namespace: ns.name, store: id.Name(), valid: st.ValidateWindow}
 	ns.slotter, _ = ns.store.(strategy.Slotter)
 	ns.banner, _ = ns.store.(strategy.Banner)
+	if _, ok := ns.store.(strategy.Roster); !ok && ns.onFailure == FailShare {
+		return poolKey{}, fmt.Errorf("on_store_failure: share needs a store that counts the fleet's nodes; the %s store cannot", id.Name())
+	}
 	if _, ok := ns.store.(strategy.Hitter); !ok {
 		switch {
 		case ns.mode == Synchronous:
