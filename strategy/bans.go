@@ -34,7 +34,11 @@ type Banner interface {
 	// equals known, every ban that has not ended by now: in one round
 	// trip, at a cost that does not depend on the number of bans when the
 	// version is known. A namespace without bans has version 0; a
-	// version is otherwise unique to one state of the bans.
+	// version is otherwise unique to one state of the bans. A lift keeps
+	// a version other than 0 until the lifted ban would have ended, so
+	// that a node that reads version 0 while it knows of a ban that has
+	// not ended learns that the store lost its bans (a Redis restarted
+	// empty), and writes them back.
 	GetBans(ctx context.Context, namespace string, known int64, now time.Time) (bans []Ban, version int64, err error)
 }
 

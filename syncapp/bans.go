@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -214,6 +215,12 @@ func (t *banTable) droppedCount() int64 {
 // two round trips at most, one when no ban is pending. Bans the store
 // refuses are dropped, logged; on any other error they are pushed again
 // with the next sync.
+//
+// A store that answers version 0 to a node that read another version
+// and holds bans that have not ended lost its bans (a Redis restarted
+// empty): a lift keeps a version (strategy.Banner). The node writes the
+// bans it holds back, and reads the store's again: two more round trips,
+// once per loss.
 func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	t.mu.Lock()
 	var push []strategy.Ban
@@ -237,6 +244,18 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	bans, version, err := banner.GetBans(ctx, t.name, known, time.Now())
 	if err != nil {
 		return err
+	}
+	if version == 0 && known > 0 {
+		if held, _ := t.active(time.Now().UnixNano(), math.MaxInt); len(held) > 0 {
+			if err := banner.SetBans(ctx, t.name, held); err != nil {
+				return err
+			}
+			t.logger.Warn("the store had lost the bans in force: wrote back those this node holds",
+				zap.String("namespace", t.name), zap.Int("bans", len(held)))
+			if bans, version, err = banner.GetBans(ctx, t.name, 0, time.Now()); err != nil {
+				return err
+			}
+		}
 	}
 	if version != known {
 		t.replace(bans, version)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // TestBansLocal bans keys on one node: a ban holds until its end, a later
@@ -177,4 +178,36 @@ func BenchmarkBannedUntil(b *testing.B) {
 			ns.BannedUntil("client")
 		}
 	})
+}
+
+// TestBansOutliveAStoreThatLostThem bans a key on one of two nodes, then
+// restarts their Redis empty: within a sync run or two every node still
+// rejects the key, and the store holds the ban again, written back by
+// the nodes that knew it.
+func TestBansOutliveAStoreThatLostThem(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "100ms", "window_sizes": ["1m"], "strategy": {"module": "redis", "addresses": [%q]}}}}`, srv.Addr)
+	var nodes []*Namespace
+	for range 2 {
+		ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+		ns.UseBans()
+		nodes = append(nodes, ns)
+	}
+	until := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	nodes[0].Ban(context.Background(), "k", until)
+	poll.Until(t, 5*time.Second, "the other node to learn of the ban", func() bool {
+		return nodes[1].BannedUntil("k").Equal(until)
+	})
+	srv.Kill()
+	srv.Restart()
+	store := fleetStore{strategy: fmt.Sprintf(`{"module": "redis", "addresses": [%q]}`, srv.Addr)}.open(t).(strategy.Banner)
+	poll.Until(t, 10*time.Second, "the store to hold the ban again", func() bool {
+		bans, _, err := store.GetBans(context.Background(), "api", -1, time.Now())
+		return err == nil && len(bans) == 1 && bans[0].Key == "k" && bans[0].Until.Equal(until)
+	})
+	for i, ns := range nodes {
+		if !ns.BannedUntil("k").Equal(until) {
+			t.Fatalf("node %d: banned until %v, want %v", i, ns.BannedUntil("k"), until)
+		}
+	}
 }

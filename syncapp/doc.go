@@ -95,6 +95,13 @@
 //	health.mu   failures, backoff and the failure log's throttle; whether
 //	            hits skip the store is an atomic: from a failure or a stall
 //	            until a success. Requests never probe; the loop's runs do.
+//	failureShare.mu (health's) the share policy of the config attached
+//	            (on_store_failure share), and its application: the zone
+//	            namespace's unsynced weight, the fleet's size while the
+//	            store is down, 1 otherwise, set by each change of the
+//	            store's state after it, from the state it then reads.
+//	fleetMembers (atomics, no lock) this node's member ID, the fleet's
+//	            size the runs learned from the store's roster, and when.
 //	windowSizes.mu  (one per config's Namespace) the namespace's window
 //	            sizes, which its runs fetch and a reset clears.
 //	runner      (one per config's Namespace, no lock of its own) the sync
@@ -121,7 +128,9 @@
 // is held while the zone observes what the store answered, so outbox.taking
 // comes before the shard locks there too. More orders: hitQueue.mu, then
 // health.mu (the stall check marks the store stalled under the queue's
-// lock, so that the hits that leave find it down); zoneHolder.mu, then
+// lock, so that the hits that leave find it down); health.mu, then
+// failureShare.mu (a success applies the policy under health's lock);
+// zoneHolder.mu, then
 // every shard lock of its zone (a capacity change resizes the zone);
 // runLock, then loop.mu (the loop lets go of stores between runs); the
 // pool's lock, then loop.mu, outbox.mu, retryQueue.mu and banTable.mu
@@ -134,7 +143,10 @@
 // # One request and one run
 //
 //	request: Namespace.Hit(key), or HitRate(key) with a rate (sync_rate 0,
-//	  or local); HitIfRoom and HitRateIfRoom take the same roads
+//	  or local); HitIfRoom and HitRateIfRoom take the same roads. While
+//	  the store is down, on_store_failure deny has the handler refuse it
+//	  first (Namespace.Refuses), and share has the window zone weigh
+//	  this node's unsynced counts by the fleet's size (health.share)
 //	  local ──► window zone: count, decide (a rate first, then the limits)
 //	  periodic ──► periodicHits.hit ──► window zone: count, decide
 //	    a resting node (its runs had nothing to fetch, and skip the
@@ -191,7 +203,13 @@
 //	    key due: nearKeys.rest, and no read)
 //	  with a feed and no fetch, the marks asked for ──► store.MarkNear
 //	    (runner.markAsked)
-//	  banTable.sync ──► store.SetBans, store.GetBans
+//	  (the store failing: first a probe, the outbox's batch or a ping; the
+//	  zone's diffs stay in the zone until it answers)
+//	  banTable.sync ──► store.SetBans, store.GetBans (version 0 while
+//	    bans this node holds are in force: the store lost them ──►
+//	    store.SetBans of those, store.GetBans)
+//	  on_store_failure share: fleetMembers.attend ──► store.Attend,
+//	    every second or sync_rate, the fleet's size
 //	  nothing asked and the store failing ──► store.Ping
 //	  requests admitted locally still running ──► slotHolder.adopt
 //	  health.failedRun / health.succeeded ──► the loop's next delay:

@@ -64,8 +64,9 @@ func (s fleetStore) total(t *testing.T, key string, size time.Duration) float64 
 	return s.totalAt(t, key, size, time.Now())
 }
 
-// totalAt is total with the windows that hold at.
-func (s fleetStore) totalAt(t *testing.T, key string, size time.Duration, at time.Time) float64 {
+// open opens a store of its own on the server, closed when the test
+// ends.
+func (s fleetStore) open(t *testing.T) strategy.Store {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
@@ -81,7 +82,14 @@ func (s fleetStore) totalAt(t *testing.T, key string, size time.Duration, at tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { store.Close() })
+	return store
+}
+
+// totalAt is total with the windows that hold at.
+func (s fleetStore) totalAt(t *testing.T, key string, size time.Duration, at time.Time) float64 {
+	t.Helper()
+	store := s.open(t)
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
 	counts, err := store.GetCounters(rctx, "api", []string{key}, []time.Duration{size}, at)

@@ -90,6 +90,12 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 	} else {
 		feed = nil
 	}
+	// A namespace that shares its limits while the store is away learns
+	// the fleet's size through the store.
+	roster, ok := n.store.(strategy.Roster)
+	if !ok || n.onFailure != FailShare {
+		roster = nil
+	}
 	n.runner = &runner{
 		name:        n.name,
 		mode:        n.mode,
@@ -111,10 +117,8 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		feed:        feed,
 		near:        near,
 		nearShare:   nearShare(n.syncAbove),
+		roster:      roster,
 		members:     s.members,
-	}
-	if r, ok := n.store.(strategy.Roster); ok && n.onFailure == FailShare {
-		n.runner.roster = r
 	}
 
 	// Any namespace whose store takes synchronous hits has a road to it:

@@ -17,6 +17,9 @@ var banVersions atomic.Int64
 type namespaceBans struct {
 	until   map[string]int64
 	version int64
+	// lifted is when the latest ban lifted would have ended: the version
+	// stays until then (see strategy.Banner).
+	lifted int64
 }
 
 // SetBans records bans of a namespace, atomically (see strategy.Banner):
@@ -40,8 +43,9 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 	changed := false
 	for _, b := range bans {
 		if b.Until.IsZero() {
-			if _, ok := nb.until[b.Key]; ok {
+			if u, ok := nb.until[b.Key]; ok {
 				delete(nb.until, b.Key)
+				nb.lifted = max(nb.lifted, u)
 				changed = true
 			}
 			continue
@@ -54,10 +58,16 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 	if changed {
 		nb.version = banVersions.Add(1)
 	}
-	if len(nb.until) == 0 {
+	d.dropBansIfNone(namespace, nb)
+	return nil
+}
+
+// dropBansIfNone forgets a namespace's bans when it holds none, and no
+// lift keeps its version.
+func (d *data) dropBansIfNone(namespace string, nb *namespaceBans) {
+	if len(nb.until) == 0 && nb.version == 0 {
 		delete(d.bans, namespace)
 	}
-	return nil
 }
 
 // GetBans returns the version of the namespace's bans and, unless it is
@@ -71,11 +81,7 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	nb := d.bansOf(namespace, s.now().UnixNano())
-	defer func() {
-		if len(nb.until) == 0 {
-			delete(d.bans, namespace)
-		}
-	}()
+	defer d.dropBansIfNone(namespace, nb)
 	if nb.version == known {
 		return nil, known, nil
 	}
@@ -90,7 +96,9 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 
 // bansOf returns the bans of a namespace, without those that ended by
 // now (the store's clock): the ones that ended no longer count, and an
-// ended ban changes no version, as in Redis, whose bans expire.
+// ended ban changes no version, as in Redis, whose bans expire. A
+// namespace whose bans all ended, and whose lifted ones would have,
+// has version 0.
 func (d *data) bansOf(namespace string, now int64) *namespaceBans {
 	nb := d.bans[namespace]
 	if nb == nil {
@@ -102,8 +110,8 @@ func (d *data) bansOf(namespace string, now int64) *namespaceBans {
 			delete(nb.until, k)
 		}
 	}
-	if len(nb.until) == 0 {
-		nb.version = 0
+	if len(nb.until) == 0 && nb.lifted <= now {
+		nb.version, nb.lifted = 0, 0
 	}
 	return nb
 }

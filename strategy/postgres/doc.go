@@ -179,7 +179,8 @@
 //
 //	<table>_bans (namespace bytea, key_id bytea, key bytea, until_ms bigint,
 //	              PRIMARY KEY (namespace, key_id))
-//	<table>_banver (namespace bytea PRIMARY KEY, version bigint)
+//	<table>_banver (namespace bytea PRIMARY KEY, version bigint,
+//	                lifted_until_ms bigint)
 //	FUNCTION <table>_set_bans(...)
 //
 // key_id is the key as the other tables hold keys (long keys end in their
@@ -188,10 +189,24 @@
 // that the calls of one namespace take turns, deletes the namespace's bans
 // that ended, lifts and upserts (keeping the later end) the bans given,
 // and when anything changed sets the namespace's version to the server's
-// time in microseconds (or one more than the last). GetBans is one query:
-// the version, 0 when no ban has an end to come, and, unless the caller
-// knows that version, the bans that have not ended. Ended bans are deleted
-// by the namespace's next SetBans and by the periodic purge.
+// time in microseconds (or one more than the last), and lifted_until_ms
+// to the latest end of a ban it lifted. GetBans is one query: the
+// version, 0 when no ban has an end to come and no lifted one would
+// have, and, unless the caller knows that version, the bans that have not
+// ended. Ended bans are deleted by the namespace's next SetBans and by the
+// periodic purge. A <table>_banver of an older version, without
+// lifted_until_ms, gains it with the first ban call.
+//
+// The store is a strategy.Roster: the nodes of a namespace whose
+// on_store_failure is share attend it in one table, created by the first
+// Attend:
+//
+//	<table>_fleet (namespace bytea, node bytea, until_ms bigint,
+//	               PRIMARY KEY (namespace, node))
+//
+// Attend is one statement: it upserts the node's row until the server's
+// time plus its time to live, deletes the namespace's other rows that
+// expired, and counts those that did not, and the node.
 //
 // # Keys near their limits
 //

@@ -704,7 +704,9 @@ DELETE FROM {slots} WHERE ctid = ANY(ARRAY(
 // Bans: one row per banned key of a namespace, with the end of its ban in
 // Unix milliseconds, keyed by the key as the tables hold keys (see
 // appendStored) but keeping the whole key, to read back; and one row per
-// namespace with bans, holding their version (see setBansBodySQL).
+// namespace with bans, holding their version and when the latest ban
+// lifted would have ended (see setBansBodySQL). A table of an older
+// version gains that column.
 const banSchemaSQL = `
 SELECT pg_advisory_xact_lock({schema_lock});
 DO $do$
@@ -721,8 +723,12 @@ BEGIN
 	IF to_regclass('{ban_versions}') IS NULL THEN
 		CREATE TABLE {ban_versions} (
 			namespace bytea PRIMARY KEY,
-			version bigint NOT NULL
+			version bigint NOT NULL,
+			lifted_until_ms bigint NOT NULL DEFAULT 0
 		);
+	ELSIF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('{ban_versions}')
+		AND attname = 'lifted_until_ms' AND NOT attisdropped) THEN
+		ALTER TABLE {ban_versions} ADD COLUMN lifted_until_ms bigint NOT NULL DEFAULT 0;
 	END IF;
 	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{set_bans}(bytea, bytea[], bytea[], bigint[], bigint)')
 		AND prosrc = $body${set_bans_body}$body$) THEN
@@ -741,19 +747,24 @@ $do$;
 // by the server's clock, lifts the bans whose end is 0, and sets the
 // others unless the table holds a later end. When anything changed it
 // gives the namespace's bans a new version: the server's time in
-// microseconds, or one more than the last version if that is not larger;
-// a namespace left without bans loses its version row.
+// microseconds, or one more than the last version if that is not larger,
+// and keeps when the latest ban it lifted would have ended; a namespace
+// left without bans, and whose lifted bans would have ended, loses its
+// version row.
 const setBansBodySQL = `
 DECLARE
 	now_ms bigint;
 	n bigint;
+	lifted bigint;
 BEGIN
 	PERFORM pg_advisory_xact_lock(p_lock);
 	now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 	DELETE FROM {bans} b WHERE b.namespace = p_namespace AND b.until_ms <= now_ms;
-	DELETE FROM {bans} b USING unnest(p_key_ids, p_until) AS i(key_id, until_ms)
-		WHERE i.until_ms = 0 AND b.namespace = p_namespace AND b.key_id = i.key_id;
-	GET DIAGNOSTICS n = ROW_COUNT;
+	WITH d AS (
+		DELETE FROM {bans} b USING unnest(p_key_ids, p_until) AS i(key_id, until_ms)
+			WHERE i.until_ms = 0 AND b.namespace = p_namespace AND b.key_id = i.key_id
+			RETURNING b.until_ms)
+	SELECT count(*), coalesce(max(d.until_ms), 0) INTO n, lifted FROM d;
 	changed := n > 0;
 	INSERT INTO {bans} AS b (namespace, key_id, key, until_ms)
 		SELECT p_namespace, i.key_id, i.key, i.until_ms
@@ -763,12 +774,13 @@ BEGIN
 		WHERE b.until_ms < excluded.until_ms;
 	GET DIAGNOSTICS n = ROW_COUNT;
 	changed := changed OR n > 0;
-	IF NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace) THEN
-		DELETE FROM {ban_versions} v WHERE v.namespace = p_namespace;
-	ELSIF changed THEN
-		INSERT INTO {ban_versions} AS v (namespace, version)
-			VALUES (p_namespace, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
-			ON CONFLICT (namespace) DO UPDATE SET version = greatest(v.version + 1, excluded.version);
+	IF changed THEN
+		INSERT INTO {ban_versions} AS v (namespace, version, lifted_until_ms)
+			VALUES (p_namespace, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, lifted)
+			ON CONFLICT (namespace) DO UPDATE SET version = greatest(v.version + 1, excluded.version),
+				lifted_until_ms = greatest(v.lifted_until_ms, excluded.lifted_until_ms);
+	ELSIF NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace) THEN
+		DELETE FROM {ban_versions} v WHERE v.namespace = p_namespace AND v.lifted_until_ms <= now_ms;
 	END IF;
 END
 `
@@ -777,13 +789,16 @@ END
 const setBansSQL = `SELECT {set_bans}($1, $2, $3, $4, $5)`
 
 // getBansSQL reads the version of a namespace's bans ($1), 0 when none
-// has not ended by the server's clock, and, unless that version is $2,
-// the key and end of every ban that ends after $3 (Unix milliseconds):
-// one row with NULLs when there are none to return.
+// has not ended by the server's clock and no ban lifted would not have
+// either, and, unless that version is $2, the key and end of every ban
+// that ends after $3 (Unix milliseconds): one row with NULLs when there
+// are none to return.
 const getBansSQL = `
 SELECT v.version, b.key, b.until_ms
 FROM (SELECT CASE WHEN EXISTS (
 		SELECT FROM {bans} WHERE namespace = $1 AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+	OR EXISTS (
+		SELECT FROM {ban_versions} WHERE namespace = $1 AND lifted_until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
 	THEN coalesce((SELECT version FROM {ban_versions} WHERE namespace = $1), 0) ELSE 0 END AS version) v
 LEFT JOIN {bans} b ON v.version <> $2 AND b.namespace = $1 AND b.until_ms > $3`
 

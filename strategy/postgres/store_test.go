@@ -620,3 +620,28 @@ func TestRoleWithoutCreateRights(t *testing.T) {
 		t.Errorf("pushing to a table the role may not create: %v, want a permission error", err)
 	}
 }
+
+// TestBanVersionsOfAnOlderVersion: a store made by a version whose
+// ban_versions table had no lifted_until_ms gains the column with its
+// first ban call, and a lift then keeps a version as on a new store.
+func TestBanVersionsOfAnOlderVersion(t *testing.T) {
+	srv, dsn := startServer(t)
+	conn := srv.Conn(t, testDB)
+	if _, err := conn.Exec(ctxT(t), `CREATE TABLE rate_limit_counters_banver (namespace bytea PRIMARY KEY, version bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, &Postgres{DSN: dsn})
+	until := time.Now().Add(time.Hour)
+	if err := s.SetBans(ctxT(t), "ns", []strategy.Ban{{Key: "k", Until: until}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetBans(ctxT(t), "ns", []strategy.Ban{{Key: "k"}}); err != nil {
+		t.Fatal(err)
+	}
+	if bans, v, err := s.GetBans(ctxT(t), "ns", -1, time.Now()); err != nil || len(bans) != 0 || v == 0 {
+		t.Fatalf("after the lift: %v, version %d, %v; want no ban and a version other than 0", bans, v, err)
+	}
+	if n := count(t, srv, `SELECT count(*) FROM pg_attribute WHERE attrelid = 'rate_limit_counters_banver'::regclass AND attname = 'lifted_until_ms'`); n != 1 {
+		t.Fatalf("the older table has %d lifted_until_ms columns, want 1", n)
+	}
+}

@@ -18,42 +18,52 @@ import (
 // the ban's end in Unix milliseconds; KEYS[2] holds their version. ARGV
 // holds pairs of a key and its ban's end, 0 to lift it. The script drops
 // the bans that ended (by the server's clock), sets each ban unless the
-// set holds a later end (ZSCORE, ZADD) or lifts it (ZREM), and, when
-// anything changed, sets a new version: the server's time in
+// set holds a later end (ZSCORE, ZADD) or lifts it (ZSCORE, ZREM), and,
+// when anything changed, sets a new version: the server's time in
 // microseconds, or one more than the last version if that is not
-// larger, so that no two states share one. Both keys expire a second
-// after the last ban ends, so a namespace whose bans all ended holds
-// nothing, and reads as version 0. It replies 1 if anything changed.
+// larger, so that no two states share one. The set expires a second
+// after its last ban ends, the version a second after the last ban it
+// held or lifted would have ended (PTTL keeps a later expiry), so a
+// namespace whose bans all ended holds nothing, and reads as version 0,
+// while one whose last ban was lifted keeps a version until then. It
+// replies 1 if anything changed.
 const setBansSource = `
 local t = redis.call('TIME')
 local nowMs = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowMs)
 local changed = 0
+local held = 0
 for i = 1, #ARGV, 2 do
 	local u = tonumber(ARGV[i + 1])
+	local old = redis.call('ZSCORE', KEYS[1], ARGV[i])
 	if u == 0 then
-		changed = changed + redis.call('ZREM', KEYS[1], ARGV[i])
-	elseif u > nowMs then
-		local old = redis.call('ZSCORE', KEYS[1], ARGV[i])
-		if not old or tonumber(old) < u then
-			redis.call('ZADD', KEYS[1], u, ARGV[i])
+		if old then
+			redis.call('ZREM', KEYS[1], ARGV[i])
+			held = math.max(held, tonumber(old))
 			changed = 1
 		end
+	elseif u > nowMs and (not old or tonumber(old) < u) then
+		redis.call('ZADD', KEYS[1], u, ARGV[i])
+		changed = 1
 	end
 end
+if changed == 0 then
+	return 0
+end
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if #last == 0 then
-	redis.call('DEL', KEYS[1], KEYS[2])
-	return changed > 0 and 1 or 0
+if #last > 0 then
+	held = math.max(held, tonumber(last[2]))
+	redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
 end
-if changed > 0 then
-	local v = tonumber(redis.call('GET', KEYS[2]) or '0')
-	redis.call('SET', KEYS[2], string.format('%.0f', math.max(v + 1, t[1] * 1000000 + t[2])))
+local v = tonumber(redis.call('GET', KEYS[2]) or '0')
+local ttl = redis.call('PTTL', KEYS[2])
+redis.call('SET', KEYS[2], string.format('%.0f', math.max(v + 1, t[1] * 1000000 + t[2])))
+local exp = held + 1000
+if ttl > 0 then
+	exp = math.max(exp, nowMs + ttl)
 end
-local exp = tonumber(last[2]) + 1000
-redis.call('PEXPIREAT', KEYS[1], exp)
 redis.call('PEXPIREAT', KEYS[2], exp)
-return changed > 0 and 1 or 0
+return 1
 `
 
 // setBansScript is setBansSource, run by its SHA1 digest.
@@ -79,9 +89,10 @@ var getBansScript = goredis.NewScript(getBansSource)
 // SetBans records bans of a namespace (see strategy.Banner) with one
 // script run: one round trip. A namespace's bans are one sorted set and
 // its version one string, in one bucket (one Cluster slot); a call costs
-// Redis, besides the EVALSHA, TIME, ZREMRANGEBYSCORE, a ZSCORE and a ZADD
-// per ban set, a ZREM per ban lifted, then ZRANGE, GET, SET and two
-// PEXPIREAT. Ends are kept in whole milliseconds.
+// Redis, besides the EVALSHA, TIME, ZREMRANGEBYSCORE, a ZSCORE per ban
+// and a ZADD per ban set or a ZREM per ban lifted, then, when anything
+// changed, ZRANGE, GET, PTTL, SET and two PEXPIREAT. Ends are kept in
+// whole milliseconds.
 //
 // go-redis sends it at most once; setting the same bans again is
 // harmless, so on a Cluster it is sent once more after a connection

@@ -359,10 +359,22 @@
 // time in microseconds at the last change (or one more than the last
 // version). SetBans is one script run: it drops the bans that ended,
 // keeps the later of two ends (ZSCORE, ZADD), lifts with ZREM, sets a new
-// version when anything changed, and has both keys expire a second after
-// the last ban ends. GetBans is one script run that returns the version
-// alone when the caller knows it (a GET), and otherwise every ban that has
-// not ended (ZRANGEBYSCORE).
+// version when anything changed, and has the set expire a second after
+// its last ban ends, the string a second after the latest end of a ban it
+// held or lifted: a lift keeps the version, so that version 0 with a ban
+// in force tells a node that Redis lost its bans. GetBans is one script
+// run that returns the version alone when the caller knows it (a GET),
+// and otherwise every ban that has not ended (ZRANGEBYSCORE).
+//
+// The store is a strategy.Roster: the nodes of a namespace whose
+// on_store_failure is share attend it in a sorted set
+//
+//	<prefix>:{<bucket>}:fleet:<len(namespace)>:<namespace>
+//
+// in the bucket of the namespace's empty key: member a node's ID, score
+// when its attendance expires, in Unix milliseconds by Redis's clock.
+// Attend is one script run: ZREMRANGEBYSCORE of the expired members,
+// ZADD of the node, PEXPIREAT of the set with its latest member, ZCARD.
 //
 // # Keys near their limits
 //

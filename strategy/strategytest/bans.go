@@ -24,6 +24,7 @@ func testBans(t *testing.T, h Harness) {
 		{"SetGetLift", testBansSetGetLift},
 		{"Version", testBansVersion},
 		{"Expiry", testBansExpiry},
+		{"LiftKeepsAVersion", testBansLiftKeepsAVersion},
 		{"HostileKeys", testBansHostileKeys},
 		{"RejectsInput", testBansRejectsInput},
 	} {
@@ -114,9 +115,26 @@ func testBansVersion(t *testing.T, b strategy.Banner) {
 		t.Fatalf("an earlier end and a lift of no ban changed the version from %d to %d", v, again)
 	}
 	setBans(t, b, ns, strategy.Ban{Key: "k"})
-	if got, v := getBans(t, b, ns, -1); len(got) != 0 || v != 0 {
-		t.Fatalf("after the last lift: %v, version %d, want none and 0", got, v)
+	if got, v := getBans(t, b, ns, -1); len(got) != 0 || seen[v] {
+		t.Fatalf("after the last lift: %v, version %d, want none and a new version: a lifted ban keeps one until it would have ended", got, v)
 	}
+}
+
+// testBansLiftKeepsAVersion checks that a namespace whose last ban was
+// lifted keeps a version other than 0 until the lifted ban would have
+// ended, and then falls back to 0: version 0 with a ban in force tells a
+// node that the store lost its bans.
+func testBansLiftKeepsAVersion(t *testing.T, b strategy.Banner) {
+	ns := unique("bans-lift")
+	setBans(t, b, ns, strategy.Ban{Key: "k", Until: time.Now().Add(400 * time.Millisecond)})
+	setBans(t, b, ns, strategy.Ban{Key: "k"})
+	if got, v := getBans(t, b, ns, -1); len(got) != 0 || v == 0 {
+		t.Fatalf("right after the lift: %v, version %d, want no ban and a version other than 0", got, v)
+	}
+	poll.Until(t, expiryWait, "the lifted ban's end to pass and the version to fall back to 0", func() bool {
+		got, v := getBans(t, b, ns, -1)
+		return len(got) == 0 && v == 0
+	})
 }
 
 // testBansExpiry checks that a ban ends by itself: it is no longer read
