@@ -38,6 +38,9 @@ type Fault struct {
 	StoreLoses bool
 	// NodeFault is set when the store never fails: no recovery to time.
 	NodeFault bool
+	// Policy is the namespace's on_store_failure in its rows: "" (allow),
+	// "share" or "deny".
+	Policy string
 	// Inject injects the fault, calls e.Began when it starts and returns
 	// once the store serves again (or the fault is over).
 	Inject func(ctx context.Context, e *Env) (served time.Time, err error)
@@ -98,13 +101,15 @@ func Sleep(ctx context.Context, d time.Duration) error {
 var Faults = []*Fault{
 	{
 		Name: "redis-pause", Title: "Redis paused %s (SIGSTOP, SIGCONT)", Store: StoreRedis,
-		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
-			e.Began()
-			e.Redis.Pause()
-			err := Sleep(ctx, e.Scaled(10*time.Second, time.Second))
-			e.Redis.Resume()
-			return time.Now(), err
-		},
+		Inject: pauseRedis,
+	},
+	{
+		Name: "redis-pause-share", Title: "Redis paused %s, on_store_failure share", Store: StoreRedis, Policy: "share",
+		Inject: pauseRedis,
+	},
+	{
+		Name: "redis-pause-deny", Title: "Redis paused %s, on_store_failure deny", Store: StoreRedis, Policy: "deny",
+		Inject: pauseRedis,
 	},
 	{
 		Name: "redis-kill", Title: "Redis killed, restarted empty %s later", Store: StoreRedis, StoreLoses: true,
@@ -295,6 +300,15 @@ var Faults = []*Fault{
 	},
 }
 
+// pauseRedis pauses Redis for 10 s, scaled.
+func pauseRedis(ctx context.Context, e *Env) (time.Time, error) {
+	e.Began()
+	e.Redis.Pause()
+	err := Sleep(ctx, e.Scaled(10*time.Second, time.Second))
+	e.Redis.Resume()
+	return time.Now(), err
+}
+
 // Reloads is how many reloads per node the reloads fault does: 100,
 // scaled.
 func (e *Env) Reloads() int { return max(int(100*e.Scale), 5) }
@@ -411,7 +425,7 @@ func (f *Fault) TitleFor(scale float64) string {
 	e := &Env{Scale: scale}
 	var d string
 	switch f.Name {
-	case "redis-pause", "redis-slow":
+	case "redis-pause", "redis-pause-share", "redis-pause-deny", "redis-slow":
 		d = secs(e.Scaled(10*time.Second, time.Second))
 	case "redis-kill":
 		d = secs(e.Scaled(5*time.Second, time.Second))

@@ -46,6 +46,7 @@ type NodeConfig struct {
 	Ban                 time.Duration
 	MaxConcurrent       int
 	Upstream            string // host:port of ConcPath's backend
+	OnStoreFailure      string // the namespace's on_store_failure; "": the default
 }
 
 // JSON returns the node's Caddy config: an admin endpoint on its own
@@ -57,6 +58,9 @@ func (c NodeConfig) JSON() ([]byte, error) {
 	ns := map[string]any{"sync_rate": c.SyncRate.String(), "strategy": c.Strategy}
 	if c.SyncRate == 0 {
 		ns["sync_rate"] = "0"
+	}
+	if c.OnStoreFailure != "" {
+		ns["on_store_failure"] = c.OnStoreFailure
 	}
 	ok := map[string]any{
 		"handler": "static_response",

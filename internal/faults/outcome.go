@@ -62,6 +62,16 @@ type Outcome struct {
 	// LimitDuring and LimitAfter are the worst second's admitted / limit
 	// of LimitPath during the fault and from a second after it on.
 	LimitDuring, LimitAfter float64
+	// LimitFound is LimitDuring from PolicyGrace after the fault began:
+	// once every node found the store gone (what share is judged by).
+	LimitFound float64
+	// Judged and Refused count the requests of CountPath and LimitPath
+	// sent from PolicyGrace after the fault began until the store served,
+	// and those refused (429): what deny is judged by. Readmitted is the
+	// longest any live node took, after the store served, to admit a
+	// request of CountPath again (-1: one never did).
+	Judged, Refused int
+	Readmitted      time.Duration
 
 	// Recovery is, per node, the time from Served to the node's first
 	// clean sync run after its last failure; -1 when it never synced
@@ -165,6 +175,8 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	during := map[int64]float64{} // second → admitted of LimitPath
 	after := map[int64]float64{}
 	fEnd, from := o.faultEnd(), o.recoveryFrom()
+	found := o.Start.Add(PolicyGrace)
+	readmitted := map[int]time.Duration{}
 	o.ConcFirst = -1
 	for _, r := range results {
 		o.Sent++
@@ -203,6 +215,17 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 				k.unknown = true
 			}
 		}
+		if (r.Class == Count || r.Class == Limit) && !r.Sent.Before(found) && r.Sent.Before(fEnd) {
+			o.Judged++
+			if r.Status == http.StatusTooManyRequests {
+				o.Refused++
+			}
+		}
+		if r.Class == Count && r.Status == http.StatusOK && !r.Sent.Before(from) {
+			if d, ok := readmitted[r.Node]; !ok || r.Sent.Sub(from) < d {
+				readmitted[r.Node] = r.Sent.Sub(from)
+			}
+		}
 		if (r.Class == Count || r.Class == Limit) && !r.Sent.Before(o.Start) && r.Sent.Before(fEnd) {
 			if r.Status == 0 {
 				o.LatencyErr++
@@ -228,7 +251,20 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	}
 	// Whole seconds only: the first and last second of a span are partial.
 	o.LimitDuring = worstSecond(during, o.Start, fEnd)
+	o.LimitFound = worstSecond(during, found, fEnd)
 	o.LimitAfter = worstSecond(after, from.Add(time.Second), o.LoadEnd)
+	o.Readmitted = 0
+	for i := range o.Nodes {
+		d, ok := readmitted[i]
+		if i == o.KilledNode {
+			continue
+		}
+		if !ok {
+			o.Readmitted = -1
+			break
+		}
+		o.Readmitted = max(o.Readmitted, d)
+	}
 	var l Latency
 	l.of(lat)
 	o.P50, o.P99, o.Max, o.Slow, o.LatencyN = l.P50, l.P99, l.Max, l.Slow, l.N
@@ -449,12 +485,31 @@ func (o *Outcome) Checks() []Check {
 	if o.BanLag >= 0 {
 		banFig = secs1(o.BanLag)
 	}
-	cs = append(cs, Check{"a ban set off during the fault on every node ≤ 5 s after the store serves", banFig, o.BanLag >= 0 && o.BanLag <= 5*time.Second})
+	// Under deny nothing is counted while the store is away, so no ban
+	// starts.
+	if o.Row.Fault.Policy != "deny" {
+		cs = append(cs, Check{"a ban set off during the fault on every node ≤ 5 s after the store serves", banFig, o.BanLag >= 0 && o.BanLag <= 5*time.Second})
+	}
 	// A store that lost its data lost the bans it held too: then the
 	// earlier ban is reported in the notes, not judged.
 	if !o.Row.Fault.StoreLoses {
 		kept := !slices.Contains(o.BanKept, false)
 		cs = append(cs, Check{"a ban set off before the fault still held on every node", fmt.Sprintf("%v", o.BanKept), kept})
+	}
+	switch o.Row.Fault.Policy {
+	case "share":
+		cs = append(cs, Check{fmt.Sprintf("share: admitted / limit ≤ 1.10 in every whole second from %s after the store went away until it serves", secs(PolicyGrace)),
+			fmt.Sprintf("%.2f", o.LimitFound), o.LimitFound <= 1.10})
+	case "deny":
+		readmitted := "never"
+		if o.Readmitted >= 0 {
+			readmitted = secs1(o.Readmitted)
+		}
+		cs = append(cs,
+			Check{fmt.Sprintf("deny: every request refused (429) from %s after the store went away until it serves", secs(PolicyGrace)),
+				fmt.Sprintf("%d of %d", o.Refused, o.Judged), o.Judged > 0 && o.Refused == o.Judged},
+			Check{"deny: every node admits again ≤ 1 s after the store serves", readmitted, o.Readmitted >= 0 && o.Readmitted <= time.Second},
+		)
 	}
 	if o.Row.Fault.Name == "redis-pause" && o.Row.Sync {
 		cs = append(cs,

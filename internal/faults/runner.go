@@ -56,6 +56,10 @@ const PeriodicRate = 100 * time.Millisecond
 const (
 	// LimitPerSecond is LimitPath's limit; the load sends three times it.
 	LimitPerSecond = 50
+	// PolicyGrace is how long after a store fault began every node has
+	// found the store gone (read_timeout, 1 s, and a sync run): the
+	// failure policies are judged from then.
+	PolicyGrace = 2 * time.Second
 	// BanLimit is BanPath's limit per minute, past which a key is banned.
 	BanLimit = 5
 	// BanFor is how long a ban lasts.
@@ -180,7 +184,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 				return NodeConfig{
 					Listen: caddyproc.Listen(0), AdminListen: caddyproc.Listen(1), SyncRate: row.SyncRate(), Strategy: backend.Strategy(),
 					Limit: LimitPerSecond, BanLimit: BanLimit, Ban: BanFor,
-					MaxConcurrent: MaxConcurrent, Upstream: r.upstream.Addr,
+					MaxConcurrent: MaxConcurrent, Upstream: r.upstream.Addr, OnStoreFailure: row.Fault.Policy,
 				}.JSON()
 			})
 		})
