@@ -135,6 +135,10 @@ type namespaceInfo struct {
 	// not ended.
 	Bans  int    `json:"bans"`
 	Store string `json:"store,omitempty"`
+	// OnStoreFailure is the namespace's on_store_failure, and FleetNodes
+	// the fleet's size this node last learned (share only).
+	OnStoreFailure string `json:"on_store_failure,omitempty"`
+	FleetNodes     int    `json:"fleet_nodes,omitempty"`
 }
 
 // keyInfo is the answer of GET and DELETE /rate_limit/namespaces/<ns>/keys.
@@ -266,6 +270,12 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			PendingDiffs: ns.runner.pendingDiffs(),
 			Bans:         ns.bans.inForce(time.Now().UnixNano()),
 			Store:        ns.storeModule,
+		}
+		if ns.store != nil {
+			info.OnStoreFailure = string(ns.onFailure)
+		}
+		if ns.onFailure == FailShare {
+			info.FleetNodes = ns.members.size()
 		}
 		for zname, zh := range app.zones {
 			if zh.zone == ns.counters.Zone() {

@@ -69,7 +69,7 @@ func TestAdminListsNamespaces(t *testing.T) {
 		"zones": {"small": {"max_keys": 100}},
 		"namespaces": {
 			"api": {"zone": "small", "sync_rate": "1h", "window_sizes": ["1m", "1s"], "strategy": %s},
-			"strict": {"sync_rate": "0", "window_sizes": ["1h"], "strategy": %s},
+			"strict": {"sync_rate": "0", "window_sizes": ["1h"], "on_store_failure": "share", "strategy": %s},
 			"a/b": {}
 		}}`, mem, mem))
 	ctx := context.Background()
@@ -90,13 +90,14 @@ func TestAdminListsNamespaces(t *testing.T) {
 	}
 	want := []namespaceInfo{
 		{Name: "a/b", Mode: "local", SyncRate: "off", Zone: "default", WindowSizes: []string{}},
-		{Name: "api", Mode: "periodic", SyncRate: "1h0m0s", Zone: "small", WindowSizes: []string{"1s", "1m0s"}, Keys: 2, PendingDiffs: 2, Store: "memory"},
+		{Name: "api", Mode: "periodic", SyncRate: "1h0m0s", Zone: "small", WindowSizes: []string{"1s", "1m0s"}, Keys: 2, PendingDiffs: 2, Store: "memory", OnStoreFailure: "allow"},
 		{Name: "default", Mode: "local", SyncRate: "off", Zone: "default", WindowSizes: []string{}, Keys: 1},
-		{Name: "strict", Mode: "synchronous", SyncRate: "0", Zone: "default", WindowSizes: []string{"1h0m0s"}, Keys: 1, Store: "memory"},
+		{Name: "strict", Mode: "synchronous", SyncRate: "0", Zone: "default", WindowSizes: []string{"1h0m0s"}, Keys: 1, Store: "memory", OnStoreFailure: "share"},
 	}
 	if !slices.EqualFunc(got, want, func(a, b namespaceInfo) bool {
 		return a.Name == b.Name && a.Mode == b.Mode && a.SyncRate == b.SyncRate && a.Zone == b.Zone &&
-			slices.Equal(a.WindowSizes, b.WindowSizes) && a.Keys == b.Keys && a.PendingDiffs == b.PendingDiffs && a.Store == b.Store
+			slices.Equal(a.WindowSizes, b.WindowSizes) && a.Keys == b.Keys && a.PendingDiffs == b.PendingDiffs && a.Store == b.Store &&
+			a.OnStoreFailure == b.OnStoreFailure
 	}) {
 		t.Fatalf("namespaces:\n%s\nwant %+v", body, want)
 	}

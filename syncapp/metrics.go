@@ -91,6 +91,9 @@ var (
 	storeUpDesc = prometheus.NewDesc("caddy_rate_limit_store_up",
 		"1 when a namespace's store worked the last time this node asked it, 0 while the node counts locally (from a failure to the next success).",
 		[]string{"namespace"}, nil)
+	fleetNodesDesc = prometheus.NewDesc("caddy_rate_limit_fleet_nodes",
+		"Nodes of a namespace's fleet, as this node last learned them from the store: what on_store_failure share divides each limit by while the store is away. Only for share namespaces that reached their store.",
+		[]string{"namespace"}, nil)
 	syncIntervalDesc = prometheus.NewDesc("caddy_rate_limit_sync_interval_seconds",
 		"How often a namespace's sync loop runs when its store works: sync_rate, or the retry interval of a synchronous namespace.",
 		[]string{"namespace"}, nil)
@@ -102,7 +105,7 @@ type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, nearKeysDesc, storeUpDesc, syncIntervalDesc,
+		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, nearKeysDesc, storeUpDesc, syncIntervalDesc, fleetNodesDesc,
 	} {
 		ch <- d
 	}
@@ -123,6 +126,9 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
 			ch <- prometheus.MustNewConstMetric(nearKeysDesc, prometheus.GaugeValue, float64(o.near.count()), o.name)
+			if n := o.members.size(); n > 0 {
+				ch <- prometheus.MustNewConstMetric(fleetNodesDesc, prometheus.GaugeValue, float64(n), o.name)
+			}
 			// Only a namespace with a store has a store's health and a
 			// sync interval: those of the newest config attached.
 			if interval, ok := o.syncInterval(); ok {

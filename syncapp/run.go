@@ -215,12 +215,13 @@ func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count
 // the store anything. In a periodic namespace, the keys touched join
 // those the next fetch reads.
 func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
+	var probed bool
 	if r.health.down() {
 		// The zone's diffs stay in the zone until the store answers (what
 		// the outbox holds, or a ping), rather than be taken and put back
 		// at every probe: on_store_failure share weighs them there.
-		if contacted, err = r.probe(ctx); err != nil {
-			return contacted, err
+		if probed, err = r.probe(ctx); err != nil {
+			return probed, err
 		}
 	}
 	r.outbox.lockTake()
@@ -236,7 +237,7 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
-	return contacted, err
+	return contacted || probed, err
 }
 
 // probe asks a failing store what the outbox holds (hits to retry, a

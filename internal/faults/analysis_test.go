@@ -275,7 +275,7 @@ func report() *Report {
 		LoadStart: at(-5000), Start: at(-3000), End: at(0), Served: served, LoadEnd: at(5000),
 		Samples:  [][]SyncSample{{{At: at(-2000), Runs: 1}, {At: at(-1000), Runs: 2, Errors: 1}, {At: at(700), Runs: 3, Errors: 1}}},
 		Admitted: 8192, InStore: 8192, P50: time.Millisecond, P99: 3 * time.Millisecond, Max: 7 * time.Millisecond,
-		LimitDuring: 3, LimitAfter: 1.2, BanLag: 50 * time.Millisecond, BanKept: []bool{true, true, true},
+		LimitDuring: 3, LimitAfter: 1.2, BanLag: 50 * time.Millisecond, BanKept: []bool{true, true, true}, BanBack: notMeasured,
 		GoroutinesBefore: []int{26}, GoroutinesAfter: []int{25}, ConnsBefore: 7, ConnsAfter: 11,
 		Logs: []LogLines{{Failures: 1, Examples: []string{`{"level":"error","ts":1.5,"logger":"rate_limit.sync","msg":"store unreachable","error":"redis store: i/o timeout"}`}}},
 	}

@@ -106,6 +106,10 @@ type Outcome struct {
 	BanSetAt, BanFrom          time.Time
 	BanLag                     time.Duration
 	BanKept                    []bool
+	// BanBack is how long after the store served a Redis restarted
+	// empty held the ban set off before the fault again, written back by
+	// the nodes (-1: not within 20 s; notMeasured in other rows).
+	BanBack time.Duration
 
 	// Logs sums up each node's log over the fault and its aftermath.
 	Logs []LogLines
@@ -490,11 +494,16 @@ func (o *Outcome) Checks() []Check {
 	if o.Row.Fault.Policy != "deny" {
 		cs = append(cs, Check{"a ban set off during the fault on every node ≤ 5 s after the store serves", banFig, o.BanLag >= 0 && o.BanLag <= 5*time.Second})
 	}
-	// A store that lost its data lost the bans it held too: then the
-	// earlier ban is reported in the notes, not judged.
-	if !o.Row.Fault.StoreLoses {
-		kept := !slices.Contains(o.BanKept, false)
-		cs = append(cs, Check{"a ban set off before the fault still held on every node", fmt.Sprintf("%v", o.BanKept), kept})
+	// A store that lost its data lost the bans it held too: the nodes
+	// that hold them write them back.
+	kept := !slices.Contains(o.BanKept, false)
+	cs = append(cs, Check{"a ban set off before the fault still held on every node", fmt.Sprintf("%v", o.BanKept), kept})
+	if o.BanBack != notMeasured {
+		fig := "not within 20 s"
+		if o.BanBack >= 0 {
+			fig = secs1(o.BanBack)
+		}
+		cs = append(cs, Check{"Redis restarted empty: the ban set off before the fault back in the store ≤ 2 s after it serves", fig, o.BanBack >= 0 && o.BanBack <= 2*time.Second})
 	}
 	switch o.Row.Fault.Policy {
 	case "share":

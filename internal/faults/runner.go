@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 	"github.com/ratesync/caddy-ratelimit/internal/pgtest"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
+	"github.com/ratesync/caddy-ratelimit/strategy"
+	redisstore "github.com/ratesync/caddy-ratelimit/strategy/redis"
 )
 
 // Row is one measurement: a fault in one sync mode.
@@ -266,6 +269,14 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	o.Served = served
 	o.KilledNode, o.KilledAt = env.KilledNode, env.KilledAt
 	o.failedSlots, o.slotsFrom = env.FailedSlots, env.SlotsFrom
+	// A Redis restarted empty lost the ban set off before the fault: the
+	// nodes that hold it write it back.
+	banBack := make(chan time.Duration, 1)
+	if row.Fault.StoreLoses && row.Fault.Store == StoreRedis {
+		go func() { banBack <- banBackIn(ctx, env.Redis.Addr, o.BanBeforeKey, served) }()
+	} else {
+		banBack <- notMeasured
+	}
 	<-banDone
 	if o.Served.IsZero() {
 		o.BanFrom = o.BanSetAt
@@ -343,6 +354,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 		banned, err := n.Banned(ctx, o.BanBeforeKey)
 		o.BanKept = append(o.BanKept, err == nil && banned)
 	}
+	o.BanBack = <-banBack
 	for i, n := range nodes {
 		if i == o.KilledNode {
 			o.GoroutinesAfter = append(o.GoroutinesAfter, -1)
@@ -417,6 +429,28 @@ func (r *Runner) banReach(ctx context.Context, nodes []*Node, killed int, key st
 		}
 		if time.Now().After(deadline) || Sleep(ctx, 50*time.Millisecond) != nil {
 			return -1, strings.Join(seen, "; ")
+		}
+	}
+}
+
+// notMeasured is a duration the row did not measure.
+const notMeasured = time.Duration(-2)
+
+// banBackIn waits until the Redis at addr holds key's ban again, and
+// returns how long after from that was (-1: not within 20 s).
+func banBackIn(ctx context.Context, addr, key string, from time.Time) time.Duration {
+	store, err := (&redisstore.Redis{Addresses: []string{addr}}).Open()
+	if err != nil {
+		return -1
+	}
+	defer store.Close()
+	for deadline := from.Add(20 * time.Second); ; {
+		bans, _, err := store.GetBans(ctx, Namespace, -1, time.Now())
+		if err == nil && slices.ContainsFunc(bans, func(b strategy.Ban) bool { return b.Key == key }) {
+			return max(time.Since(from), 0)
+		}
+		if time.Now().After(deadline) || Sleep(ctx, 50*time.Millisecond) != nil {
+			return -1
 		}
 	}
 }
