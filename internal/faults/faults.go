@@ -19,6 +19,9 @@ import (
 const (
 	StoreRedis      = "redis"       // a redis-server of the harness's
 	StoreRedisProxy = "redis-proxy" // the same, behind the harness's proxy
+	// StoreRedisNodeProxy is the same Redis, reached by the first node
+	// through the harness's proxy and by the others directly.
+	StoreRedisNodeProxy = "redis-node-proxy"
 	StorePostgres   = "postgres"
 	StoreSentinel   = "sentinel" // a primary, a replica and a Sentinel, per row
 	StoreCluster    = "cluster"  // three masters with a replica each, per row
@@ -155,6 +158,21 @@ var Faults = []*Fault{
 				}
 			}
 			return served, nil
+		},
+	},
+	{
+		Name: "node-partition", Title: "one node cut off from Redis for %s (its connections refused), the others reaching it", Store: StoreRedisNodeProxy,
+		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
+			if e.Proxy == nil {
+				return time.Time{}, errNoProxy
+			}
+			e.Began()
+			e.Proxy.Down()
+			err := Sleep(ctx, e.Scaled(10*time.Second, time.Second))
+			if uerr := e.Proxy.Up(); uerr != nil {
+				return time.Time{}, uerr
+			}
+			return time.Now(), err
 		},
 	},
 	{
@@ -425,7 +443,7 @@ func (f *Fault) TitleFor(scale float64) string {
 	e := &Env{Scale: scale}
 	var d string
 	switch f.Name {
-	case "redis-pause", "redis-pause-share", "redis-pause-deny", "redis-slow":
+	case "redis-pause", "redis-pause-share", "redis-pause-deny", "redis-slow", "node-partition":
 		d = secs(e.Scaled(10*time.Second, time.Second))
 	case "redis-kill":
 		d = secs(e.Scaled(5*time.Second, time.Second))

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -117,7 +118,7 @@ func (r *Runner) Close() {
 // fills in the env's handles.
 func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 	switch kind {
-	case StoreRedis, StoreRedisProxy:
+	case StoreRedis, StoreRedisProxy, StoreRedisNodeProxy:
 		if r.redis == nil {
 			r.redis = redistest.Start(r.T)
 		}
@@ -131,6 +132,7 @@ func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 			return nil, nil, err
 		}
 		b.Proxy, e.Proxy = p, p
+		b.FirstOnly = kind == StoreRedisNodeProxy
 		return b, func() { p.Close() }, nil
 	case StorePostgres:
 		if r.postgres == nil {
@@ -185,7 +187,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 		wg.Go(func() {
 			nodes[i], errs[i] = StartNode(ctx, r.Caddy, dir, fmt.Sprintf("node%d", i+1), func() ([]byte, error) {
 				return NodeConfig{
-					Listen: caddyproc.Listen(0), AdminListen: caddyproc.Listen(1), SyncRate: row.SyncRate(), Strategy: backend.Strategy(),
+					Listen: caddyproc.Listen(0), AdminListen: caddyproc.Listen(1), SyncRate: row.SyncRate(), Strategy: strategyOf(backend, i),
 					Limit: LimitPerSecond, BanLimit: BanLimit, Ban: BanFor,
 					MaxConcurrent: MaxConcurrent, Upstream: r.upstream.Addr, OnStoreFailure: row.Fault.Policy,
 				}.JSON()
@@ -431,6 +433,15 @@ func (r *Runner) banReach(ctx context.Context, nodes []*Node, killed int, key st
 			return -1, strings.Join(seen, "; ")
 		}
 	}
+}
+
+// strategyOf returns the strategy JSON of node i: the backend's, or
+// one of its own where the backend reaches nodes apart.
+func strategyOf(b Backend, i int) json.RawMessage {
+	if p, ok := b.(interface{ StrategyOf(int) json.RawMessage }); ok {
+		return p.StrategyOf(i)
+	}
+	return b.Strategy()
 }
 
 // notMeasured is a duration the row did not measure.

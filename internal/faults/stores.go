@@ -57,10 +57,20 @@ func redisConns(ctx context.Context, addr string) (int, error) {
 }
 
 // RedisBackend is a standalone redis-server of the harness's, reached
-// directly or, with Proxy set, through the harness's proxy.
+// directly or, with Proxy set, through the harness's proxy: by every
+// node, or with FirstOnly by the first node alone.
 type RedisBackend struct {
-	Server *redistest.Server
-	Proxy  *Proxy
+	Server    *redistest.Server
+	Proxy     *Proxy
+	FirstOnly bool
+}
+
+// StrategyOf returns the strategy JSON of node i.
+func (b *RedisBackend) StrategyOf(i int) json.RawMessage {
+	if b.FirstOnly && i > 0 {
+		return (&RedisBackend{Server: b.Server}).Strategy()
+	}
+	return b.Strategy()
 }
 
 // Strategy implements Backend.
