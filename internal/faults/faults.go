@@ -22,9 +22,9 @@ const (
 	// StoreRedisNodeProxy is the same Redis, reached by the first node
 	// through the harness's proxy and by the others directly.
 	StoreRedisNodeProxy = "redis-node-proxy"
-	StorePostgres   = "postgres"
-	StoreSentinel   = "sentinel" // a primary, a replica and a Sentinel, per row
-	StoreCluster    = "cluster"  // three masters with a replica each, per row
+	StorePostgres       = "postgres"
+	StoreSentinel       = "sentinel" // a primary, a replica and a Sentinel, per row
+	StoreCluster        = "cluster"  // three masters with a replica each, per row
 )
 
 // Fault is one fault the harness injects, under load.
