@@ -42,8 +42,8 @@ func ParseFailurePolicy(s string) (FailurePolicy, error) {
 }
 
 // validateFailurePolicy checks a namespace's on_store_failure against its
-// mode and store: only a namespace with a store can lose it, and share
-// needs a store that counts the fleet's nodes.
+// mode: only a namespace with a store can lose it. That share has a
+// store that counts the fleet's nodes is checked as the store opens.
 func validateFailurePolicy(raw string, mode Mode) (FailurePolicy, error) {
 	p, err := ParseFailurePolicy(raw)
 	if err != nil {
