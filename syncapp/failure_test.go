@@ -164,3 +164,51 @@ func TestParseFailurePolicy(t *testing.T) {
 		t.Errorf("ParseFailurePolicy(block): %v", err)
 	}
 }
+
+// TestShareOnFailureConcurrency: a node of a fleet of three under share
+// admits its share of max_concurrent (6 / 3 = 2 requests of a key at
+// once) while its store is away, and the whole cap again once the store
+// answers.
+func TestShareOnFailureConcurrency(t *testing.T) {
+	s := fleetStores(t)["redis"](t)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "50ms", "window_sizes": ["1m"], "on_store_failure": "share", "strategy": %s}}}`, s.strategy)
+	var nodes []*Namespace
+	for range 3 {
+		nodes = append(nodes, start(t, caddy.NewUsagePool(), cfg).ns("api"))
+	}
+	poll.Until(t, 10*time.Second, "every node to learn the fleet's size", func() bool {
+		for _, ns := range nodes {
+			if ns.FleetSize() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	ns := nodes[0]
+	acquireAll := func() int {
+		var releases []func()
+		defer func() {
+			for _, r := range releases {
+				r()
+			}
+		}()
+		for range 10 {
+			release, ok := ns.Acquire(context.Background(), "k", 6)
+			if !ok {
+				break
+			}
+			releases = append(releases, release)
+		}
+		return len(releases)
+	}
+	s.down()
+	awaitFailedRuns(t, 1, func() {}, ns)
+	if n := acquireAll(); n != 2 {
+		t.Fatalf("with the store away: %d requests of a key at once, want 2 (6 / 3)", n)
+	}
+	s.up()
+	poll.Until(t, 30*time.Second, "the node to reach the store again", func() bool { return !ns.health.down() })
+	if n := acquireAll(); n != 6 {
+		t.Fatalf("with the store back: %d requests of a key at once, want 6", n)
+	}
+}
