@@ -212,15 +212,17 @@ func (t *banTable) droppedCount() int64 {
 
 // sync pushes the bans this node started since the last sync to banner
 // and reads the store's, unless its version is the one this node holds:
-// two round trips at most, one when no ban is pending. Bans the store
+// one round trip when no ban is pending, three when some are. Bans the store
 // refuses are dropped, logged; on any other error they are pushed again
 // with the next sync.
 //
 // A store that answers version 0 to a node that read another version
 // and holds bans that have not ended lost its bans (a Redis restarted
 // empty): a lift keeps a version (strategy.Banner). The node writes the
-// bans it holds back, and reads the store's again: two more round trips,
-// once per loss.
+// bans it holds back. A node with bans to push asks first (one more
+// round trip, in the rare runs that push bans): its push would give the
+// store a new version, which the fleet would take for the whole of the
+// bans, and the lost ones would be dropped everywhere.
 func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	t.mu.Lock()
 	var push []strategy.Ban
@@ -231,6 +233,16 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	known := t.version
 	t.mu.Unlock()
 
+	if len(push) > 0 && known > 0 {
+		_, version, err := banner.GetBans(ctx, t.name, known, time.Now())
+		if err != nil {
+			t.repend(push)
+			return err
+		}
+		if version == 0 {
+			push = t.writeBack(push)
+		}
+	}
 	if len(push) > 0 {
 		if err := banner.SetBans(ctx, t.name, push); err != nil {
 			if errors.Is(err, strategy.ErrRejected) {
@@ -246,12 +258,10 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 		return err
 	}
 	if version == 0 && known > 0 {
-		if held, _ := t.active(time.Now().UnixNano(), math.MaxInt); len(held) > 0 {
+		if held := t.writeBack(nil); len(held) > 0 {
 			if err := banner.SetBans(ctx, t.name, held); err != nil {
 				return err
 			}
-			t.logger.Warn("the store had lost the bans in force: wrote back those this node holds",
-				zap.String("namespace", t.name), zap.Int("bans", len(held)))
 			if bans, version, err = banner.GetBans(ctx, t.name, 0, time.Now()); err != nil {
 				return err
 			}
@@ -261,6 +271,18 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 		t.replace(bans, version)
 	}
 	return nil
+}
+
+// writeBack returns push with the bans this node holds that have not
+// ended, for a store that lost its bans, and logs it when there are any.
+func (t *banTable) writeBack(push []strategy.Ban) []strategy.Ban {
+	held, _ := t.active(time.Now().UnixNano(), math.MaxInt)
+	if len(held) == 0 {
+		return push
+	}
+	t.logger.Warn("the store had lost the bans in force: writing back those this node holds",
+		zap.String("namespace", t.name), zap.Int("bans", len(held)))
+	return append(push, held...)
 }
 
 // repend puts back bans whose push failed, unless a later one came since.

@@ -181,9 +181,11 @@ func BenchmarkBannedUntil(b *testing.B) {
 }
 
 // TestBansOutliveAStoreThatLostThem bans a key on one of two nodes, then
-// restarts their Redis empty: within a sync run or two every node still
-// rejects the key, and the store holds the ban again, written back by
-// the nodes that knew it.
+// restarts their Redis empty, while the first node bans another key
+// that it could not push yet: within a sync run or two every node
+// rejects both keys, and the store holds both bans, the lost one
+// written back by the nodes that knew it (the first node's push of the
+// new ban must not make the fleet take the store's bans for whole).
 func TestBansOutliveAStoreThatLostThem(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "100ms", "window_sizes": ["1m"], "strategy": {"module": "redis", "addresses": [%q]}}}}`, srv.Addr)
@@ -199,15 +201,24 @@ func TestBansOutliveAStoreThatLostThem(t *testing.T) {
 		return nodes[1].BannedUntil("k").Equal(until)
 	})
 	srv.Kill()
+	nodes[0].Ban(context.Background(), "during", until)
 	srv.Restart()
 	store := fleetStore{strategy: fmt.Sprintf(`{"module": "redis", "addresses": [%q]}`, srv.Addr)}.open(t).(strategy.Banner)
-	poll.Until(t, 10*time.Second, "the store to hold the ban again", func() bool {
+	poll.Until(t, 10*time.Second, "the store to hold both bans", func() bool {
 		bans, _, err := store.GetBans(context.Background(), "api", -1, time.Now())
-		return err == nil && len(bans) == 1 && bans[0].Key == "k" && bans[0].Until.Equal(until)
+		return err == nil && len(bans) == 2
+	})
+	poll.Until(t, 10*time.Second, "every node to hold both bans", func() bool {
+		for _, ns := range nodes {
+			if !ns.BannedUntil("k").Equal(until) || !ns.BannedUntil("during").Equal(until) {
+				return false
+			}
+		}
+		return true
 	})
 	for i, ns := range nodes {
 		if !ns.BannedUntil("k").Equal(until) {
-			t.Fatalf("node %d: banned until %v, want %v", i, ns.BannedUntil("k"), until)
+			t.Fatalf("node %d: k banned until %v, want %v", i, ns.BannedUntil("k"), until)
 		}
 	}
 }

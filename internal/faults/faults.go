@@ -117,8 +117,10 @@ var Faults = []*Fault{
 	{
 		Name: "redis-kill", Title: "Redis killed, restarted empty %s later", Store: StoreRedis, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
-			e.Began()
+			// The fault begins once Redis is dead: a hit sent before
+			// may still have been applied, and lost with its data.
 			e.Redis.Kill()
+			e.Began()
 			err := Sleep(ctx, e.Scaled(5*time.Second, time.Second))
 			e.Redis.Restart()
 			return time.Now(), err
@@ -240,9 +242,9 @@ var Faults = []*Fault{
 		Name: "sentinel-failover", Title: "Sentinel: primary killed, replica promoted (down-after 1 s)", Store: StoreSentinel, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
 			s := e.Sentinel
-			e.Began()
 			killed := time.Now()
 			s.Primary.Kill()
+			e.Began() // once the primary is dead, as redis-kill
 			deadline := time.Now().Add(60 * time.Second)
 			for {
 				addr, err := s.master(ctx)
@@ -287,13 +289,13 @@ var Faults = []*Fault{
 				return time.Time{}, errors.New("no master with a replica in CLUSTER NODES")
 			}
 			waitReplicaCtx(ctx, replica)
-			e.Began()
 			killed := time.Now()
 			for _, s := range c.Servers {
 				if s.Addr == victim {
 					s.Kill()
 				}
 			}
+			e.Began() // once the master is dead, as redis-kill
 			rc := redis.NewClient(&redis.Options{Addr: replica})
 			defer rc.Close()
 			if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
