@@ -43,6 +43,11 @@ func (n *Namespace) BansAcrossNodes() bool { return n.banner != nil }
 // namespace no handler of the running config bans in reads none.
 func (n *Namespace) UseBans() { n.runner.useBans() }
 
+// banClockMargin is how far apart the clocks of a node and its store may
+// be: a ban that ends within it is not written back to a store that lost
+// its bans.
+const banClockMargin = time.Second
+
 // banSweepInterval is how often a ban drops the bans that ended, so that
 // the bans of keys never seen again do not stay in memory (and keep
 // bannedUntil off its lock-free path) until the table is full.
@@ -216,13 +221,17 @@ func (t *banTable) droppedCount() int64 {
 // refuses are dropped, logged; on any other error they are pushed again
 // with the next sync.
 //
-// A store that answers version 0 to a node that read another version
-// and holds bans that have not ended lost its bans (a Redis restarted
-// empty): a lift keeps a version (strategy.Banner). The node writes the
+// A store that answers version 0 while this node holds bans that have
+// not ended lost its bans (a Redis restarted empty): a lift keeps a
+// version until the lifted ban would have ended (strategy.Banner), and
+// the node's own bans are pushed before it reads. The node writes the
 // bans it holds back. A node with bans to push asks first (one more
 // round trip, in the rare runs that push bans): its push would give the
 // store a new version, which the fleet would take for the whole of the
-// bans, and the lost ones would be dropped everywhere.
+// bans, and the lost ones would be dropped everywhere. Whether the node
+// ever read a version does not matter: a node whose push landed but
+// whose read failed (the store died between them) holds bans the store
+// had.
 func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	t.mu.Lock()
 	var push []strategy.Ban
@@ -233,7 +242,7 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	known := t.version
 	t.mu.Unlock()
 
-	if len(push) > 0 && known > 0 {
+	if len(push) > 0 {
 		_, version, err := banner.GetBans(ctx, t.name, known, time.Now())
 		if err != nil {
 			t.repend(push)
@@ -257,7 +266,7 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	if err != nil {
 		return err
 	}
-	if version == 0 && known > 0 {
+	if version == 0 {
 		if held := t.writeBack(nil); len(held) > 0 {
 			if err := banner.SetBans(ctx, t.name, held); err != nil {
 				return err
@@ -273,10 +282,13 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	return nil
 }
 
-// writeBack returns push with the bans this node holds that have not
-// ended, for a store that lost its bans, and logs it when there are any.
+// writeBack returns push with the bans this node holds that end more
+// than banClockMargin from now, for a store that lost its bans, and logs
+// it when there are any. Bans about to end are left to end: a store whose
+// clock is ahead may have expired them already, and would refuse them at
+// every run.
 func (t *banTable) writeBack(push []strategy.Ban) []strategy.Ban {
-	held, _ := t.active(time.Now().UnixNano(), math.MaxInt)
+	held, _ := t.active(time.Now().Add(banClockMargin).UnixNano(), math.MaxInt)
 	if len(held) == 0 {
 		return push
 	}
