@@ -508,7 +508,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 			return p, key, value, banned, h.rejectBanned(ctx, w, repl, p, key, value, until)
 		}
 	}
-	if refused, wait := h.ns.Refuses(); refused {
+	if refused, wait := h.ns.Refuses(key); refused {
 		o, err = h.refuse(ctx, w, repl, p, key, value, wait)
 		return p, key, value, o, err
 	}

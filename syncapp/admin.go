@@ -139,6 +139,10 @@ type namespaceInfo struct {
 	// the fleet's size this node last learned (share only).
 	OnStoreFailure string `json:"on_store_failure,omitempty"`
 	FleetNodes     int    `json:"fleet_nodes,omitempty"`
+	// StorePartsDown is, on a store made of parts that fail one at a time
+	// (a Redis Cluster's slots, in 1,024 parts), how many parts failed
+	// since they last worked: their keys count locally.
+	StorePartsDown int `json:"store_parts_down,omitempty"`
 }
 
 // keyInfo is the answer of GET and DELETE /rate_limit/namespaces/<ns>/keys.
@@ -277,6 +281,7 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 		if ns.onFailure == FailShare {
 			info.FleetNodes = ns.members.size()
 		}
+		info.StorePartsDown = ns.health.partsDown()
 		for zname, zh := range app.zones {
 			if zh.zone == ns.counters.Zone() {
 				info.Zone = zname

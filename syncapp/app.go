@@ -227,6 +227,7 @@ func (a *App) Start() error {
 		zh.start(a.logger)
 	}
 	for name, ns := range a.namespaces {
+		ns.health.useStore(ns.store)
 		ns.health.shareOnFailure(ns.shareOnFailure())
 		ns.runner.track()
 		a.loops[name].attach(ns.runner)

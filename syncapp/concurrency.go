@@ -22,7 +22,7 @@ import (
 // store answers again, the requests admitted so that still run take slots
 // in it, whatever the number held, so that the fleet's cap counts them.
 func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release func(), ok bool) {
-	if n.slotter != nil && !n.health.down() {
+	if n.slotter != nil && !n.health.downFor(key) {
 		if slot, ok, decided := n.slots.acquire(ctx, n.slotter, n.road.forSlots(), n.name, key, max); decided {
 			if !ok {
 				return nil, false
@@ -34,7 +34,7 @@ func (n *Namespace) Acquire(ctx context.Context, key string, max int) (release f
 			}, true
 		}
 	}
-	if !n.inFlight.acquire(key, n.localConcurrency(max)) {
+	if !n.inFlight.acquire(key, n.localConcurrency(key, max)) {
 		return nil, false
 	}
 	if n.slotter == nil {

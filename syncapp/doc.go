@@ -100,6 +100,10 @@
 //	            namespace's unsynced weight, the fleet's size while the
 //	            store is down, 1 otherwise, set by each change of the
 //	            store's state after it, from the state it then reads.
+//	partHealth.mu (health's) the parts of a store made of parts (a Redis
+//	            Cluster's) that failed since they last worked; how many
+//	            are is an atomic, so requests look a key's part up only
+//	            while some are.
 //	fleetMembers (atomics, no lock) this node's member ID, the fleet's
 //	            size the runs learned from the store's roster, and when.
 //	windowSizes.mu  (one per config's Namespace) the namespace's window

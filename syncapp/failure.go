@@ -175,12 +175,13 @@ func (n *Namespace) shareOnFailure() *shareOnFailure {
 // its store.
 func (n *Namespace) OnStoreFailure() FailurePolicy { return n.onFailure }
 
-// Refuses reports whether the namespace rejects requests now, without
-// counting them: its on_store_failure is deny and the node cannot reach
-// the store. The wait is how long a client should wait before it tries
-// again (Retry-After).
-func (n *Namespace) Refuses() (refused bool, wait time.Duration) {
-	if n.onFailure != FailDeny || !n.health.down() {
+// Refuses reports whether the namespace rejects key's requests now,
+// without counting them: its on_store_failure is deny and the node
+// cannot reach the store, or on a store made of parts (a Redis Cluster)
+// the part that holds key. The wait is how long a client should wait
+// before it tries again (Retry-After).
+func (n *Namespace) Refuses(key string) (refused bool, wait time.Duration) {
+	if n.onFailure != FailDeny || !n.health.downFor(key) {
 		return false, 0
 	}
 	return true, denyRetryAfter
@@ -193,8 +194,8 @@ func (n *Namespace) FleetSize() int { return n.members.size() }
 // localConcurrency returns how many requests of a key this node admits at
 // once when it decides alone: max, or under share while the store is away
 // its share of max.
-func (n *Namespace) localConcurrency(max int) int {
-	if n.onFailure == FailShare && n.health.down() {
+func (n *Namespace) localConcurrency(key string, max int) int {
+	if n.onFailure == FailShare && n.health.downFor(key) {
 		return shareOf(max, n.members.size())
 	}
 	return max

@@ -120,21 +120,21 @@ func TestDenyOnFailureRefusesUntilTheStoreIsBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
 		nodes := failureFleet(t, s, "50ms", "deny", 2, "k")
 		for _, ns := range nodes {
-			if refused, _ := ns.Refuses(); refused {
+			if refused, _ := ns.Refuses("k"); refused {
 				t.Fatal("a node refuses while the store serves")
 			}
 		}
 		s.down()
 		awaitFailedRuns(t, 1, func() {}, nodes...)
 		for i, ns := range nodes {
-			if refused, wait := ns.Refuses(); !refused || wait != time.Second {
+			if refused, wait := ns.Refuses("k"); !refused || wait != time.Second {
 				t.Fatalf("node %d while the store is away: refused %v, wait %v; want refused, 1s", i, refused, wait)
 			}
 		}
 		s.up()
 		poll.Until(t, 30*time.Second, "every node to accept requests again", func() bool {
 			for _, ns := range nodes {
-				if refused, _ := ns.Refuses(); refused {
+				if refused, _ := ns.Refuses("k"); refused {
 					return false
 				}
 			}

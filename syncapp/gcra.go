@@ -78,7 +78,7 @@ func (n *Namespace) CheckRate(win time.Duration) error {
 // synchronous one the store decides the rate and the limits in one round
 // trip (see above for when it cannot).
 func (n *Namespace) HitRate(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int) {
-	if n.mode == Synchronous && !n.health.down() {
+	if n.mode == Synchronous && !n.health.downFor(key) {
 		if rateOK, rejected, ok := n.road.rateHit(ctx, key, rate, cost, limits, value, fixed, undo, out, rs); ok {
 			return rateOK, rejected
 		}
@@ -94,7 +94,7 @@ func (n *Namespace) HitRate(ctx context.Context, key string, rate Rate, cost flo
 // store decides, it is a HitRate with undo, as HitIfRoom is a Hit with
 // undo there.
 func (n *Namespace) HitRateIfRoom(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int, wait time.Duration) {
-	if n.mode != Synchronous || n.health.down() {
+	if n.mode != Synchronous || n.health.downFor(key) {
 		return n.counters.HitRateIfRoom(key, rate, cost, limits, value, out, rs)
 	}
 	switch rateOK, rejected = n.HitRate(ctx, key, rate, cost, limits, value, fixed, true, out, rs); {

@@ -61,6 +61,9 @@ type health struct {
 	// share weighs the attached config's counters while failing, when
 	// its on_store_failure is share.
 	share failureShare
+
+	// parts are the parts of a store made of parts that failed.
+	parts partHealth
 }
 
 func newHealth(name string, logger *zap.Logger) *health {
@@ -89,15 +92,31 @@ func (h *health) failedRun(err error, logInterval time.Duration) {
 // longer), however often the store comes back in between. A cancelled
 // call says nothing of the store.
 func (h *health) failed(err error, logInterval time.Duration) {
+	if !h.countFailure(err) {
+		return
+	}
+	h.markDown()
+	h.logFailure(err, logInterval, "store unreachable: limits are enforced on local counts and hits are kept for later")
+}
+
+// countFailure counts a failure in the metrics, and reports whether it
+// says anything of the store: a cancelled call does not.
+func (h *health) countFailure(err error) bool {
 	metrics.syncErrors.WithLabelValues(h.name).Inc()
 	if errors.Is(err, context.Canceled) {
-		return
+		return false
 	}
 	if isTimeout(err) {
 		metrics.timeouts.WithLabelValues(h.name).Inc()
 	}
+	return true
+}
+
+// logFailure counts a failure since the store last worked, and logs it
+// with msg unless a failure was logged within logInterval (or logEvery
+// if longer).
+func (h *health) logFailure(err error, logInterval time.Duration, msg string, fields ...zap.Field) {
 	now := h.now()
-	h.markDown()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.failures++
@@ -105,10 +124,10 @@ func (h *health) failed(err error, logInterval time.Duration) {
 	if now.Sub(h.lastLog) < max(h.logEvery, logInterval) {
 		return
 	}
-	h.logger.Error("store unreachable: limits are enforced on local counts and hits are kept for later",
+	h.logger.Error(msg, append([]zap.Field{
 		zap.String("namespace", h.name),
 		zap.Int("failures_since_last_log", h.unlogged),
-		zap.Error(err))
+		zap.Error(err)}, fields...)...)
 	h.lastLog = now
 	h.unlogged = 0
 	h.logged = true
@@ -133,7 +152,7 @@ func (h *health) stalled() { h.failed(errStalled, 0) }
 // store was working, has the loop probe it at once.
 func (h *health) markDown() {
 	if !h.failing.Swap(true) {
-		h.share.apply(h.down)
+		h.share.apply(h.anyDown)
 		signal(h.probe)
 	}
 }
@@ -151,19 +170,38 @@ func (h *health) succeeded() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.failing.Swap(false) {
-		h.share.apply(h.down)
-		if h.logged {
-			h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
-			h.logged = false
+		h.share.apply(h.anyDown)
+		if h.parts.downCount() == 0 { // else the last part back recovers
+			h.recoveredLocked()
 		}
-		signal(h.recovered)
 	}
-	h.runFailures, h.failures = 0, 0
+	h.runFailures = 0
+}
+
+// recover records that the last part of the store that failed works
+// again, the whole store working (see partHealth).
+func (h *health) recover() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.failing.Load() {
+		h.recoveredLocked()
+	}
+}
+
+// recoveredLocked logs that the store is back, if its failure was, and
+// signals it. The caller holds h.mu.
+func (h *health) recoveredLocked() {
+	if h.logged {
+		h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
+		h.logged = false
+	}
+	h.failures = 0
+	signal(h.recovered)
 }
 
 // shareOnFailure makes p the share policy the store's failures apply
 // (nil: none, the config attached is not share).
-func (h *health) shareOnFailure(p *shareOnFailure) { h.share.set(p, h.down()) }
+func (h *health) shareOnFailure(p *shareOnFailure) { h.share.set(p, h.anyDown()) }
 
 // ok reports whether the store worked the last time it was asked.
 func (h *health) ok() bool { return !h.failing.Load() }
@@ -188,6 +226,10 @@ func (h *health) delay(interval time.Duration, now time.Time) time.Duration {
 	if failures > 0 {
 		return min(probeInterval<<min(failures-1, 16), maxBackoff)
 	}
-	next := (now.UnixNano()/int64(interval) + 1) * int64(interval)
-	return time.Duration(next - now.UnixNano())
+	next := time.Duration((now.UnixNano()/int64(interval)+1)*int64(interval) - now.UnixNano())
+	if h.partsDown() > 0 {
+		// Runs probe the parts that failed: as often as a failing store.
+		next = min(next, probeInterval)
+	}
+	return next
 }

@@ -46,7 +46,7 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		}
 		return sizes
 	}
-	if n.mode == Synchronous && !n.health.down() {
+	if n.mode == Synchronous && !n.health.downFor(key) {
 		// Synchronous mode has a road: the store takes synchronous hits.
 		if samples, ok := n.road.read(ctx, key, sizes(), now, false); ok {
 			copy(out, samples)
@@ -59,7 +59,7 @@ func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value 
 		}
 		// So does a periodic one with sync_above. Observed, the store's
 		// counts replace this node's, as refresh's do.
-		if n.syncAbove > 0 && !n.health.down() && n.peekNear(ctx, key, limits, value, fixed, out) {
+		if n.syncAbove > 0 && !n.health.downFor(key) && n.peekNear(ctx, key, limits, value, fixed, out) {
 			if samples, ok := n.road.read(ctx, key, sizes(), now, true); ok {
 				copy(out, samples)
 			}

@@ -301,11 +301,11 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			if err := ns.runner.lock.lock(ctx, ns.name); err != nil {
 				t.Fatal(err)
 			}
-			box.setFailed(&strategy.Batch{ID: "failed-push", Namespace: "api", Diffs: []window.Diff{diff("k", 2), diff("other", 1), diff("k", 1)}})
+			box.setFailed([]strategy.Batch{{ID: "failed-push", Namespace: "api", Diffs: []window.Diff{diff("k", 2), diff("other", 1), diff("k", 1)}}})
 			box.retry(strategy.Batch{ID: "failed-hit-1", Namespace: "api", Diffs: []window.Diff{diff("k", 1)}})
 			box.retry(strategy.Batch{ID: "failed-hit-2", Namespace: "api", Diffs: []window.Diff{diff("other", 5)}})
 			if syncRate == "0" {
-				box.inflight.set(box.retries.queued(), box.failed)
+				box.inflight.set(slices.Concat(box.retries.queued(), box.failed))
 			}
 			ns.runner.lock.unlock()
 
@@ -327,7 +327,7 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 				}
 				pending, retries := box.failed, box.retries.queued()
 				ns.runner.lock.unlock()
-				if pending == nil || pending.ID != "failed-push" || !slices.Equal(pending.Diffs, []window.Diff{diff("other", 1)}) {
+				if len(pending) != 1 || pending[0].ID != "failed-push" || !slices.Equal(pending[0].Diffs, []window.Diff{diff("other", 1)}) {
 					t.Fatalf("the failed batch after the reset: %+v, want failed-push with other's diff only", pending)
 				}
 				if len(retries) != 1 || retries[0].ID != "failed-hit-2" {

@@ -91,6 +91,9 @@ var (
 	storeUpDesc = prometheus.NewDesc("caddy_rate_limit_store_up",
 		"1 when a namespace's store worked the last time this node asked it, 0 while the node counts locally (from a failure to the next success).",
 		[]string{"namespace"}, nil)
+	storePartsDownDesc = prometheus.NewDesc("caddy_rate_limit_store_parts_down",
+		"On a store made of parts that fail one at a time (a Redis Cluster: 1,024 parts spread over its masters' slots), the parts that failed since they last worked: their keys count locally while the others sync. 0 when none did.",
+		[]string{"namespace"}, nil)
 	fleetNodesDesc = prometheus.NewDesc("caddy_rate_limit_fleet_nodes",
 		"Nodes of a namespace's fleet, as this node last learned them from the store: what on_store_failure share divides each limit by while the store is away. Only for share namespaces that reached their store.",
 		[]string{"namespace"}, nil)
@@ -105,7 +108,7 @@ type poolCollector struct{}
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, nearKeysDesc, storeUpDesc, syncIntervalDesc, fleetNodesDesc,
+		pendingDesc, keysDesc, capacityDesc, evictionsDesc, droppedDesc, bansDesc, droppedBansDesc, nearKeysDesc, storeUpDesc, syncIntervalDesc, fleetNodesDesc, storePartsDownDesc,
 	} {
 		ch <- d
 	}
@@ -137,6 +140,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 					up = 1
 				}
 				ch <- prometheus.MustNewConstMetric(storeUpDesc, prometheus.GaugeValue, up, o.name)
+				ch <- prometheus.MustNewConstMetric(storePartsDownDesc, prometheus.GaugeValue, float64(o.health.partsDown()), o.name)
 				ch <- prometheus.MustNewConstMetric(syncIntervalDesc, prometheus.GaugeValue, interval.Seconds(), o.name)
 			}
 		}

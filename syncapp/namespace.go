@@ -107,7 +107,7 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 			n.periodic.decidedAtStore(key, limits, out)
 		}
 		return rejected
-	case n.mode == Synchronous && !n.health.down():
+	case n.mode == Synchronous && !n.health.downFor(key):
 		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}

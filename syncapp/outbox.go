@@ -18,8 +18,9 @@ import (
 )
 
 // outbox holds what a namespace took from its zone for the store and the
-// store may not have yet: the batch whose push failed (pushed again as
-// is), the synchronous hits that failed after they may have been applied
+// store may not have yet: the batches whose push failed (pushed again
+// under their IDs: one, or on a store made of parts one per failure of
+// some of them, holding those parts' diffs), the synchronous hits that failed after they may have been applied
 // (pushed again under their own IDs), and the sum of all that is on its
 // way per counter, which synchronous answers add to the store's counts.
 // It is part of the namespace's fleetState, so it outlives reloads.
@@ -43,7 +44,7 @@ type outbox struct {
 	flying atomic.Int64
 
 	mu     sync.Mutex
-	failed *strategy.Batch // a batch whose push failed, retried as is
+	failed []strategy.Batch // batches whose push failed, retried under their IDs
 }
 
 func newOutbox(name string, logger *zap.Logger) *outbox {
@@ -51,10 +52,10 @@ func newOutbox(name string, logger *zap.Logger) *outbox {
 }
 
 // flight is what one run pushes, in this order: the hits to retry, the
-// batch whose push failed, the new batch.
+// batches whose push failed, the new batch.
 type flight struct {
 	retries []strategy.Batch
-	failed  *strategy.Batch
+	failed  []strategy.Batch
 	batch   *strategy.Batch
 	tracked bool
 }
@@ -78,60 +79,204 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 	o.mu.Unlock()
 	if track || len(fl.retries) > 0 {
 		fl.tracked = true
-		o.inflight.set(fl.retries, fl.failed, fl.batch)
+		o.inflight.set(slices.Concat(fl.retries, fl.failed), fl.batch)
 	}
 	return fl
 }
 
 // deliver pushes a flight to store, and reports whether it asked the
 // store anything. On a failure what was not pushed waits for the next
-// run: hits to retry stay queued, and a new batch becomes the failed one,
-// unless one already waits or the push surely never reached the store;
-// then restore returns the new batch's diffs, for the zone to take back:
-// at most one batch waits. The caller holds the run lock.
-func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight) (restore []window.Diff, contacted bool, err error) {
-	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batch or the zone
+// run: hits to retry stay queued, and a new batch becomes a failed one,
+// unless a failed one could not be pushed or the push surely never
+// reached the store; then restore returns the new batch's diffs, for the
+// zone to take back. The caller holds the run lock.
+//
+// On a store made of parts (see partHealth), a push that failed for some
+// parts keeps, under its ID, only those parts' diffs, and the run goes
+// on: the new batch's diffs of a part that failed in this run go back to
+// the zone unsent, the others are pushed. err is then a
+// strategy.PartialError of every part that failed, and up lists the
+// parts of the diffs pushed that answered, when parts were down.
+func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h *health) (restore []window.Diff, contacted bool, up []int, err error) {
+	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batches or the zone
 	if fl.tracked {
 		defer func() {
 			o.mu.Lock()
 			failed := o.failed
 			o.mu.Unlock()
-			o.inflight.set(o.retries.queued(), failed)
+			o.inflight.set(slices.Concat(o.retries.queued(), failed))
 		}()
 	}
 	var newDiffs []window.Diff
 	if fl.batch != nil {
 		newDiffs = fl.batch.Diffs
 	}
+	parts := partsPush{h: h, probing: h.partsDown() > 0}
+	var kept []strategy.Batch
 	for i, r := range fl.retries {
-		if err := o.push(ctx, store, r); err != nil {
-			o.retries.putBack(fl.retries[i:])
-			return newDiffs, true, fmt.Errorf("retrying failed hits: %w", err)
+		rest, err := parts.push(ctx, o, store, r)
+		if err != nil {
+			o.retries.putBack(append(kept, fl.retries[i:]...))
+			return newDiffs, true, nil, fmt.Errorf("retrying failed hits: %w", err)
+		}
+		if rest != nil {
+			kept = append(kept, *rest)
 		}
 		contacted = true
 	}
-	if fl.failed != nil {
-		if err := o.push(ctx, store, *fl.failed); err != nil {
-			return newDiffs, true, fmt.Errorf("retrying a failed push: %w", err)
+	o.retries.putBack(kept)
+	kept = nil
+	for i, b := range fl.failed {
+		rest, err := parts.push(ctx, o, store, b)
+		if err != nil {
+			o.setFailed(append(kept, fl.failed[i:]...))
+			return newDiffs, true, nil, fmt.Errorf("retrying a failed push: %w", err)
 		}
-		o.setFailed(nil)
+		if rest != nil {
+			kept = append(kept, *rest)
+		}
 		contacted = true
 	}
 	if fl.batch != nil {
-		if err := o.push(ctx, store, *fl.batch); err != nil {
-			if errors.Is(err, strategy.ErrNotSent) {
-				// Surely not applied: back to the zone, as new diffs.
-				return fl.batch.Diffs, true, err
-			}
-			o.setFailed(fl.batch)
-			return nil, true, err
+		batch := *fl.batch
+		if len(parts.failed) > 0 {
+			// A part that failed in this run is not asked again: its
+			// diffs wait in the zone.
+			var held strategy.Batch
+			held, batch = splitBatch(batch, func(key string) bool { return parts.failed[h.partOf(key)] })
+			restore = held.Diffs
 		}
-		contacted = true
+		rest, err := parts.push(ctx, o, store, batch)
+		switch {
+		case err == nil:
+			if rest != nil {
+				if _, notSent := parts.notSent[rest.ID]; notSent {
+					// Surely not applied: back to the zone, as new diffs.
+					restore = append(restore, rest.Diffs...)
+				} else {
+					kept = append(kept, *rest)
+				}
+			}
+			contacted = contacted || len(batch.Diffs)+len(batch.Rates) > 0
+		case errors.Is(err, strategy.ErrNotSent):
+			o.setFailed(kept)
+			return append(restore, batch.Diffs...), true, nil, err
+		default:
+			o.setFailed(append(kept, batch))
+			return restore, true, nil, err
+		}
 	}
-	return nil, contacted, nil
+	o.setFailed(kept)
+	return restore, contacted, parts.answered(), parts.err()
 }
 
-func (o *outbox) setFailed(b *strategy.Batch) {
+// partsPush pushes the batches of one delivery to a store made of parts
+// (see outbox.deliver): it keeps what failed in some parts only, and
+// learns which parts failed and, while some were down, which answered.
+type partsPush struct {
+	h       *health
+	probing bool // parts were down: note the parts of what is pushed
+	failed  map[int]bool
+	tried   []int
+	first   error               // the first partial failure
+	notSent map[string]struct{} // IDs of batches whose partial failure sent nothing to the failed parts
+}
+
+// push pushes b, and when it failed for some parts only, returns the
+// batch of those parts' diffs under b's ID, with a nil error. Any other
+// failure is returned as is.
+func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b strategy.Batch) (rest *strategy.Batch, err error) {
+	if len(b.Diffs)+len(b.Rates) == 0 {
+		return nil, nil
+	}
+	if p.probing {
+		p.tried = appendParts(p.tried, p.h, b)
+	}
+	err = o.push(ctx, store, b)
+	failed, partial := strategy.FailedParts(err)
+	if err == nil || !partial || p.h.partOf("") < 0 {
+		return nil, err
+	}
+	if p.failed == nil {
+		p.failed = make(map[int]bool)
+	}
+	for _, part := range failed {
+		p.failed[part] = true
+	}
+	if p.first == nil {
+		p.first = err
+	}
+	in, _ := splitBatch(b, func(key string) bool { return slices.Contains(failed, p.h.partOf(key)) })
+	if len(in.Diffs)+len(in.Rates) == 0 {
+		return nil, nil // only marks, which a push makes again, failed
+	}
+	if errors.Is(err, strategy.ErrNotSent) {
+		if p.notSent == nil {
+			p.notSent = make(map[string]struct{})
+		}
+		p.notSent[b.ID] = struct{}{}
+	}
+	return &in, nil
+}
+
+// err returns the partial failure of the parts that failed, or nil.
+func (p *partsPush) err() error {
+	if len(p.failed) == 0 {
+		return nil
+	}
+	parts := make([]int, 0, len(p.failed))
+	for part := range p.failed {
+		parts = append(parts, part)
+	}
+	return strategy.Partial(p.first, parts...)
+}
+
+// answered returns the parts of what was pushed that did not fail, when
+// parts were down.
+func (p *partsPush) answered() []int {
+	slices.Sort(p.tried)
+	tried := slices.Compact(p.tried)
+	return slices.DeleteFunc(tried, func(part int) bool { return p.failed[part] })
+}
+
+// appendParts appends the parts of b's diffs and rates.
+func appendParts(parts []int, h *health, b strategy.Batch) []int {
+	last := ""
+	for i, d := range b.Diffs {
+		if i == 0 || d.Key != last {
+			parts = append(parts, h.partOf(d.Key))
+			last = d.Key
+		}
+	}
+	for _, r := range b.Rates {
+		parts = append(parts, h.partOf(r.Key))
+	}
+	return parts
+}
+
+// splitBatch returns b's diffs and rates whose keys are in, and the
+// others, each as a batch of b's ID.
+func splitBatch(b strategy.Batch, in func(key string) bool) (inside, outside strategy.Batch) {
+	inside, outside = b, b
+	inside.Diffs, inside.Rates, outside.Diffs, outside.Rates = nil, nil, nil, nil
+	for _, d := range b.Diffs {
+		if in(d.Key) {
+			inside.Diffs = append(inside.Diffs, d)
+		} else {
+			outside.Diffs = append(outside.Diffs, d)
+		}
+	}
+	for _, r := range b.Rates {
+		if in(r.Key) {
+			inside.Rates = append(inside.Rates, r)
+		} else {
+			outside.Rates = append(outside.Rates, r)
+		}
+	}
+	return inside, outside
+}
+
+func (o *outbox) setFailed(b []strategy.Batch) {
 	o.mu.Lock()
 	o.failed = b
 	o.mu.Unlock()
@@ -161,20 +306,17 @@ func (o *outbox) retry(b strategy.Batch) { o.retries.add(b) }
 // The caller holds the run lock.
 func (o *outbox) dropKey(key string, track bool) {
 	o.mu.Lock()
-	if o.failed != nil {
-		if diffs := withoutKey(o.failed.Diffs, key); len(diffs) == 0 {
-			o.failed = nil
-		} else {
-			b := *o.failed
-			b.Diffs = diffs
-			o.failed = &b
+	var kept []strategy.Batch
+	for _, b := range o.failed {
+		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs)+len(b.Rates) > 0 {
+			kept = append(kept, b)
 		}
 	}
-	failed := o.failed
+	o.failed = kept
 	o.mu.Unlock()
 	o.retries.dropKey(key)
 	if track {
-		o.inflight.set(o.retries.queued(), failed)
+		o.inflight.set(slices.Concat(o.retries.queued(), kept))
 	}
 }
 
@@ -198,8 +340,8 @@ func withoutKey(diffs []window.Diff, key string) []window.Diff {
 func (o *outbox) diffs() int {
 	o.mu.Lock()
 	n := 0
-	if o.failed != nil {
-		n = len(o.failed.Diffs)
+	for _, b := range o.failed {
+		n += len(b.Diffs)
 	}
 	o.mu.Unlock()
 	return n + o.retries.diffs() + int(o.flying.Load())
@@ -208,9 +350,9 @@ func (o *outbox) diffs() int {
 // empty reports whether nothing waits in the outbox.
 func (o *outbox) empty() bool {
 	o.mu.Lock()
-	failed := o.failed
+	failed := len(o.failed)
 	o.mu.Unlock()
-	return failed == nil && o.retries.len() == 0
+	return failed == 0 && o.retries.len() == 0
 }
 
 // view starts a read of the diffs on their way to the store. Until close,

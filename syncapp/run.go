@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -94,22 +95,28 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 	if err == nil {
 		var asked bool
 		asked, err = r.syncBans(ctx)
-		contacted = contacted || asked
+		contacted, err = contacted || asked, r.partly(err)
 	}
 	if err == nil && r.roster != nil {
 		var asked bool
 		asked, err = r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
-		contacted = contacted || asked
+		contacted, err = contacted || asked, r.partly(err)
 	}
 	if err == nil && !contacted && r.health.down() {
 		// Requests skip the store until a run finds it back; this one
 		// had nothing else to ask it.
 		contacted, err = r.ping(ctx)
 	}
+	if err == nil && r.health.partsDown() > 0 {
+		// So do the keys of the parts that failed.
+		var asked bool
+		asked, err = r.pingParts(ctx)
+		contacted = contacted || asked
+	}
 	if err == nil && r.slots.hasLocal() {
 		// Requests admitted while the store could not be asked take
 		// their slots in it before the node counts as syncing again.
-		contacted, err = true, r.slots.adopt(ctx)
+		contacted, err = true, r.partly(r.slots.adopt(ctx))
 	}
 	metrics.syncDuration.WithLabelValues(r.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
@@ -125,19 +132,45 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 // asked the store anything and how long it waited for fetchAt.
 func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	contacted, err = r.pushPending(ctx)
+	err = r.partly(err)
 	var fetched bool
 	if err == nil && fetch {
 		fetched, waited, err = r.fetchDue(ctx, fetchAt)
-		contacted = contacted || fetched
+		contacted, err = contacted || fetched, r.partly(err)
 	}
 	if err == nil && !fetched {
 		// A fetch carries the marks asked for (getCounters); those asked
 		// after it wait for the next run's.
 		var asked bool
 		asked, err = r.markAsked(ctx)
-		contacted = contacted || asked
+		contacted, err = contacted || asked, r.partly(err)
 	}
 	return contacted, waited, err
+}
+
+// partly records err, when it is the failure of some parts of a store
+// made of parts (see partHealth), as theirs, and returns nil: the run
+// goes on with the other parts. Any other err it returns as is.
+func (r *runner) partly(err error) error {
+	if _, partial := strategy.FailedParts(err); !partial || r.health.partOf("") < 0 {
+		return err
+	}
+	r.health.fail(err, r.rate)
+	return nil
+}
+
+// pingParts asks the servers of the parts that failed whether they
+// answer again (strategy.Parted), and brings back those that do.
+func (r *runner) pingParts(ctx context.Context) (asked bool, err error) {
+	p, ok := r.store.(strategy.Parted)
+	down := r.health.downParts()
+	if !ok || len(down) == 0 {
+		return false, nil
+	}
+	err = p.PingParts(ctx, down)
+	failed, _ := strategy.FailedParts(err)
+	r.health.partsUp(slices.DeleteFunc(down, func(part int) bool { return slices.Contains(failed, part) }))
+	return true, r.partly(err)
 }
 
 // fetchDue reads the store's counts of the keys due (and with a feed, its
@@ -163,12 +196,17 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 		waited = wait
 	}
 	counts, err := r.getCounters(ctx, keys)
-	if err != nil {
+	failed, partial := strategy.FailedParts(err)
+	if err != nil && !partial {
 		return true, waited, err
 	}
+	// On a store made of parts, the counts of the parts that answered.
 	r.counters.Apply(counts)
 	r.fetched.fetched()
-	return true, waited, nil
+	if down := r.health.partsOfKeys(keys); len(down) > 0 {
+		r.health.partsUp(slices.DeleteFunc(down, func(part int) bool { return slices.Contains(failed, part) }))
+	}
+	return true, waited, err
 }
 
 // markAsked makes the marks that this node's synchronous hits asked for
@@ -204,10 +242,12 @@ func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count
 	counts, marks, version, err := r.feed.GetCountersNear(ctx, r.name, keys, r.sizes.list(), now, r.near.known(), asked)
 	if err != nil {
 		r.near.reask(asked)
-		return nil, err
+		if _, partial := strategy.FailedParts(err); !partial {
+			return nil, err
+		}
 	}
 	r.near.add(marks, version, r.counters.Zone().Capacity(), now)
-	return counts, nil
+	return counts, err
 }
 
 // pushPending pushes the hits to retry, a batch whose push failed, and
@@ -233,10 +273,11 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	if r.mode == Periodic {
 		r.fetched.touch(keys, r.counters.Zone().Capacity())
 	}
-	restore, contacted, err := r.outbox.deliver(ctx, r.store, fl)
+	restore, contacted, up, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
+	r.health.partsUp(up)
 	return contacted || probed, err
 }
 
@@ -249,10 +290,11 @@ func (r *runner) probe(ctx context.Context) (asked bool, err error) {
 	}
 	r.outbox.lockTake()
 	fl := r.outbox.load(nil, r.answers)
-	restore, asked, err := r.outbox.deliver(ctx, r.store, fl)
+	restore, asked, up, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
+	r.health.partsUp(up)
 	return asked, err
 }
 
@@ -319,11 +361,11 @@ func (r *runner) fetch(ctx context.Context, keys []string) error {
 	}
 	defer r.lock.unlock()
 	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Unix(0, r.counters.Now()))
-	if err != nil {
+	if _, partial := strategy.FailedParts(err); err != nil && !partial {
 		return err
 	}
-	r.counters.Apply(counts)
-	return nil
+	r.counters.Apply(counts) // on a store made of parts, those that answered
+	return err
 }
 
 // reset is Namespace.Reset: it erases key's counts and ban on this node

@@ -109,7 +109,7 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, road *
 	}
 	switch {
 	case err == nil:
-		h.health.succeeded()
+		h.health.succeededFor(key)
 		if ok {
 			h.mu.Lock()
 			h.held[slot] = struct{}{}
@@ -120,9 +120,9 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, road *
 	case errors.Is(err, strategy.ErrRejected):
 		h.logger.Error("the store refused a concurrency slot; counting on this node", zap.String("namespace", namespace), zap.Error(err))
 	case errors.Is(err, strategy.ErrNotSent):
-		h.health.failed(err, 0)
+		h.health.fail(err, 0)
 	default: // it may have been taken, now or when the store resumes
-		h.health.failed(err, 0)
+		h.health.fail(err, 0)
 		h.mu.Lock()
 		h.unreleased[slot] = unreleased{until: time.Now().Add(slotLease), uncertain: true}
 		h.mu.Unlock()
@@ -324,7 +324,7 @@ func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slo
 		err := f(ctx, g.store, g.namespace, slots)
 		cancel()
 		if err != nil {
-			h.health.failed(err, 0)
+			h.health.fail(err, 0)
 			for _, s := range slots {
 				failed = append(failed, heldSlot{store: g.store, namespace: g.namespace, slot: s})
 			}

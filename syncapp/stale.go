@@ -115,7 +115,7 @@ func (p *periodicHits) wake(ctx context.Context) {
 		now := time.Unix(0, p.counters.Now())
 		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known(), nil)
 		if err != nil {
-			p.health.failed(err, 0)
+			p.health.fail(err, 0)
 			return
 		}
 		p.near.add(marks, version, p.counters.Zone().Capacity(), now)
@@ -125,7 +125,7 @@ func (p *periodicHits) wake(ctx context.Context) {
 // stale reports whether key's counts may be older than the last run: the
 // runs no longer fetch it, and the store is there to ask.
 func (p *periodicHits) stale(key string) bool {
-	return p.store != nil && p.health.ok() && !p.fetched.has(key)
+	return p.store != nil && !p.health.downFor(key) && !p.fetched.has(key)
 }
 
 // refresh sets key's counts to the store's, plus this node's diffs on
@@ -152,7 +152,7 @@ func (p *periodicHits) fetchOne(ctx context.Context, key string) bool {
 	defer cancel()
 	counts, err := p.store.GetCounters(ctx, p.name, []string{key}, p.sizes.list(), time.Unix(0, p.counters.Now()))
 	if err != nil {
-		p.health.failed(err, 0)
+		p.health.fail(err, 0)
 		return false
 	}
 	v := p.outbox.view()

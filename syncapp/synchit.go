@@ -73,17 +73,17 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	case errors.Is(err, strategy.ErrNotSent):
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, false
 	default:
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		rejected := r.counters.Hit(key, limits, value, fixed, undo, true, out)
 		r.retry(retry, hitDiffs(key, windows, rejected, undo), nil)
 		r.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, true
 	}
-	r.health.succeeded()
+	r.health.succeededFor(key)
 	r.giveBack(key, windows, unsynced, rejected, undo)
 	r.observe(key, windows, counts, out)
 	return rejected, true
@@ -105,7 +105,7 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 	if !near {
 		return rejected, false
 	}
-	if !r.health.down() {
+	if !r.health.downFor(key) {
 		if rejected, ok := r.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
 			return rejected, true
 		}
@@ -137,10 +137,10 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
 		return false, -1, false
 	case errors.Is(err, strategy.ErrNotSent):
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		return false, -1, false
 	default:
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		rateOK, rejected = r.counters.HitRate(key, rate, cost, limits, value, fixed, undo, true, out, rs)
 		var diffs []window.Diff
 		var turn *strategy.RateDiff
@@ -153,7 +153,7 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 		r.retry(retry, diffs, turn)
 		return rateOK, rejected, true
 	}
-	r.health.succeeded()
+	r.health.succeededFor(key)
 	r.observe(key, windows, res.Counts, out)
 	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
 	r.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
@@ -178,14 +178,14 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
 		return nil, false
 	case errors.Is(err, strategy.ErrNotSent):
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		return nil, false
 	default:
-		r.health.failed(err, 0)
+		r.health.fail(err, 0)
 		r.retry(retry, nil, nil)
 		return nil, false
 	}
-	r.health.succeeded()
+	r.health.succeededFor(key)
 	out := make([]window.Sample, len(windows))
 	if observe {
 		r.observe(key, windows, res.Counts, out)

@@ -44,6 +44,12 @@ type Fault struct {
 	// Policy is the namespace's on_store_failure in its rows: "" (allow),
 	// "share" or "deny".
 	Policy string
+	// NodeTimeout is a Cluster's cluster-node-timeout (0: 15 s).
+	// PartialOutage is set when only a part of the store fails (a
+	// Cluster master the cluster itself fails over, the row's limited
+	// key on another master): the limit holds throughout.
+	NodeTimeout   time.Duration
+	PartialOutage bool
 	// Inject injects the fault, calls e.Began when it starts and returns
 	// once the store serves again (or the fault is over).
 	Inject func(ctx context.Context, e *Env) (served time.Time, err error)
@@ -263,6 +269,16 @@ var Faults = []*Fault{
 		},
 	},
 	{
+		Name: "cluster-natural-5s", Title: "Redis Cluster: a master killed, the cluster left to promote its replica (cluster-node-timeout 5 s)", Store: StoreCluster, StoreLoses: true,
+		NodeTimeout: 5 * time.Second, PartialOutage: true,
+		Inject: naturalFailover,
+	},
+	{
+		Name: "cluster-natural-15s", Title: "Redis Cluster: a master killed, the cluster left to promote its replica (cluster-node-timeout 15 s, Redis's default)", Store: StoreCluster, StoreLoses: true,
+		NodeTimeout: 15 * time.Second, PartialOutage: true,
+		Inject: naturalFailover,
+	},
+	{
 		Name: "cluster-failover", Title: "Redis Cluster: a master killed, its replica promoted (CLUSTER FAILOVER TAKEOVER)", Store: StoreCluster, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
 			c := e.Cluster.Cluster
@@ -318,6 +334,70 @@ var Faults = []*Fault{
 			}
 		},
 	},
+}
+
+// naturalFailover kills a Cluster master that does not hold the row's
+// limited key, and waits for the cluster to hold it failed and promote
+// its replica by itself, as in production: the limited key, on a live
+// master, is judged throughout the detection.
+func naturalFailover(ctx context.Context, e *Env) (time.Time, error) {
+	c := e.Cluster.Cluster
+	nodes, err := clusterNodes(ctx, c.Addrs[0])
+	if err != nil {
+		return time.Time{}, err
+	}
+	var victim, replica string
+	for _, m := range nodes {
+		if !m.master || holdsKey(ctx, m.addr, e.Load.LimitKey) {
+			continue
+		}
+		for _, r := range nodes {
+			if r.masterID == m.id {
+				victim, replica = m.addr, r.addr
+				e.FailedSlots, e.SlotsFrom = m.slots, r.addr
+			}
+		}
+		if victim != "" {
+			break
+		}
+	}
+	if victim == "" {
+		return time.Time{}, errors.New("no master with a replica and without the limited key in CLUSTER NODES")
+	}
+	waitReplicaCtx(ctx, replica)
+	killed := time.Now()
+	for _, s := range c.Servers {
+		if s.Addr == victim {
+			s.Kill()
+		}
+	}
+	e.Began()
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer rc.Close()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		info, err := rc.ClusterInfo(ctx).Result()
+		if err == nil && isMaster(ctx, replica) && strings.Contains(info, "cluster_state:ok") {
+			served := time.Now()
+			e.Note("master %s killed; the cluster promoted replica %s %.1f s later", victim, replica, served.Sub(killed).Seconds())
+			return served, nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("replica %s not promoted 90 s after the kill: %v", replica, err)
+		}
+		if err := Sleep(ctx, 10*time.Millisecond); err != nil {
+			return time.Time{}, err
+		}
+	}
+}
+
+// holdsKey reports whether the Redis at addr holds a key that ends with
+// ":" and key: a counter of that client key.
+func holdsKey(ctx context.Context, addr, key string) bool {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	keys, err := c.Keys(ctx, "*:"+key).Result()
+	return err == nil && len(keys) > 0
 }
 
 // pauseRedis pauses Redis for 10 s, scaled.

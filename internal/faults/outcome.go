@@ -505,6 +505,17 @@ func (o *Outcome) Checks() []Check {
 		}
 		cs = append(cs, Check{"Redis restarted empty: the ban set off before the fault back in the store ≤ 2 s after it serves", fig, o.BanBack >= 0 && o.BanBack <= 2*time.Second})
 	}
+	if o.Row.Fault.PartialOutage {
+		rec := "never"
+		if o.RecoveryMax >= 0 {
+			rec = secs1(o.RecoveryMax)
+		}
+		cs = append(cs,
+			Check{"a key on a live master: admitted / limit ≤ 1.10 in every whole second from the kill until the promotion",
+				fmt.Sprintf("%.2f", o.LimitDuring), o.LimitDuring <= 1.10},
+			Check{"the dead master's keys: every node syncs them again ≤ 1 s after the promotion", rec, o.RecoveryMax >= 0 && o.RecoveryMax <= time.Second},
+		)
+	}
 	switch o.Row.Fault.Policy {
 	case "share":
 		cs = append(cs, Check{fmt.Sprintf("share: admitted / limit ≤ 1.10 in every whole second from %s after the store went away until it serves", secs(PolicyGrace)),

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,8 +117,8 @@ func (r *Runner) Close() {
 
 // backend returns the store of a row's kind, starting it if need be, and
 // fills in the env's handles.
-func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
-	switch kind {
+func (r *Runner) backend(f *Fault, e *Env) (Backend, func(), error) {
+	switch kind := f.Store; kind {
 	case StoreRedis, StoreRedisProxy, StoreRedisNodeProxy:
 		if r.redis == nil {
 			r.redis = redistest.Start(r.T)
@@ -147,7 +148,8 @@ func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 		e.Sentinel = s
 		return s, func() { s.Sentinel.Kill(); s.Replica.Kill(); s.Primary.Kill() }, nil
 	case StoreCluster:
-		c := &ClusterBackend{Cluster: redistest.StartClusterWithReplicas(r.T, 3, 1)}
+		timeout := cmp.Or(f.NodeTimeout, 15*time.Second)
+		c := &ClusterBackend{Cluster: redistest.StartClusterTimeout(r.T, 3, 1, timeout)}
 		e.Cluster = c
 		return c, func() {
 			for _, s := range c.Cluster.Servers {
@@ -155,7 +157,7 @@ func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 			}
 		}, nil
 	}
-	return nil, nil, fmt.Errorf("unknown store kind %q", kind)
+	return nil, nil, fmt.Errorf("unknown store kind %q", f.Store)
 }
 
 // RunRow runs one row: it starts the store if need be and the nodes,
@@ -164,7 +166,7 @@ func (r *Runner) backend(kind string, e *Env) (Backend, func(), error) {
 func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	began := time.Now()
 	env := &Env{Scale: r.Scale, KilledNode: -1}
-	backend, release, err := r.backend(row.Fault.Store, env)
+	backend, release, err := r.backend(row.Fault, env)
 	if err != nil {
 		return nil, err
 	}

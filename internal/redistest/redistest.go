@@ -238,6 +238,14 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 // never fails a node over during a test: tests do it with Promote.
 func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 	t.Helper()
+	return StartClusterTimeout(t, masters, replicas, 15*time.Second)
+}
+
+// StartClusterTimeout is StartClusterWithReplicas with the nodes'
+// cluster-node-timeout: how long a master may not answer before the
+// others hold it failed and its replica takes over.
+func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.Duration) *Cluster {
+	t.Helper()
 	if masters < 3 {
 		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
 	}
@@ -249,7 +257,7 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 	c := &Cluster{}
 	for range masters * (1 + replicas) {
 		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
-		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"}
+		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}
 		s.startOnFreePort()
 		c.Servers = append(c.Servers, s)
 		c.Addrs = append(c.Addrs, s.Addr)

@@ -173,7 +173,7 @@ func TestConformanceWithTheDocumentedRights(t *testing.T) {
 	if settings.KeyPrefix != "rl" {
 		t.Fatalf("the default prefix is %q, not the ACL's rl", settings.KeyPrefix)
 	}
-	h := harness(t, []string{srv.Addr}, []*goredis.Client{srv.Client("")}) // the default user inspects
+	h := harness(t, []string{srv.Addr}, []*goredis.Client{srv.Client("")}, nil) // the default user inspects
 	h.Open = func(t *testing.T) strategy.Store {
 		s, err := settings.OpenStore()
 		if err != nil {

@@ -122,7 +122,7 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		cmdArgs = append(cmdArgs, b.Key, until)
 	}
 	if err := s.runOnce(ctx, setBansScript, setBansSource, cmdArgs, true).Err(); err != nil {
-		return notSent(err)
+		return s.partial(notSent(err), bucketOf(namespace, ""))
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 	cmdArgs := []any{nil, nil, 2, set, version, known, now.UnixMilli()}
 	reply, err := s.runOnce(ctx, getBansScript, getBansSource, cmdArgs, true).StringSlice()
 	if err != nil {
-		return nil, 0, notSent(err)
+		return nil, 0, s.partial(notSent(err), bucketOf(namespace, ""))
 	}
 	if len(reply)%2 != 1 {
 		return nil, 0, fmt.Errorf("the bans script replied %d values, not a version and pairs", len(reply))

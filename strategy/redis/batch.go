@@ -386,7 +386,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		return
 	}
 	if len(good) == 1 && hits[good[0]].Rate == nil && hits[good[0]].Slot == nil {
-		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
+		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hitInPart)
 		return
 	}
 	// The slots' runs go in the pipeline after the hits'.
@@ -440,14 +440,16 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 			err = r.answer(s, results, reply, nowMs)
 		}
 		if err != nil {
-			errs.FailBatch(results, namespace, r.hits, notSent(err))
+			for _, i := range r.hits {
+				errs.FailBatch(results, namespace, []int{i}, s.partial(notSent(err), bucketOf(namespace, hits[i].Key)))
+			}
 		}
 		r.free()
 	}
 	for n, i := range slots {
 		reply, err := slotReply(cmds[len(runs)+n])
 		if err != nil {
-			errs.FailBatch(results, namespace, []int{i}, err)
+			errs.FailBatch(results, namespace, []int{i}, s.partial(err, bucketOf(namespace, hits[i].Key)))
 			continue
 		}
 		results[i].Slot = reply

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/ratesync/caddy-ratelimit/internal/poll"
 	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/strategy/strategytest"
@@ -21,7 +23,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t)
-		strategytest.Run(t, harness(t, []string{srv.Addr}, []*goredis.Client{srv.Client("")}))
+		strategytest.Run(t, harness(t, []string{srv.Addr}, []*goredis.Client{srv.Client("")}, nil))
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cl := redistest.StartCluster(t, 3)
@@ -29,15 +31,23 @@ func TestConformance(t *testing.T) {
 		for _, s := range cl.Servers {
 			masters = append(masters, s.Client(""))
 		}
-		strategytest.Run(t, harness(t, cl.Addrs, masters))
+		strategytest.Run(t, harness(t, cl.Addrs, masters, cl))
 	})
 }
 
 // harness opens stores of the Redis at addrs, and inspects it through a
-// plain client of each master.
-func harness(t *testing.T, addrs []string, masters []*goredis.Client) strategytest.Harness {
+// plain client of each master; with cl, the Cluster of addrs, it fails a
+// part by killing the master of its slot.
+func harness(t *testing.T, addrs []string, masters []*goredis.Client, cl *redistest.Cluster) strategytest.Harness {
 	settings := provisioned(t, &Redis{Addresses: addrs, ReadTimeout: caddy.Duration(5 * time.Second)})
+	var failPart func(t *testing.T, namespace, key string) func()
+	if cl != nil {
+		failPart = func(t *testing.T, namespace, key string) func() {
+			return killMasterOf(t, cl, settings.KeyPrefix, bucketOf(namespace, key))
+		}
+	}
 	return strategytest.Harness{
+		FailPart: failPart,
 		Open: func(t *testing.T) strategy.Store {
 			s, err := settings.OpenStore()
 			if err != nil {
@@ -173,4 +183,33 @@ func globEscape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// killMasterOf kills the master of a bucket's slot, and returns a
+// function that restarts it (empty, with its slots) and returns once the
+// Cluster serves the slot again.
+func killMasterOf(t *testing.T, cl *redistest.Cluster, prefix string, bucket int) func() {
+	t.Helper()
+	tag := newLayout(prefix).tags[bucket] + "x"
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs})
+	defer cc.Close()
+	master, err := cc.MasterForKey(testCtx(t), tag)
+	if err != nil {
+		t.Fatalf("finding the master of bucket %d: %v", bucket, err)
+	}
+	for _, s := range cl.Servers {
+		if s.Addr == master.Options().Addr {
+			s.Kill()
+			return func() {
+				s.Restart()
+				c := s.Client("")
+				poll.Until(t, 30*time.Second, "the restarted master to serve its slots", func() bool {
+					info, err := c.ClusterInfo(context.Background()).Result()
+					return err == nil && strings.Contains(info, "cluster_state:ok")
+				})
+			}
+		}
+	}
+	t.Fatalf("the master of bucket %d, %s, is no server of the Cluster", bucket, master.Options().Addr)
+	return nil
 }

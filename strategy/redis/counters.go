@@ -71,7 +71,13 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	if err != nil {
 		return err
 	}
-	var marked []int32 // on a Cluster, the diffs that the runs replied marked
+	var (
+		marked []int32 // on a Cluster, the diffs that the runs replied marked
+		// On a Cluster, the first failure and the buckets of the runs
+		// that failed: the other masters' runs go on (strategy.Parted).
+		failure error
+		failed  []int
+	)
 	// Send the runs in pipelines of bounded size, one after the other.
 	for len(calls) > 0 {
 		n, diffs := 0, 0
@@ -87,16 +93,25 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			marked = appendMarked(marked, calls[:n], cmds)
 		}
 		if err != nil {
-			if len(marked) == 0 {
+			if !s.cluster {
 				return err
 			}
-			// The marks of the runs that were applied are written all
-			// the same: a retry of the batch marks nothing again.
-			return errors.Join(err, s.writeMarks(ctx, b, marked))
+			failure = cmp.Or(failure, err)
+			for i, cmd := range cmds {
+				if cmd.Err() != nil {
+					failed = append(failed, calls[i].bucket)
+				}
+			}
 		}
 		calls = calls[n:]
 	}
-	return s.writeMarks(ctx, b, marked)
+	// The marks of the runs that were applied are written all the same:
+	// a retry of the batch marks nothing again.
+	if err := s.writeMarks(ctx, b, marked); err != nil {
+		failure = cmp.Or(failure, err)
+		failed = append(failed, bucketOf(b.Namespace, ""))
+	}
+	return s.partial(failure, failed...)
 }
 
 // compareDiffs orders diffs by everything they hold, so that diffs sorted
@@ -277,6 +292,7 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			return
 		}
 		call.counters = len(call.keys) - 1
+		call.bucket = k
 		call.keys[0] = s.dedupeKey(k, n, b.ID)
 		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		if near != nil {
@@ -399,6 +415,13 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		refs   []windowRef // one per key read, in order
 		batch  []string    // the keys of the MGET being built
 		reads  int         // keys read by the pipeline
+		// On a Cluster, the bucket each MGET reads, and the first failure
+		// and the buckets of the MGETs that failed: the others' counts
+		// are returned all the same (strategy.Parted).
+		mgetBuckets []int
+		failure     error
+		failedParts []int
+		bucketNow   int
 	)
 	flush := func() error {
 		if len(mgets) == 0 {
@@ -413,12 +436,18 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 				mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
 				return mgets[i]
 			})
-			if err != nil {
+			if err != nil && !s.cluster {
 				return notSent(err)
 			}
 		}
 		at := 0
-		for _, cmd := range mgets {
+		for m, cmd := range mgets {
+			if err := cmd.Err(); err != nil {
+				failure = cmp.Or(failure, notSent(err))
+				failedParts = append(failedParts, mgetBuckets[m])
+				at += len(cmd.Args()) - 1
+				continue
+			}
 			for _, v := range cmd.Val() {
 				ref := refs[at]
 				at++
@@ -437,7 +466,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 				counts = append(counts, window.Count{Key: keys[ref.key], Size: sizes[ref.size], Start: ref.start, Value: f})
 			}
 		}
-		mgets, refs, reads = mgets[:0], refs[:0], 0
+		mgets, mgetBuckets, refs, reads = mgets[:0], mgetBuckets[:0], refs[:0], 0
 		return nil
 	}
 	endMGet := func() error {
@@ -445,6 +474,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 			return nil
 		}
 		mgets = append(mgets, pipe.MGet(ctx, batch...))
+		mgetBuckets = append(mgetBuckets, bucketNow)
 		reads += len(batch)
 		batch = nil // the command keeps the slice
 		if reads >= maxPipelineReads {
@@ -457,6 +487,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		versionBucket = bucketOf(namespace, "")
 	}
 	for k := range buckets {
+		bucketNow = k
 		if k == versionBucket {
 			batch = append(batch, versionKey)
 			refs = append(refs, windowRef{key: -1})
@@ -496,7 +527,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 	if err := flush(); err != nil {
 		return nil, "", err
 	}
-	return counts, version, nil
+	return counts, version, s.partial(failure, failedParts...)
 }
 
 // windowRef says which window of which key an MGET reply is about: key is
@@ -557,7 +588,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 	// What the store remembers of the key's counts (its previous counts
 	// above all) is wrong now, or may be after an error.
 	s.prevs.forget(k, counters...)
-	return err
+	return s.partial(err, k)
 }
 
 // GetWindow returns the count of key's window of the given size that
@@ -647,7 +678,14 @@ func (s *Store) getWindow(ctx context.Context, namespace, key string, size time.
 // was closed (ErrClosed). Replies that refuse the command unapplied, such as
 // LOADING or TRYAGAIN, are not retried either: the caller decides.
 func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
-	return errs.CheckedHit(ctx, namespace, key, id, windows, undo, s.hit)
+	return errs.CheckedHit(ctx, namespace, key, id, windows, undo, s.hitInPart)
+}
+
+// hitInPart is hit, whose failure on a Cluster concerns the key's bucket
+// only (see Store.partial).
+func (s *Store) hitInPart(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	counts, rejected, err := s.hit(ctx, namespace, key, id, windows, undo)
+	return counts, rejected, s.partial(err, bucketOf(namespace, key))
 }
 
 // hit is Hit of checked input, with errors that do not name the namespace.

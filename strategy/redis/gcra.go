@@ -131,7 +131,7 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 	cmdArgs = append(cmdArgs, r.Increment.Microseconds(), r.Tolerance.Microseconds(), force, strategy.RateIDLife.Milliseconds())
 	reply, err := s.runOnce(ctx, rateScript, rateSource, cmdArgs, id != "").Int64Slice()
 	if err != nil {
-		return strategy.RateReply{}, notSent(err)
+		return strategy.RateReply{}, s.partial(notSent(err), bucket)
 	}
 	if len(reply) != 3 || reply[0] != 0 && reply[0] != 1 || reply[2] <= 0 {
 		return strategy.RateReply{}, fmt.Errorf("the rate script replied %v, not a flag, a TAT and a time", reply)
@@ -154,7 +154,7 @@ func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window 
 	bucket, nsp := bucketOf(namespace, key), nsPart(namespace)
 	cmdArgs := []any{nil, nil, 2, s.layout.rateKey(bucket, window.Milliseconds(), nsp, key),
 		s.layout.rateIDKey(bucket, nsp, id), strategy.RateIDLife.Milliseconds()}
-	return notSent(s.runOnce(ctx, giveBackScript, giveBackSource, cmdArgs, true).Err())
+	return s.partial(notSent(s.runOnce(ctx, giveBackScript, giveBackSource, cmdArgs, true).Err()), bucket)
 }
 
 // DecidesRatesInBatches marks the store as a strategy.RateBatcher: its

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -36,42 +37,58 @@ const maxNearMarks = 1 << 16
 func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
 	defer errs.GetCounters(&err, namespace, len(keys))
 	counts, marks, version, err := s.readNear(ctx, namespace, keys, sizes, now, known)
-	if err != nil {
+	parts, partial := strategy.FailedParts(err)
+	if err != nil && !partial {
 		return nil, nil, 0, err
 	}
-	if err := s.runNear(ctx, namespace, mark); err != nil {
-		return nil, nil, 0, fmt.Errorf("marking %d keys near their limits: %w", len(mark), err)
+	if markErr := s.runNear(ctx, namespace, mark); markErr != nil {
+		markErr = fmt.Errorf("marking %d keys near their limits: %w", len(mark), markErr)
+		if !s.cluster {
+			return nil, nil, 0, markErr
+		}
+		return counts, marks, version, s.partial(cmp.Or(err, markErr), append(parts, bucketOf(namespace, ""))...)
 	}
-	return counts, marks, version, nil
+	return counts, marks, version, err
 }
 
 // readNear is GetCountersNear's read.
 func (s *Store) readNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64) ([]window.Count, []strategy.NearMark, int64, error) {
 	feed, versionKey := s.layout.nearKeys(namespace)
-	counts, raw, err := s.getCounters(ctx, namespace, keys, sizes, now, versionKey)
-	if err != nil {
-		return nil, nil, 0, err
+	counts, raw, partErr := s.getCounters(ctx, namespace, keys, sizes, now, versionKey)
+	// On a Cluster, the counts of the masters that answered come back
+	// with the buckets of those that did not; the marks only with the
+	// feed's bucket.
+	parts, partial := strategy.FailedParts(partErr)
+	feedBucket := bucketOf(namespace, "")
+	switch {
+	case partErr != nil && !partial:
+		return nil, nil, 0, partErr
+	case slices.Contains(parts, feedBucket):
+		return counts, nil, known, partErr
 	}
 	f, err := parseFeed(raw)
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	if f.version == 0 || f.version == known {
-		return counts, nil, f.version, nil
+		return counts, nil, f.version, partErr
 	}
 	nowMs := now.UnixMilli()
 	// The string holds the marks after version f.version - len(f.held).
 	from := f.version - int64(len(f.held))
 	if known > 0 && known >= from && known < f.version {
-		return counts, current(f.held[known-from:], nowMs), f.version, nil
+		return counts, current(f.held[known-from:], nowMs), f.version, partErr
 	}
 	var marks []strategy.NearMark
 	if f.streamed > 0 && (known < f.streamed || known > f.version) {
 		if marks, err = s.readMarks(ctx, feed, known, f.streamed); err != nil {
-			return nil, nil, 0, err
+			if !s.cluster {
+				return nil, nil, 0, err
+			}
+			return counts, nil, known, s.partial(cmp.Or(partErr, err), append(parts, feedBucket)...)
 		}
 	}
-	return counts, current(append(marks, f.held...), nowMs), f.version, nil
+	return counts, current(append(marks, f.held...), nowMs), f.version, partErr
 }
 
 // feedString is what the string of a namespace's marks holds (see

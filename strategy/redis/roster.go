@@ -46,7 +46,7 @@ func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Dur
 	cmdArgs := []any{nil, nil, 1, s.layout.fleetKey(namespace), node, ttl.Milliseconds()}
 	n, err := s.runOnce(ctx, attendScript, attendSource, cmdArgs, true).Int()
 	if err != nil {
-		return 0, notSent(err)
+		return 0, s.partial(notSent(err), bucketOf(namespace, ""))
 	}
 	return n, nil
 }

@@ -525,6 +525,9 @@ func runOncePipelined(ctx context.Context, c goredis.UniversalClient, runs []scr
 type scriptCall struct {
 	keys []string
 	args []any
+	// bucket is the bucket of a Cluster run's counters (0 on a
+	// standalone server), which its failure names (see Store.partial).
+	bucket int
 	// counters is how many counters a run of pushScript writes, which
 	// bounds the diffs a pipeline carries.
 	counters int
@@ -560,9 +563,9 @@ func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Sc
 	if len(again) == 0 {
 		return cmds, err
 	}
-	if err := s.Load(ctx, c).Err(); err != nil {
-		return cmds, fmt.Errorf("loading script: %w", err)
-	}
+	// A Cluster loads the script on every master: one that is down
+	// fails the load, not the calls of the others.
+	loadErr := s.Load(ctx, c).Err()
 	pipe = c.Pipeline()
 	for _, i := range again {
 		cmds[i] = s.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
@@ -570,6 +573,9 @@ func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Sc
 	_, _ = pipe.Exec(ctx)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
+			if loadErr != nil {
+				err = fmt.Errorf("%w (loading the script: %v)", err, loadErr)
+			}
 			return cmds, err
 		}
 	}

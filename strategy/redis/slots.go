@@ -108,7 +108,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	}
 	r := s.acquireSlotRun(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
 	reply, err := slotReply(s.runOnce(ctx, r.script, r.src, r.args, false))
-	return reply.Held, reply.OK, err
+	return reply.Held, reply.OK, s.partial(err, bucketOf(namespace, key))
 }
 
 // acquireSlotRun is the script run that takes slot of key.

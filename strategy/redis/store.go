@@ -105,6 +105,36 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Parts returns how many parts the store has (see strategy.Parted): on a
+// Cluster one per bucket, as a bucket is one slot, served by one master;
+// 1 on a standalone server, which answers or fails as a whole.
+func (s *Store) Parts() int {
+	if s.cluster {
+		return buckets
+	}
+	return 1
+}
+
+// PartOf returns the part of the store that holds key's data in
+// namespace: on a Cluster its bucket, 0 elsewhere.
+func (s *Store) PartOf(namespace, key string) int {
+	if !s.cluster {
+		return 0
+	}
+	return bucketOf(namespace, key)
+}
+
+// partial returns err, the failure of the given buckets' share of a call,
+// as a strategy.PartialError on a Cluster, where the other masters may
+// answer; elsewhere, and for input refused (strategy.ErrRejected), as it
+// is.
+func (s *Store) partial(err error, buckets ...int) error {
+	if err == nil || !s.cluster || errors.Is(err, strategy.ErrRejected) {
+		return err
+	}
+	return strategy.Partial(err, buckets...)
+}
+
 // checkOpen returns an error that wraps strategy.ErrNotSent and go-redis's
 // ErrClosed once Close was called, for the calls whose own errors cannot
 // tell a closed client from a resend that failed.
@@ -135,4 +165,5 @@ var (
 	_ strategy.Slotter     = (*Store)(nil)
 	_ strategy.Banner      = (*Store)(nil)
 	_ strategy.NearFeed    = (*Store)(nil)
+	_ strategy.Parted      = (*Store)(nil)
 )

@@ -96,4 +96,11 @@ type Harness struct {
 	// store that purges on a timer purges first). Without it, for a
 	// strategy.Rater, that test is skipped with a log line.
 	Rates func(t *testing.T, s strategy.Store, namespace string) int
+
+	// FailPart, if set, makes the part of a strategy.Parted store with
+	// more than one part that holds key in namespace fail (a Redis
+	// Cluster's master of its slot stops), and returns a function that
+	// brings it back and returns once it answers again. Without it, the
+	// partial-failure test of Parts is skipped with a log line.
+	FailPart func(t *testing.T, namespace, key string) (restore func())
 }

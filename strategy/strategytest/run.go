@@ -67,6 +67,7 @@ func Run(t *testing.T, h Harness) {
 		{"RateBatch", testRateBatch},
 		{"SlotBatch", testSlotBatch},
 		{"Close", testClose},
+		{"Parts", testParts}, // last: a part it fails comes back empty
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, h) })
 	}
