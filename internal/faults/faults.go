@@ -281,66 +281,24 @@ var Faults = []*Fault{
 	{
 		Name: "cluster-failover", Title: "Redis Cluster: a master killed, its replica promoted (CLUSTER FAILOVER TAKEOVER)", Store: StoreCluster, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
-			c := e.Cluster.Cluster
-			nodes, err := clusterNodes(ctx, c.Addrs[0])
-			if err != nil {
-				return time.Time{}, err
-			}
-			var victim, replica string
-			for _, m := range nodes {
-				if !m.master {
-					continue
-				}
-				for _, r := range nodes {
-					if r.masterID == m.id {
-						victim, replica = m.addr, r.addr
-						e.FailedSlots, e.SlotsFrom = m.slots, r.addr
-					}
-				}
-				if victim != "" {
-					break
-				}
-			}
-			if victim == "" {
-				return time.Time{}, errors.New("no master with a replica in CLUSTER NODES")
-			}
-			waitReplicaCtx(ctx, replica)
-			killed := time.Now()
-			for _, s := range c.Servers {
-				if s.Addr == victim {
-					s.Kill()
-				}
-			}
-			e.Began() // once the master is dead, as redis-kill
-			rc := redis.NewClient(&redis.Options{Addr: replica})
-			defer rc.Close()
-			if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
-				return time.Time{}, fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica, err)
-			}
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				info, err := rc.ClusterInfo(ctx).Result()
-				if err == nil && isMaster(ctx, replica) && strings.Contains(info, "cluster_state:ok") {
-					served := time.Now()
-					e.Note("master %s killed; replica %s promoted %.2f s later", victim, replica, served.Sub(killed).Seconds())
-					return served, nil
-				}
-				if time.Now().After(deadline) {
-					return time.Time{}, fmt.Errorf("replica %s not serving 30 s after the takeover: %v", replica, err)
-				}
-				if err := Sleep(ctx, 10*time.Millisecond); err != nil {
-					return time.Time{}, err
-				}
-			}
+			return clusterFailover(ctx, e, false)
 		},
 	},
 }
 
-// naturalFailover kills a Cluster master that does not hold the row's
-// limited key, and waits for the cluster to hold it failed and promote
-// its replica by itself, as in production: the limited key, on a live
-// master, is judged throughout the detection.
+// naturalFailover is clusterFailover as in production: the cluster holds
+// the master failed and promotes its replica by itself.
 func naturalFailover(ctx context.Context, e *Env) (time.Time, error) {
+	return clusterFailover(ctx, e, true)
+}
+
+// clusterFailover kills a Cluster master that has a replica, and returns
+// once the replica serves its slots. Unless natural, it promotes the
+// replica at once (CLUSTER FAILOVER TAKEOVER); natural, it waits for the
+// cluster to, and kills a master that does not hold the row's limited
+// key, so that the key, on a live master, is judged throughout the
+// detection.
+func clusterFailover(ctx context.Context, e *Env, natural bool) (time.Time, error) {
 	c := e.Cluster.Cluster
 	nodes, err := clusterNodes(ctx, c.Addrs[0])
 	if err != nil {
@@ -348,7 +306,7 @@ func naturalFailover(ctx context.Context, e *Env) (time.Time, error) {
 	}
 	var victim, replica string
 	for _, m := range nodes {
-		if !m.master || holdsKey(ctx, m.addr, e.Load.LimitKey) {
+		if !m.master || natural && holdsKey(ctx, m.addr, e.Load.LimitKey) {
 			continue
 		}
 		for _, r := range nodes {
@@ -362,7 +320,7 @@ func naturalFailover(ctx context.Context, e *Env) (time.Time, error) {
 		}
 	}
 	if victim == "" {
-		return time.Time{}, errors.New("no master with a replica and without the limited key in CLUSTER NODES")
+		return time.Time{}, errors.New("no master with a replica (and, for a natural failover, without the limited key) in CLUSTER NODES")
 	}
 	waitReplicaCtx(ctx, replica)
 	killed := time.Now()
@@ -371,19 +329,26 @@ func naturalFailover(ctx context.Context, e *Env) (time.Time, error) {
 			s.Kill()
 		}
 	}
-	e.Began()
+	e.Began() // once the master is dead, as redis-kill
 	rc := redis.NewClient(&redis.Options{Addr: replica})
 	defer rc.Close()
-	deadline := time.Now().Add(90 * time.Second)
+	wait, promoted, since := 90*time.Second, "the cluster promoted replica "+replica, "the kill"
+	if !natural {
+		if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+			return time.Time{}, fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica, err)
+		}
+		wait, promoted, since = 30*time.Second, "replica "+replica+" promoted", "the takeover"
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		info, err := rc.ClusterInfo(ctx).Result()
 		if err == nil && isMaster(ctx, replica) && strings.Contains(info, "cluster_state:ok") {
 			served := time.Now()
-			e.Note("master %s killed; the cluster promoted replica %s %.1f s later", victim, replica, served.Sub(killed).Seconds())
+			e.Note("master %s killed; %s %.2f s later", victim, promoted, served.Sub(killed).Seconds())
 			return served, nil
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("replica %s not promoted 90 s after the kill: %v", replica, err)
+			return time.Time{}, fmt.Errorf("replica %s not serving %s after %s: %v", replica, wait, since, err)
 		}
 		if err := Sleep(ctx, 10*time.Millisecond); err != nil {
 			return time.Time{}, err
