@@ -114,7 +114,7 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 	parts := partsPush{h: h, probing: h.partsDown() > 0}
 	var kept []strategy.Batch
 	for i, r := range fl.retries {
-		rest, err := parts.push(ctx, o, store, r)
+		rest, _, err := parts.push(ctx, o, store, r)
 		if err != nil {
 			o.retries.putBack(append(kept, fl.retries[i:]...))
 			return newDiffs, true, nil, fmt.Errorf("retrying failed hits: %w", err)
@@ -127,7 +127,7 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 	o.retries.putBack(kept)
 	kept = nil
 	for i, b := range fl.failed {
-		rest, err := parts.push(ctx, o, store, b)
+		rest, _, err := parts.push(ctx, o, store, b)
 		if err != nil {
 			o.setFailed(append(kept, fl.failed[i:]...))
 			return newDiffs, true, nil, fmt.Errorf("retrying a failed push: %w", err)
@@ -146,16 +146,14 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 			held, batch = splitBatch(batch, func(key string) bool { return parts.failed[h.partOf(key)] })
 			restore = held.Diffs
 		}
-		rest, err := parts.push(ctx, o, store, batch)
+		rest, unsent, err := parts.push(ctx, o, store, batch)
 		switch {
 		case err == nil:
-			if rest != nil {
-				if _, notSent := parts.notSent[rest.ID]; notSent {
-					// Surely not applied: back to the zone, as new diffs.
-					restore = append(restore, rest.Diffs...)
-				} else {
-					kept = append(kept, *rest)
-				}
+			if unsent {
+				// Surely not applied: back to the zone, as new diffs.
+				restore = append(restore, rest.Diffs...)
+			} else if rest != nil {
+				kept = append(kept, *rest)
 			}
 			contacted = contacted || len(batch.Diffs)+len(batch.Rates) > 0
 		case errors.Is(err, strategy.ErrNotSent):
@@ -178,16 +176,16 @@ type partsPush struct {
 	probing bool // parts were down: note the parts of what is pushed
 	failed  map[int]bool
 	tried   []int
-	first   error               // the first partial failure
-	notSent map[string]struct{} // IDs of batches whose partial failure sent nothing to the failed parts
+	first   error // the first partial failure
 }
 
 // push pushes b, and when it failed for some parts only, returns the
-// batch of those parts' diffs under b's ID, with a nil error. Any other
+// batch of those parts' diffs under b's ID, whether the failure surely
+// sent nothing to them (strategy.ErrNotSent), and a nil error. Any other
 // failure is returned as is.
-func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b strategy.Batch) (rest *strategy.Batch, err error) {
+func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b strategy.Batch) (rest *strategy.Batch, unsent bool, err error) {
 	if len(b.Diffs)+len(b.Rates) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
 	if p.probing {
 		p.tried = appendParts(p.tried, p.h, b)
@@ -195,7 +193,7 @@ func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b
 	err = o.push(ctx, store, b)
 	failed, partial := strategy.FailedParts(err)
 	if err == nil || !partial || p.h.partOf("") < 0 {
-		return nil, err
+		return nil, false, err
 	}
 	if p.failed == nil {
 		p.failed = make(map[int]bool)
@@ -208,15 +206,9 @@ func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b
 	}
 	in, _ := splitBatch(b, func(key string) bool { return slices.Contains(failed, p.h.partOf(key)) })
 	if len(in.Diffs)+len(in.Rates) == 0 {
-		return nil, nil // only marks, which a push makes again, failed
+		return nil, false, nil // only marks, which a push makes again, failed
 	}
-	if errors.Is(err, strategy.ErrNotSent) {
-		if p.notSent == nil {
-			p.notSent = make(map[string]struct{})
-		}
-		p.notSent[b.ID] = struct{}{}
-	}
-	return &in, nil
+	return &in, errors.Is(err, strategy.ErrNotSent), nil
 }
 
 // err returns the partial failure of the parts that failed, or nil.

@@ -199,6 +199,12 @@ func (h *health) partsUp(parts []int) {
 	}
 }
 
+// partsAnswered records that a call that asked the given parts failed
+// only for those of failed: the others worked.
+func (h *health) partsAnswered(asked, failed []int) {
+	h.partsUp(slices.DeleteFunc(asked, func(p int) bool { return slices.Contains(failed, p) }))
+}
+
 // partsOfKeys returns, while parts are down, those of keys' parts that
 // are, ascending: what a call over keys that succeeded for them brings
 // back.

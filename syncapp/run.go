@@ -3,7 +3,6 @@ package syncapp
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -169,7 +168,7 @@ func (r *runner) pingParts(ctx context.Context) (asked bool, err error) {
 	}
 	err = p.PingParts(ctx, down)
 	failed, _ := strategy.FailedParts(err)
-	r.health.partsUp(slices.DeleteFunc(down, func(part int) bool { return slices.Contains(failed, part) }))
+	r.health.partsAnswered(down, failed)
 	return true, r.partly(err)
 }
 
@@ -203,9 +202,7 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 	// On a store made of parts, the counts of the parts that answered.
 	r.counters.Apply(counts)
 	r.fetched.fetched()
-	if down := r.health.partsOfKeys(keys); len(down) > 0 {
-		r.health.partsUp(slices.DeleteFunc(down, func(part int) bool { return slices.Contains(failed, part) }))
-	}
+	r.health.partsAnswered(r.health.partsOfKeys(keys), failed)
 	return true, waited, err
 }
 
