@@ -24,8 +24,8 @@ type Parted interface {
 	Store
 
 	// Parts returns how many parts the store has: 1 for a store that
-	// answers or fails as a whole (a standalone server), when
-	// PartialErrors name part 0 only.
+	// answers or fails as a whole (a standalone server), whose errors
+	// then concern whole calls.
 	Parts() int
 
 	// PartOf returns the part of the store that holds key's data in

@@ -30,8 +30,8 @@ func (s *Store) Ping(ctx context.Context) (err error) {
 // PingParts sends PING to the master of each given bucket's slot, once
 // per master, in parallel (see strategy.Parted). A master that fails it
 // has the slot map reloaded in the background, so that a later call
-// finds the replica promoted in its place. On a standalone server it is
-// Ping, whose failure names part 0.
+// finds the replica promoted in its place. On a standalone server, one
+// part, it is Ping.
 func (s *Store) PingParts(ctx context.Context, parts []int) (err error) {
 	defer errs.Ping(&err)
 	if err := s.checkOpen(); err != nil {
@@ -39,7 +39,7 @@ func (s *Store) PingParts(ctx context.Context, parts []int) (err error) {
 	}
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
-		return s.partial(s.Ping(ctx), 0)
+		return s.Ping(ctx)
 	}
 	byMaster := make(map[*goredis.Client][]int)
 	var failed []int

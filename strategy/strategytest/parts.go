@@ -69,7 +69,7 @@ func testPartOf(t *testing.T, s, other strategy.Parted) {
 }
 
 // testOnePartFails fails the part of one key: a push, a fetch, a batch
-// of hits and a ping fail for the failed part's keys only, whose parts
+// of hits, a hit and a ping fail for the failed part's keys only, whose parts
 // the errors name, and do the rest; once the part is back every part
 // answers a ping, and the failed diffs pushed again under the batch's ID
 // count once.
@@ -133,6 +133,11 @@ func testOnePartFails(t *testing.T, h Harness, s strategy.Parted) {
 			hits[i] = strategy.HitRequest{Key: keys[i], Windows: []strategy.WindowHit{{Size: size, Start: start, Max: 1e9}}}
 		}
 		hb.HitBatch(ctx, ns, unique("hits"), hits, results)
+		// A Hit of the key whose part failed fails as its part.
+		_, _, err := hb.Hit(ctx, ns, keys[0], "", hits[0].Windows, false)
+		if parts, partial := strategy.FailedParts(err); !partial || !slices.Equal(parts, []int{s.PartOf(ns, keys[0])}) {
+			t.Errorf("Hit of %q of the failed part: %v, want a failure of its part %d", keys[0], err, s.PartOf(ns, keys[0]))
+		}
 		for i, res := range results {
 			k := keys[i]
 			parts, partial := strategy.FailedParts(res.Err)
