@@ -39,8 +39,25 @@ type Banner interface {
 	// that a node that reads version 0 while it knows of a ban that has
 	// not ended learns that the store lost its bans (a Redis restarted
 	// empty), and writes them back.
+	//
+	// Versions come in epochs (BanEpoch): the first change of a namespace
+	// at version 0 starts a new one, never used before, and every later
+	// change adds 1 to the version, in the same epoch, for as long as the
+	// version is not 0. So a node that reads a version of another epoch
+	// than the one it knows, while it holds a ban that has not ended,
+	// learns that the store lost its bans too, although another node
+	// wrote some back (starting the new epoch) before it looked.
 	GetBans(ctx context.Context, namespace string, known int64, now time.Time) (bans []Ban, version int64, err error)
 }
+
+// BanEpochShift is how many low bits of a ban version count the changes
+// within its epoch: 2^20, about a million, after which the epoch a
+// version reads as moves on by one (a node then writes back the bans it
+// holds, which changes nothing that the store holds).
+const BanEpochShift = 20
+
+// BanEpoch returns the epoch of a ban version (see Banner.GetBans).
+func BanEpoch(version int64) int64 { return version >> BanEpochShift }
 
 // Ban shuts a key out until a time.
 type Ban struct {

@@ -224,8 +224,10 @@ func (t *banTable) droppedCount() int64 {
 // A store that answers version 0 while this node holds bans that have
 // not ended lost its bans (a Redis restarted empty): a lift keeps a
 // version until the lifted ban would have ended (strategy.Banner), and
-// the node's own bans are pushed before it reads. The node writes the
-// bans it holds back. A node with bans to push asks first (one more
+// the node's own bans are pushed before it reads. So does one that
+// answers a version of another epoch than the one this node knew (see
+// lostBans): another node wrote back the bans it held first. The node
+// writes the bans it holds back. A node with bans to push asks first (one more
 // round trip, in the rare runs that push bans): its push would give the
 // store a new version, which the fleet would take for the whole of the
 // bans, and the lost ones would be dropped everywhere. Whether the node
@@ -242,14 +244,15 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	known := t.version
 	t.mu.Unlock()
 
+	wroteBack := false
 	if len(push) > 0 {
 		_, version, err := banner.GetBans(ctx, t.name, known, time.Now())
 		if err != nil {
 			t.repend(push)
 			return err
 		}
-		if version == 0 {
-			push = t.writeBack(push)
+		if lostBans(known, version) {
+			push, wroteBack = t.writeBack(push), true
 		}
 	}
 	if len(push) > 0 {
@@ -266,7 +269,7 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 	if err != nil {
 		return err
 	}
-	if version == 0 {
+	if !wroteBack && lostBans(known, version) {
 		if held := t.writeBack(nil); len(held) > 0 {
 			if err := banner.SetBans(ctx, t.name, held); err != nil {
 				return err
@@ -280,6 +283,16 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 		t.replace(bans, version)
 	}
 	return nil
+}
+
+// lostBans reports whether a store whose bans this node knew at version
+// known, and reads at version, lost them: it reads version 0, or a
+// version of another epoch (strategy.BanEpoch), which a store starts only
+// at version 0, so that another node wrote some bans back before this
+// one looked. The bans this node holds then go back, whoever else wrote
+// some.
+func lostBans(known, version int64) bool {
+	return version == 0 || known > 0 && strategy.BanEpoch(version) != strategy.BanEpoch(known)
 }
 
 // writeBack returns push with the bans this node holds that end more

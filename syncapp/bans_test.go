@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"fmt"
+	"go.uber.org/zap"
 	"testing"
 	"time"
 
@@ -220,5 +221,43 @@ func TestBansOutliveAStoreThatLostThem(t *testing.T) {
 		if !ns.BannedUntil("k").Equal(until) {
 			t.Fatalf("node %d: k banned until %v, want %v", i, ns.BannedUntil("k"), until)
 		}
+	}
+}
+
+// TestBansOutliveAWriteBackThatLacksThem has the store lose its bans
+// while only node A knows of one: node B, which knows of another, finds
+// the store empty first and writes its own back, which gives the store a
+// version other than 0. A still finds that the store lost its ban (the
+// version is of a new epoch) and writes it back, rather than take B's
+// bans for the whole.
+func TestBansOutliveAWriteBackThatLacksThem(t *testing.T) {
+	srv := redistest.Start(t)
+	store := fleetStore{strategy: fmt.Sprintf(`{"module": "redis", "addresses": [%q]}`, srv.Addr)}.open(t).(strategy.Banner)
+	ctx := context.Background()
+	a, b := newBanTable("api", zap.NewNop()), newBanTable("api", zap.NewNop())
+	until := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	b.ban("b-only", until.UnixNano(), true, 100)
+	for _, n := range []*banTable{b, a} { // a reads b's ban, b does not read a's
+		if err := n.sync(ctx, store); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.ban("a-only", until.UnixNano(), true, 100)
+	if err := a.sync(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	srv.Restart()
+	poll.Until(t, 10*time.Second, "node b to write its ban back", func() bool { return b.sync(ctx, store) == nil })
+	if err := a.sync(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	bans, _, err := store.GetBans(ctx, "api", -1, time.Now())
+	if err != nil || len(bans) != 2 {
+		t.Fatalf("the store holds %v (%v), want both bans", bans, err)
+	}
+	if !a.bannedUntil("a-only").Equal(until) || !a.bannedUntil("b-only").Equal(until) {
+		t.Fatalf("node a holds a-only until %v and b-only until %v, want both until %v",
+			a.bannedUntil("a-only"), a.bannedUntil("b-only"), until)
 	}
 }

@@ -8,9 +8,10 @@ import (
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
-// banVersions numbers the states of every data set's bans, so that a
-// version is never reused, even by a namespace whose bans all ended.
-var banVersions atomic.Int64
+// banEpochs numbers the epochs of every data set's bans (see
+// strategy.Banner), so that a version is never reused, even by a
+// namespace whose bans all ended.
+var banEpochs atomic.Int64
 
 // namespaceBans are the bans of one namespace: each key's end, in Unix
 // nanoseconds, and the version of that state.
@@ -56,7 +57,11 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		}
 	}
 	if changed {
-		nb.version = banVersions.Add(1)
+		if nb.version == 0 {
+			nb.version = banEpochs.Add(1) << strategy.BanEpochShift
+		} else {
+			nb.version++
+		}
 	}
 	d.dropBansIfNone(namespace, nb)
 	return nil

@@ -746,8 +746,10 @@ $do$;
 // of one namespace take turns, it deletes the namespace's bans that ended
 // by the server's clock, lifts the bans whose end is 0, and sets the
 // others unless the table holds a later end. When anything changed it
-// gives the namespace's bans a new version: the server's time in
-// microseconds, or one more than the last version if that is not larger,
+// gives the namespace's bans a new version: one more than the last, or,
+// when the namespace was at version 0 (no ban left, no lifted one that
+// would not have ended; see getBansSQL), a new epoch (strategy.BanEpoch):
+// the server's time in milliseconds shifted by strategy.BanEpochShift (20);
 // and keeps when the latest ban it lifted would have ended; a namespace
 // left without bans, and whose lifted bans would have ended, loses its
 // version row.
@@ -756,10 +758,13 @@ DECLARE
 	now_ms bigint;
 	n bigint;
 	lifted bigint;
+	at_zero boolean;
 BEGIN
 	PERFORM pg_advisory_xact_lock(p_lock);
 	now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 	DELETE FROM {bans} b WHERE b.namespace = p_namespace AND b.until_ms <= now_ms;
+	at_zero := NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace)
+		AND NOT EXISTS (SELECT FROM {ban_versions} v WHERE v.namespace = p_namespace AND v.lifted_until_ms > now_ms);
 	WITH d AS (
 		DELETE FROM {bans} b USING unnest(p_key_ids, p_until) AS i(key_id, until_ms)
 			WHERE i.until_ms = 0 AND b.namespace = p_namespace AND b.key_id = i.key_id
@@ -776,8 +781,9 @@ BEGIN
 	changed := changed OR n > 0;
 	IF changed THEN
 		INSERT INTO {ban_versions} AS v (namespace, version, lifted_until_ms)
-			VALUES (p_namespace, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, lifted)
-			ON CONFLICT (namespace) DO UPDATE SET version = greatest(v.version + 1, excluded.version),
+			VALUES (p_namespace, now_ms << 20, lifted)
+			ON CONFLICT (namespace) DO UPDATE SET
+				version = CASE WHEN at_zero THEN greatest(v.version + 1, excluded.version) ELSE v.version + 1 END,
 				lifted_until_ms = greatest(v.lifted_until_ms, excluded.lifted_until_ms);
 	ELSIF NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace) THEN
 		DELETE FROM {ban_versions} v WHERE v.namespace = p_namespace AND v.lifted_until_ms <= now_ms;

@@ -19,9 +19,12 @@ import (
 // holds pairs of a key and its ban's end, 0 to lift it. The script drops
 // the bans that ended (by the server's clock), sets each ban unless the
 // set holds a later end (ZSCORE, ZADD) or lifts it (ZSCORE, ZREM), and,
-// when anything changed, sets a new version: the server's time in
-// microseconds, or one more than the last version if that is not
-// larger, so that no two states share one. The set expires a second
+// when anything changed, sets a new version: one more than the last
+// (INCR, exact in 64 bits), or at version 0 a new epoch (see
+// strategy.BanEpoch), the server's time in milliseconds shifted by
+// strategy.BanEpochShift (a power of two times a number of 41 bits,
+// exact in Lua's numbers), so that no two states share one but for
+// epochs started and ended within one millisecond. The set expires a second
 // after its last ban ends, the version a second after the last ban it
 // held or lifted would have ended (PTTL keeps a later expiry), so a
 // namespace whose bans all ended holds nothing, and reads as version 0,
@@ -55,9 +58,12 @@ if #last > 0 then
 	held = math.max(held, tonumber(last[2]))
 	redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
 end
-local v = tonumber(redis.call('GET', KEYS[2]) or '0')
 local ttl = redis.call('PTTL', KEYS[2])
-redis.call('SET', KEYS[2], string.format('%.0f', math.max(v + 1, t[1] * 1000000 + t[2])))
+if ttl == -2 then
+	redis.call('SET', KEYS[2], string.format('%.0f', nowMs * 1048576))
+else
+	redis.call('INCR', KEYS[2])
+end
 local exp = held + 1000
 if ttl > 0 then
 	exp = math.max(exp, nowMs + ttl)
@@ -65,6 +71,13 @@ end
 redis.call('PEXPIREAT', KEYS[2], exp)
 return 1
 `
+
+// setBansSource starts an epoch at the server's milliseconds times 1048576:
+// 1 << strategy.BanEpochShift, which these two constants check.
+const (
+	_ = uint(1048576 - 1<<strategy.BanEpochShift)
+	_ = uint(1<<strategy.BanEpochShift - 1048576)
+)
 
 // setBansScript is setBansSource, run by its SHA1 digest.
 var setBansScript = goredis.NewScript(setBansSource)

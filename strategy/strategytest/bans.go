@@ -25,6 +25,7 @@ func testBans(t *testing.T, h Harness) {
 		{"Version", testBansVersion},
 		{"Expiry", testBansExpiry},
 		{"LiftKeepsAVersion", testBansLiftKeepsAVersion},
+		{"Epoch", testBansEpoch},
 		{"HostileKeys", testBansHostileKeys},
 		{"RejectsInput", testBansRejectsInput},
 	} {
@@ -135,6 +136,31 @@ func testBansLiftKeepsAVersion(t *testing.T, b strategy.Banner) {
 		got, v := getBans(t, b, ns, -1)
 		return len(got) == 0 && v == 0
 	})
+}
+
+// testBansEpoch checks that every change after the first adds 1 to the
+// version, in its epoch: bans set, lengthened, lifted. A node that reads
+// another epoch than the one it knows learns that the store started over.
+func testBansEpoch(t *testing.T, b strategy.Banner) {
+	ns := unique("bans-epoch")
+	until := time.Now().Add(time.Hour)
+	var versions []int64
+	for _, ban := range []strategy.Ban{
+		{Key: "a", Until: until}, {Key: "b", Until: until}, {Key: "a"},
+		{Key: "b", Until: until.Add(time.Minute)}, {Key: "c", Until: until},
+	} {
+		setBans(t, b, ns, ban)
+		_, v := getBans(t, b, ns, -1)
+		versions = append(versions, v)
+	}
+	for i := 1; i < len(versions); i++ {
+		if versions[i] != versions[i-1]+1 || strategy.BanEpoch(versions[i]) != strategy.BanEpoch(versions[0]) {
+			t.Fatalf("versions %v: want each one more than the last, in one epoch", versions)
+		}
+	}
+	if versions[0] == 0 {
+		t.Fatal("a namespace with a ban has version 0")
+	}
 }
 
 // testBansExpiry checks that a ban ends by itself: it is no longer read
