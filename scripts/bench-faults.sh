@@ -16,6 +16,7 @@
 #	./scripts/bench-faults.sh -m sync                  # only sync_rate 0 (or periodic)
 #	./scripts/bench-faults.sh -r 300                   # 300 requests/s instead of 600
 #	./scripts/bench-faults.sh -q                       # the quick mode of go test: under a minute
+#	FAULTS_DIR=/tmp/f ./scripts/bench-faults.sh ...    # keep each row's node configs and logs there
 #
 # A row ID is <fault>-<periodic|sync>. Faults, in order: redis-pause,
 # redis-pause-share, redis-pause-deny, redis-kill, postgres-stop,
@@ -32,7 +33,7 @@
 # like the Caddy nodes, run on free loopback ports and stop at exit.
 set -euo pipefail
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 faults="" scale="" modes="" rate="" out="" quick=""
 while getopts "f:s:m:r:o:qh" opt; do
 	case $opt in

@@ -91,13 +91,14 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 // reached the store; then restore returns the new batch's diffs, for the
 // zone to take back. The caller holds the run lock.
 //
-// On a store made of parts (see partHealth), a push that failed for some
-// parts keeps, under its ID, only those parts' diffs, and the run goes
-// on: the new batch's diffs of a part that failed in this run go back to
-// the zone unsent, the others are pushed. err is then a
-// strategy.PartialError of every part that failed, and up lists the
-// parts of the diffs pushed that answered, when parts were down.
-func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h *health) (restore []window.Diff, contacted bool, up []int, err error) {
+// On a store made of parts (see partHealth), nothing is sent to the parts
+// that are down: their diffs wait, under their batches' IDs, or in the
+// zone for the new batch's, until a ping finds them back (runner.ping).
+// A push that failed for some parts keeps, under its ID, only those
+// parts' diffs, and the run goes on: the new batch's diffs of a part
+// that failed in this run go back to the zone unsent, the others are
+// pushed. err is then a strategy.PartialError of every part that failed.
+func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h *health) (restore []window.Diff, contacted bool, err error) {
 	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batches or the zone
 	if fl.tracked {
 		defer func() {
@@ -111,89 +112,93 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 	if fl.batch != nil {
 		newDiffs = fl.batch.Diffs
 	}
-	parts := partsPush{h: h, probing: h.partsDown() > 0}
+	parts := partsPush{h: h}
 	var kept []strategy.Batch
 	for i, r := range fl.retries {
-		rest, _, err := parts.push(ctx, o, store, r)
+		rest, sent, err := parts.push(ctx, o, store, r)
 		if err != nil {
 			o.retries.putBack(append(kept, fl.retries[i:]...))
-			return newDiffs, true, nil, fmt.Errorf("retrying failed hits: %w", err)
+			return newDiffs, true, fmt.Errorf("retrying failed hits: %w", err)
 		}
 		if rest != nil {
 			kept = append(kept, *rest)
 		}
-		contacted = true
+		contacted = contacted || sent
 	}
 	o.retries.putBack(kept)
 	kept = nil
 	for i, b := range fl.failed {
-		rest, _, err := parts.push(ctx, o, store, b)
+		rest, sent, err := parts.push(ctx, o, store, b)
 		if err != nil {
 			o.setFailed(append(kept, fl.failed[i:]...))
-			return newDiffs, true, nil, fmt.Errorf("retrying a failed push: %w", err)
+			return newDiffs, true, fmt.Errorf("retrying a failed push: %w", err)
 		}
 		if rest != nil {
 			kept = append(kept, *rest)
 		}
-		contacted = true
+		contacted = contacted || sent
 	}
 	if fl.batch != nil {
-		batch := *fl.batch
-		if len(parts.failed) > 0 {
-			// A part that failed in this run is not asked again: its
-			// diffs wait in the zone.
-			var held strategy.Batch
-			held, batch = splitBatch(batch, func(key string) bool { return parts.failed[h.partOf(key)] })
-			restore = held.Diffs
-		}
-		rest, unsent, err := parts.push(ctx, o, store, batch)
+		// The new batch's diffs of the parts down, or that failed in
+		// this run, wait in the zone: nothing of them was sent.
+		held, batch := splitBatch(*fl.batch, parts.held)
+		restore = held.Diffs
+		rest, sent, err := parts.push(ctx, o, store, batch)
 		switch {
 		case err == nil:
-			if unsent {
+			if rest != nil && parts.unsent {
 				// Surely not applied: back to the zone, as new diffs.
 				restore = append(restore, rest.Diffs...)
 			} else if rest != nil {
 				kept = append(kept, *rest)
 			}
-			contacted = contacted || len(batch.Diffs)+len(batch.Rates) > 0
+			contacted = contacted || sent
 		case errors.Is(err, strategy.ErrNotSent):
 			o.setFailed(kept)
-			return append(restore, batch.Diffs...), true, nil, err
+			return append(restore, batch.Diffs...), true, err
 		default:
 			o.setFailed(append(kept, batch))
-			return restore, true, nil, err
+			return restore, true, err
 		}
 	}
 	o.setFailed(kept)
-	return restore, contacted, parts.answered(), parts.err()
+	return restore, contacted, parts.err()
 }
 
 // partsPush pushes the batches of one delivery to a store made of parts
-// (see outbox.deliver): it keeps what failed in some parts only, and
-// learns which parts failed and, while some were down, which answered.
+// (see outbox.deliver): it holds back the diffs of the parts down, keeps
+// what failed in some parts only, and learns which parts failed.
 type partsPush struct {
-	h       *health
-	probing bool // parts were down: note the parts of what is pushed
-	failed  map[int]bool
-	tried   []int
-	first   error // the first partial failure
+	h      *health
+	failed map[int]bool
+	first  error // the first partial failure
+	// unsent is set when the last push's failure surely sent nothing to
+	// the parts that failed (strategy.ErrNotSent).
+	unsent bool
 }
 
-// push pushes b, and when it failed for some parts only, returns the
-// batch of those parts' diffs under b's ID, whether the failure surely
-// sent nothing to them (strategy.ErrNotSent), and a nil error. Any other
-// failure is returned as is.
-func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b strategy.Batch) (rest *strategy.Batch, unsent bool, err error) {
-	if len(b.Diffs)+len(b.Rates) == 0 {
-		return nil, false, nil
+// held reports whether key's diffs are held back: its part is down, or
+// failed in this delivery.
+func (p *partsPush) held(key string) bool {
+	if len(p.failed) == 0 && p.h.partsDown() == 0 {
+		return false
 	}
-	if p.probing {
-		p.tried = appendParts(p.tried, p.h, b)
+	return p.failed[p.h.partOf(key)] || p.h.partDownFor(key)
+}
+
+// push pushes what of b is not held back, and returns, under b's ID, the
+// batch of what is and of what failed in some parts only, whether it
+// sent anything, and a nil error. Any other failure is returned as is.
+func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b strategy.Batch) (rest *strategy.Batch, sent bool, err error) {
+	p.unsent = false
+	held, b := splitBatch(b, p.held)
+	if len(b.Diffs)+len(b.Rates) == 0 {
+		return heldBatch(held), false, nil
 	}
 	err = o.push(ctx, store, b)
 	failed, partial := strategy.FailedParts(err)
 	if err == nil || !partial || p.h.partOf("") < 0 {
-		return nil, false, err
+		return heldBatch(held), true, err
 	}
 	if p.failed == nil {
 		p.failed = make(map[int]bool)
@@ -205,10 +210,18 @@ func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b
 		p.first = err
 	}
 	in, _ := splitBatch(b, func(key string) bool { return slices.Contains(failed, p.h.partOf(key)) })
-	if len(in.Diffs)+len(in.Rates) == 0 {
-		return nil, false, nil // only marks, which a push makes again, failed
+	p.unsent = errors.Is(err, strategy.ErrNotSent)
+	held.Diffs, held.Rates = append(held.Diffs, in.Diffs...), append(held.Rates, in.Rates...)
+	return heldBatch(held), true, nil
+}
+
+// heldBatch returns b, or nil when it holds nothing to push (marks, which
+// a push makes again, are not kept).
+func heldBatch(b strategy.Batch) *strategy.Batch {
+	if len(b.Diffs)+len(b.Rates) == 0 {
+		return nil
 	}
-	return &in, errors.Is(err, strategy.ErrNotSent), nil
+	return &b
 }
 
 // err returns the partial failure of the parts that failed, or nil.
@@ -221,29 +234,6 @@ func (p *partsPush) err() error {
 		parts = append(parts, part)
 	}
 	return strategy.Partial(p.first, parts...)
-}
-
-// answered returns the parts of what was pushed that did not fail, when
-// parts were down.
-func (p *partsPush) answered() []int {
-	slices.Sort(p.tried)
-	tried := slices.Compact(p.tried)
-	return slices.DeleteFunc(tried, func(part int) bool { return p.failed[part] })
-}
-
-// appendParts appends the parts of b's diffs and rates.
-func appendParts(parts []int, h *health, b strategy.Batch) []int {
-	last := ""
-	for i, d := range b.Diffs {
-		if i == 0 || d.Key != last {
-			parts = append(parts, h.partOf(d.Key))
-			last = d.Key
-		}
-	}
-	for _, r := range b.Rates {
-		parts = append(parts, h.partOf(r.Key))
-	}
-	return parts
 }
 
 // splitBatch returns b's diffs and rates whose keys are in, and the

@@ -54,6 +54,14 @@ func (ph *partHealth) use(s strategy.Store) bool {
 	return true
 }
 
+// parted returns the store whose parts are tracked, nil when none is.
+func (ph *partHealth) parted() strategy.Parted {
+	if p := ph.store.Load(); p != nil {
+		return p.Parted
+	}
+	return nil
+}
+
 // of returns the part that holds key of namespace, or -1 when the store
 // fails as a whole.
 func (ph *partHealth) of(namespace, key string) int {
@@ -132,6 +140,19 @@ func (h *health) useStore(s strategy.Store) {
 	}
 }
 
+// parted returns the store whose parts health tracks, nil when the store
+// fails as a whole.
+func (h *health) parted() strategy.Parted { return h.parts.parted() }
+
+// allParts returns the parts of a store of n parts: 0 to n-1.
+func allParts(n int) []int {
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
+	}
+	return parts
+}
+
 // partOf returns the part of the store that holds key, or -1 when the
 // store fails as a whole.
 func (h *health) partOf(key string) int { return h.parts.of(h.name, key) }
@@ -146,6 +167,12 @@ func (h *health) downFor(key string) bool {
 		return false
 	}
 	return h.parts.isDown(h.partOf(key))
+}
+
+// partDownFor reports whether key's part of a store made of parts failed
+// since it last worked (whatever the whole store does).
+func (h *health) partDownFor(key string) bool {
+	return h.parts.downCount() > 0 && h.parts.isDown(h.partOf(key))
 }
 
 // downParts returns the parts that failed since they last worked.
@@ -203,20 +230,4 @@ func (h *health) partsUp(parts []int) {
 // only for those of failed: the others worked.
 func (h *health) partsAnswered(asked, failed []int) {
 	h.partsUp(slices.DeleteFunc(asked, func(p int) bool { return slices.Contains(failed, p) }))
-}
-
-// partsOfKeys returns, while parts are down, those of keys' parts that
-// are, ascending: what a call over keys that succeeded for them brings
-// back.
-func (h *health) partsOfKeys(keys []string) (parts []int) {
-	if h.parts.downCount() == 0 {
-		return nil
-	}
-	for _, k := range keys {
-		if p := h.partOf(k); h.parts.isDown(p) {
-			parts = append(parts, p)
-		}
-	}
-	slices.Sort(parts)
-	return slices.Compact(parts)
 }

@@ -20,8 +20,9 @@ import (
 // TestClusterMasterDownBlindsOnlyItsParts kills one master of a
 // three-master Cluster under two nodes: the keys of the other masters
 // keep syncing (periodic: each node sees the other's hits; sync_rate 0:
-// every hit reaches the store), the dead master's keys count locally,
-// and once the master is back their hits reach the store, each once.
+// every hit reaches the store), the dead master's keys count locally, a
+// node that held the whole store down finds the live masters back, and
+// once the master is back their hits reach the store, each once.
 func TestClusterMasterDownBlindsOnlyItsParts(t *testing.T) {
 	for _, syncRate := range []string{"100ms", "0"} {
 		t.Run("sync_rate "+syncRate, func(t *testing.T) {
@@ -112,6 +113,18 @@ func TestClusterMasterDownBlindsOnlyItsParts(t *testing.T) {
 					t.Fatal("a node holds the whole store down")
 				}
 			}
+			// A node that holds the whole store down (here, synchronous
+			// hits that waited too long) pings every master, and syncs
+			// again with the live ones while the dead one stays dead.
+			nodes[0].health.stalled()
+			poll.Until(t, 10*time.Second, "a node that held the whole store down to hold only the dead master's parts down", func() bool {
+				h := nodes[0].health
+				return !h.down() && h.downFor(onDead[0]) && !h.downFor(onLive[0])
+			})
+			hitAll(onLive)
+			poll.Until(t, 10*time.Second, "the live keys to sync after the stall", func() bool {
+				return s.total(t, onLive[1], time.Hour) == 6
+			})
 
 			dead.Restart() // empty: the dead keys' hits since the kill are the nodes'
 			reader := s.open(t)

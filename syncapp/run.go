@@ -2,7 +2,9 @@ package syncapp
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -96,7 +98,7 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 		asked, err = r.syncBans(ctx)
 		contacted, err = contacted || asked, r.partly(err)
 	}
-	if err == nil && r.roster != nil {
+	if err == nil && r.roster != nil && !r.health.partDownFor("") {
 		var asked bool
 		asked, err = r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
 		contacted, err = contacted || asked, r.partly(err)
@@ -106,16 +108,14 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 		// had nothing else to ask it.
 		contacted, err = r.ping(ctx)
 	}
-	if err == nil && r.health.partsDown() > 0 {
+	if p := r.health.parted(); err == nil && p != nil && r.health.partsDown() > 0 {
 		// So do the keys of the parts that failed.
-		var asked bool
-		asked, err = r.pingParts(ctx)
-		contacted = contacted || asked
+		contacted, err = true, r.pingParts(ctx, p, r.health.downParts())
 	}
 	if err == nil && r.slots.hasLocal() {
 		// Requests admitted while the store could not be asked take
 		// their slots in it before the node counts as syncing again.
-		contacted, err = true, r.partly(r.slots.adopt(ctx))
+		contacted, err = true, r.partly(r.slots.adopt(ctx, r.health.partDownFor))
 	}
 	metrics.syncDuration.WithLabelValues(r.name).Observe((time.Since(start) - waited).Seconds())
 	switch {
@@ -158,18 +158,14 @@ func (r *runner) partly(err error) error {
 	return nil
 }
 
-// pingParts asks the servers of the parts that failed whether they
-// answer again (strategy.Parted), and brings back those that do.
-func (r *runner) pingParts(ctx context.Context) (asked bool, err error) {
-	p, ok := r.store.(strategy.Parted)
-	down := r.health.downParts()
-	if !ok || len(down) == 0 {
-		return false, nil
-	}
-	err = p.PingParts(ctx, down)
+// pingParts asks the servers of the given parts whether they answer
+// (strategy.Parted), brings back those that do, and records the others
+// as failed.
+func (r *runner) pingParts(ctx context.Context, p strategy.Parted, parts []int) error {
+	err := p.PingParts(ctx, parts)
 	failed, _ := strategy.FailedParts(err)
-	r.health.partsAnswered(down, failed)
-	return true, r.partly(err)
+	r.health.partsAnswered(parts, failed)
+	return r.partly(err)
 }
 
 // fetchDue reads the store's counts of the keys due (and with a feed, its
@@ -184,6 +180,14 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 		}
 		return false, 0, nil
 	}
+	if r.health.partsDown() > 0 {
+		// The keys of the parts down keep their counts until a ping
+		// finds their parts back: nothing is asked of a dead server.
+		keys = slices.DeleteFunc(slices.Clone(keys), r.health.partDownFor)
+		if len(keys) == 0 {
+			return false, 0, nil
+		}
+	}
 	if wait := time.Until(fetchAt); wait > 0 {
 		t := time.NewTimer(wait)
 		select {
@@ -195,14 +199,13 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 		waited = wait
 	}
 	counts, err := r.getCounters(ctx, keys)
-	failed, partial := strategy.FailedParts(err)
+	_, partial := strategy.FailedParts(err)
 	if err != nil && !partial {
 		return true, waited, err
 	}
 	// On a store made of parts, the counts of the parts that answered.
 	r.counters.Apply(counts)
 	r.fetched.fetched()
-	r.health.partsAnswered(r.health.partsOfKeys(keys), failed)
 	return true, waited, err
 }
 
@@ -212,8 +215,8 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 // runs, as a push's. It reports whether it asked the store anything;
 // marks it failed to make wait for the next run.
 func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
-	if r.feed == nil {
-		return false, nil
+	if r.feed == nil || r.health.partDownFor("") {
+		return false, nil // the marks wait for the feed's part
 	}
 	marks := r.near.takeAsked()
 	if len(marks) == 0 {
@@ -232,7 +235,8 @@ func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 // read: on PostgreSQL in its transaction.
 func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count, error) {
 	now := time.Unix(0, r.counters.Now())
-	if r.feed == nil {
+	if r.feed == nil || r.health.partDownFor("") {
+		// Without the feed's part, the counts alone: the marks wait.
 		return r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), now)
 	}
 	asked := r.near.takeAsked()
@@ -270,11 +274,10 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	if r.mode == Periodic {
 		r.fetched.touch(keys, r.counters.Zone().Capacity())
 	}
-	restore, contacted, up, err := r.outbox.deliver(ctx, r.store, fl, r.health)
+	restore, contacted, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
-	r.health.partsUp(up)
 	return contacted || probed, err
 }
 
@@ -287,11 +290,10 @@ func (r *runner) probe(ctx context.Context) (asked bool, err error) {
 	}
 	r.outbox.lockTake()
 	fl := r.outbox.load(nil, r.answers)
-	restore, asked, up, err := r.outbox.deliver(ctx, r.store, fl, r.health)
+	restore, asked, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
-	r.health.partsUp(up)
 	return asked, err
 }
 
@@ -310,8 +312,22 @@ func nearShare(syncAbove float64) float64 {
 }
 
 // ping asks the store whether it serves, when it can tell, and reports
-// whether it asked.
+// whether it asked. A store made of parts serves when any part does: the
+// others are recorded as failed, their keys alone counting locally, so
+// that a node that held the whole store down (a stalled hit queue, a run
+// that failed as a whole) is not kept blind by one dead master until its
+// replica is promoted.
 func (r *runner) ping(ctx context.Context) (asked bool, err error) {
+	if p := r.health.parted(); p != nil {
+		all := allParts(p.Parts())
+		err := p.PingParts(ctx, all)
+		failed, _ := strategy.FailedParts(err)
+		if len(failed) == len(all) {
+			return true, errors.Unwrap(err) // no part answered: the whole store failed
+		}
+		r.health.partsAnswered(all, failed)
+		return true, r.partly(err)
+	}
 	p, ok := r.store.(strategy.Pinger)
 	if !ok {
 		return false, nil
@@ -322,8 +338,8 @@ func (r *runner) ping(ctx context.Context) (asked bool, err error) {
 // syncBans syncs the bans with the store when it holds bans and a handler
 // of this config bans, and reports whether it asked the store anything.
 func (r *runner) syncBans(ctx context.Context) (asked bool, err error) {
-	if r.banner == nil || !r.bansUsed.Load() {
-		return false, nil
+	if r.banner == nil || !r.bansUsed.Load() || r.health.partDownFor("") {
+		return false, nil // without the bans' part, the node's own bans hold
 	}
 	return true, r.bans.sync(ctx, r.banner)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -167,12 +168,15 @@ func (h *slotHolder) hasLocal() bool {
 // that still run, whatever the number held: the store then counts them,
 // and the fleet admits no more of their keys than the cap allows until
 // they end. A slot whose request ended meanwhile is released at once. It
-// stops at the first failure, and returns it.
-func (h *slotHolder) adopt(ctx context.Context) error {
+// stops at the first failure, and returns it. The slots of keys that skip
+// wait (the keys of a store's parts that are down).
+func (h *slotHolder) adopt(ctx context.Context, skip func(key string) bool) error {
 	h.mu.Lock()
 	local := make([]heldSlot, 0, len(h.local))
 	for s := range h.local {
-		local = append(local, s)
+		if !skip(s.slot.Key) {
+			local = append(local, s)
+		}
 	}
 	h.mu.Unlock()
 	for _, s := range local {
@@ -325,8 +329,12 @@ func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slo
 		cancel()
 		if err != nil {
 			h.health.fail(err, 0)
+			parts, partial := strategy.FailedParts(err)
 			for _, s := range slots {
-				failed = append(failed, heldSlot{store: g.store, namespace: g.namespace, slot: s})
+				// On a store made of parts, only the failed parts' slots.
+				if !partial || slices.Contains(parts, h.health.partOf(s.Key)) {
+					failed = append(failed, heldSlot{store: g.store, namespace: g.namespace, slot: s})
+				}
 			}
 		}
 	}

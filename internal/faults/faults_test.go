@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"regexp"
@@ -144,7 +145,9 @@ func TestFaultsFull(t *testing.T) {
 		versions = append(versions, "PostgreSQL: "+machine.Version(b.Postgres, "--version"))
 	}
 	fmt.Fprintf(os.Stderr, "faults: %d rows, 3 nodes, %.0f requests/s, scale %g\n", len(rows), rates.Total(), scale)
-	r := &Runner{T: t, Caddy: bin, Dir: t.TempDir(), Nodes: 3, Scale: scale, Rates: rates, Progress: os.Stderr}
+	// FAULTS_DIR keeps the nodes' configs and logs there, a directory per row.
+	dir := cmp.Or(os.Getenv("FAULTS_DIR"), t.TempDir())
+	r := &Runner{T: t, Caddy: bin, Dir: dir, Nodes: 3, Scale: scale, Rates: rates, Progress: os.Stderr}
 	t.Cleanup(r.Close)
 	rep := Report{
 		Date:      time.Now().UTC(),

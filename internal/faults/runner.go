@@ -149,7 +149,13 @@ func (r *Runner) backend(f *Fault, e *Env) (Backend, func(), error) {
 		return s, func() { s.Sentinel.Kill(); s.Replica.Kill(); s.Primary.Kill() }, nil
 	case StoreCluster:
 		timeout := cmp.Or(f.NodeTimeout, 15*time.Second)
-		c := &ClusterBackend{Cluster: redistest.StartClusterTimeout(r.T, 3, 1, timeout)}
+		var args []string
+		if f.PartialOutage {
+			// As docs/stores.md advises: the live masters serve their
+			// slots while the cluster holds one failed.
+			args = []string{"--cluster-require-full-coverage", "no"}
+		}
+		c := &ClusterBackend{Cluster: redistest.StartClusterTimeout(r.T, 3, 1, timeout, args...)}
 		e.Cluster = c
 		return c, func() {
 			for _, s := range c.Cluster.Servers {

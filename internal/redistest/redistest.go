@@ -243,8 +243,10 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int) *Cluster {
 
 // StartClusterTimeout is StartClusterWithReplicas with the nodes'
 // cluster-node-timeout: how long a master may not answer before the
-// others hold it failed and its replica takes over.
-func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.Duration) *Cluster {
+// others hold it failed and its replica takes over. args are more
+// redis-server arguments of every node (such as
+// "--cluster-require-full-coverage", "no").
+func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.Duration, args ...string) *Cluster {
 	t.Helper()
 	if masters < 3 {
 		t.Fatalf("redistest: a cluster needs at least 3 masters, got %d", masters)
@@ -257,14 +259,14 @@ func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.D
 	c := &Cluster{}
 	for range masters * (1 + replicas) {
 		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
-		s.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}
+		s.args = append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}, args...)
 		s.startOnFreePort()
 		c.Servers = append(c.Servers, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+	create := append([]string{"--cluster", "create"}, c.Addrs...)
+	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.Command(cli, create...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	ctx := context.Background()

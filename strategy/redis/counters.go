@@ -72,11 +72,8 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		return err
 	}
 	var (
-		marked []int32 // on a Cluster, the diffs that the runs replied marked
-		// On a Cluster, the first failure and the buckets of the runs
-		// that failed: the other masters' runs go on (strategy.Parted).
-		failure error
-		failed  []int
+		marked []int32      // on a Cluster, the diffs that the runs replied marked
+		parts  partFailures // on a Cluster, the other masters' runs go on
 	)
 	// Send the runs in pipelines of bounded size, one after the other.
 	for len(calls) > 0 {
@@ -96,22 +93,17 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 			if !s.cluster {
 				return err
 			}
-			failure = cmp.Or(failure, err)
-			for i, cmd := range cmds {
-				if cmd.Err() != nil {
-					failed = append(failed, calls[i].bucket)
-				}
-			}
+			addFailed(&parts, err, cmds, scriptBuckets(calls))
 		}
 		calls = calls[n:]
 	}
 	// The marks of the runs that were applied are written all the same:
 	// a retry of the batch marks nothing again.
 	if err := s.writeMarks(ctx, b, marked); err != nil {
-		failure = cmp.Or(failure, err)
-		failed = append(failed, bucketOf(b.Namespace, ""))
+		parts.first = cmp.Or(parts.first, err)
+		parts.buckets = append(parts.buckets, bucketOf(b.Namespace, ""))
 	}
-	return s.partial(failure, failed...)
+	return s.partial(parts.first, parts.buckets...)
 }
 
 // compareDiffs orders diffs by everything they hold, so that diffs sorted

@@ -521,6 +521,11 @@ func runOncePipelined(ctx context.Context, c goredis.UniversalClient, runs []scr
 	return cmds
 }
 
+// scriptBuckets returns the bucket of each of calls, by index.
+func scriptBuckets(calls []scriptCall) func(i int) int {
+	return func(i int) int { return calls[i].bucket }
+}
+
 // scriptCall is the keys and arguments of one run of a script.
 type scriptCall struct {
 	keys []string

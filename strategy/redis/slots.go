@@ -157,8 +157,9 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 	if err := strategy.CheckSlots(slots); err != nil {
 		return err
 	}
-	sets, ids := s.slotSets(namespace, slots)
+	sets, ids, buckets := s.slotSets(namespace, slots)
 	ctx, failed := s.watch(ctx)
+	var parts partFailures // on a Cluster, the other masters' go on
 	for len(sets) > 0 {
 		n := min(len(sets), maxPipelineSlotKeys)
 		pipe := s.client.Pipeline()
@@ -172,13 +173,14 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
 				return goredis.NewIntCmd(ctx, cmds[i].Args()...)
 			})
-			if err != nil {
+			if err != nil && !s.cluster {
 				return err
 			}
+			addFailed(&parts, err, cmds, func(i int) int { return buckets[i] })
 		}
-		sets, ids = sets[n:], ids[n:]
+		sets, ids, buckets = sets[n:], ids[n:], buckets[n:]
 	}
-	return nil
+	return s.partial(parts.first, parts.buckets...)
 }
 
 // RenewSlots extends the given slots of a namespace that are still held
@@ -197,29 +199,34 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	if err := strategy.CheckRenew(slots, lease); err != nil {
 		return err
 	}
-	sets, ids := s.slotSets(namespace, slots)
+	sets, ids, buckets := s.slotSets(namespace, slots)
 	leaseArg := strategy.LeaseMs(lease)
 	calls := make([]scriptCall, len(sets))
 	for i, set := range sets {
 		args := make([]any, 0, 1+len(ids[i]))
 		args = append(append(args, leaseArg), ids[i]...)
-		calls[i] = scriptCall{keys: []string{set}, args: args}
+		calls[i] = scriptCall{keys: []string{set}, args: args, bucket: buckets[i]}
 	}
+	var parts partFailures // on a Cluster, the other masters' go on
 	for len(calls) > 0 {
 		n := min(len(calls), maxPipelineSlotKeys)
-		if _, err := s.evalPipelined(ctx, renewSlotsScript, calls[:n]); err != nil {
-			return err
+		cmds, err := s.evalPipelined(ctx, renewSlotsScript, calls[:n])
+		if err != nil {
+			if !s.cluster {
+				return err
+			}
+			addFailed(&parts, err, cmds, scriptBuckets(calls))
 		}
 		calls = calls[n:]
 	}
-	return nil
+	return s.partial(parts.first, parts.buckets...)
 }
 
 // slotSets groups slots by key: the sorted set of each key, in the order
-// first given, and the ids of its slots, each once.
-func (s *Store) slotSets(namespace string, slots []strategy.Slot) (sets []string, ids [][]any) {
+// first given, the ids of its slots, each once, and its bucket.
+func (s *Store) slotSets(namespace string, slots []strategy.Slot) (sets []string, ids [][]any, buckets []int) {
 	if len(slots) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	nsp := nsPart(namespace)
 	index := make(map[string]int, len(slots))
@@ -233,10 +240,12 @@ func (s *Store) slotSets(namespace string, slots []strategy.Slot) (sets []string
 		if !ok {
 			i = len(sets)
 			index[sl.Key] = i
-			sets = append(sets, s.layout.slotsKey(bucketOf(namespace, sl.Key), nsp, sl.Key))
+			b := bucketOf(namespace, sl.Key)
+			sets = append(sets, s.layout.slotsKey(b, nsp, sl.Key))
 			ids = append(ids, nil)
+			buckets = append(buckets, b)
 		}
 		ids[i] = append(ids[i], sl.ID)
 	}
-	return sets, ids
+	return sets, ids, buckets
 }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -52,7 +53,7 @@ func newStore(r *Redis) *Store {
 	if r.tlsConfig != nil {
 		tlsConfig = r.tlsConfig.Clone() // one per client, never shared
 	}
-	client := goredis.NewUniversalClient(&goredis.UniversalOptions{
+	opts := &goredis.UniversalOptions{
 		Addrs:            r.Addresses,
 		MasterName:       r.MasterName,
 		Username:         r.Username,
@@ -73,7 +74,20 @@ func newStore(r *Redis) *Store {
 		DialerRetries: 2,
 		// Give up on a cancelled or timed-out sync at once.
 		ContextTimeoutEnabled: true,
-	})
+	}
+	if r.MasterName == "" && len(r.Addresses) > 1 { // a Cluster
+		// A master that refuses a dial is down: its slots fail at once
+		// (strategy.Parted), and the call's other masters' share is not
+		// held back by dials and resends to it, which go-redis's
+		// defaults (a dial retried after 100 ms, three resends with a
+		// backoff of up to 512 ms) made last up to a second. Two
+		// resends still follow a MOVED and then an ASK while slots
+		// migrate; a failed part is pinged again within 250 ms.
+		opts.DialerRetries = 1
+		opts.MaxRedirects = 2
+		opts.MaxRetryBackoff = 16 * time.Millisecond
+	}
+	client := goredis.NewUniversalClient(opts)
 	s := &Store{
 		client: client,
 		layout: r.layout,
@@ -133,6 +147,25 @@ func (s *Store) partial(err error, buckets ...int) error {
 		return err
 	}
 	return strategy.Partial(err, buckets...)
+}
+
+// partFailures gathers the failures of a call's pipelines on a Cluster,
+// whose other masters' commands go on (strategy.Parted): the first error,
+// and the bucket of each command that failed.
+type partFailures struct {
+	first   error
+	buckets []int
+}
+
+// addFailed records err, a pipeline's failure, and the bucket of each of
+// its commands that failed, bucket(i) being that of cmds[i].
+func addFailed[C interface{ Err() error }](f *partFailures, err error, cmds []C, bucket func(i int) int) {
+	f.first = cmp.Or(f.first, err)
+	for i, cmd := range cmds {
+		if cmd.Err() != nil {
+			f.buckets = append(f.buckets, bucket(i))
+		}
+	}
 }
 
 // checkOpen returns an error that wraps strategy.ErrNotSent and go-redis's

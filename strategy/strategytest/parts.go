@@ -150,6 +150,21 @@ func testOnePartFails(t *testing.T, h Harness, s strategy.Parted) {
 		}
 	}
 
+	if sl, ok := s.(strategy.Slotter); ok {
+		// Releasing and renewing slots fail for the failed parts only.
+		var slots []strategy.Slot
+		for _, k := range keys[:20] {
+			slots = append(slots, strategy.Slot{Key: k, ID: unique("slot")})
+		}
+		want := failedOf(s, ns, keys[:20], failed)
+		if parts, partial := strategy.FailedParts(sl.ReleaseSlots(ctx, ns, slots)); !partial || !slices.Equal(parts, want) {
+			t.Errorf("ReleaseSlots: failed parts %v (partial %v), want the failed parts of the keys, %v", parts, partial, want)
+		}
+		if parts, partial := strategy.FailedParts(sl.RenewSlots(ctx, ns, slots, time.Minute)); !partial || !slices.Equal(parts, want) {
+			t.Errorf("RenewSlots: failed parts %v (partial %v), want the failed parts of the keys, %v", parts, partial, want)
+		}
+	}
+
 	allParts := failedOf(s, ns, keys, func() []int {
 		var all []int
 		for _, k := range keys {
