@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,6 +53,9 @@ type Fault struct {
 	// advises.
 	NodeTimeout   time.Duration
 	PartialOutage bool
+	// Migrates is set when slots move between masters while the store
+	// serves (a Cluster resharded): the limit holds throughout.
+	Migrates bool
 	// Inject injects the fault, calls e.Began when it starts and returns
 	// once the store serves again (or the fault is over).
 	Inject func(ctx context.Context, e *Env) (served time.Time, err error)
@@ -59,6 +63,8 @@ type Fault struct {
 
 // Env is what a fault acts on.
 type Env struct {
+	// T is the test the row runs in.
+	T testing.TB
 	// Scale multiplies the faults' durations.
 	Scale float64
 	// Nodes and Load are the row's.
@@ -281,6 +287,11 @@ var Faults = []*Fault{
 		Inject: naturalFailover,
 	},
 	{
+		Name: "cluster-reshard", Title: "Redis Cluster: a fourth master added, a quarter of the slots (4,096) migrated to it (redis-cli --cluster reshard)", Store: StoreCluster,
+		Migrates: true,
+		Inject:   reshard,
+	},
+	{
 		Name: "cluster-failover", Title: "Redis Cluster: a master killed, its replica promoted (CLUSTER FAILOVER TAKEOVER)", Store: StoreCluster, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
 			return clusterFailover(ctx, e, false)
@@ -356,6 +367,20 @@ func clusterFailover(ctx context.Context, e *Env, natural bool) (time.Time, erro
 			return time.Time{}, err
 		}
 	}
+}
+
+// reshard adds a fourth master to the Cluster and moves a quarter of the
+// slots to it, and returns once they are all moved.
+func reshard(ctx context.Context, e *Env) (time.Time, error) {
+	c := e.Cluster.Cluster
+	m := c.AddMaster(e.T)
+	e.Began()
+	began := time.Now()
+	if err := c.Reshard(ctx, m, 16384/4); err != nil {
+		return time.Time{}, err
+	}
+	e.Note("4,096 slots moved to the new master %s in %.2f s", m.Addr, time.Since(began).Seconds())
+	return time.Now(), nil
 }
 
 // holdsKey reports whether the Redis at addr holds a key that ends with

@@ -519,6 +519,10 @@ func (o *Outcome) Checks() []Check {
 			Check{"the dead master's keys: every node syncs them again ≤ 1 s after the promotion", rec, o.RecoveryMax >= 0 && o.RecoveryMax <= time.Second},
 		)
 	}
+	if o.Row.Fault.Migrates {
+		cs = append(cs, Check{"admitted / limit ≤ 1.10 × the fleet's once every slot is moved (after), in every whole second while slots move",
+			fmt.Sprintf("%.2f (after: %.2f)", o.LimitDuring, o.LimitAfter), o.LimitDuring <= 1.10*max(1, o.LimitAfter)})
+	}
 	switch o.Row.Fault.Policy {
 	case "share":
 		cs = append(cs, Check{fmt.Sprintf("share: admitted / limit ≤ 1.10 in every whole second from %s after the store went away until it serves", secs(PolicyGrace)),

@@ -171,7 +171,7 @@ func (r *Runner) backend(f *Fault, e *Env) (Backend, func(), error) {
 // what happened.
 func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	began := time.Now()
-	env := &Env{Scale: r.Scale, KilledNode: -1}
+	env := &Env{T: r.T, Scale: r.Scale, KilledNode: -1}
 	backend, release, err := r.backend(row.Fault, env)
 	if err != nil {
 		return nil, err

@@ -221,6 +221,9 @@ type Cluster struct {
 	Servers []*Server
 	// Addrs are their addresses, as a client's seed list.
 	Addrs []string
+
+	t    testing.TB
+	args []string // every node's redis-server arguments
 }
 
 // StartCluster starts a Redis Cluster with the given number of masters
@@ -256,13 +259,9 @@ func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.D
 	if err != nil {
 		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
 	}
-	c := &Cluster{}
+	c := &Cluster{t: t, args: append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}, args...)}
 	for range masters * (1 + replicas) {
-		s := &Server{t: t, bin: bin, dir: t.TempDir(), bus: true}
-		s.args = append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}, args...)
-		s.startOnFreePort()
-		c.Servers = append(c.Servers, s)
-		c.Addrs = append(c.Addrs, s.Addr)
+		c.startNode(bin)
 	}
 	create := append([]string{"--cluster", "create"}, c.Addrs...)
 	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
@@ -316,6 +315,68 @@ func StartClusterTimeout(t testing.TB, masters, replicas int, nodeTimeout time.D
 		}
 	}
 	return c
+}
+
+// startNode starts one more node with the cluster's arguments.
+func (c *Cluster) startNode(bin string) *Server {
+	s := &Server{t: c.t, bin: bin, dir: c.t.TempDir(), bus: true, args: c.args}
+	s.startOnFreePort()
+	c.Servers = append(c.Servers, s)
+	c.Addrs = append(c.Addrs, s.Addr)
+	return s
+}
+
+// AddMaster starts one more node with the cluster's settings, joins it to
+// the cluster as a master without slots (redis-cli --cluster add-node),
+// and returns once every running node knows it.
+func (c *Cluster) AddMaster(t testing.TB) *Server {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli is needed to add a node: %v", err)
+	}
+	seed := c.Addrs[0]
+	s := c.startNode(Require(t))
+	if out, err := exec.Command(cli, "--cluster", "add-node", s.Addr, seed).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster add-node %s %s: %v\n%s", s.Addr, seed, err, out)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, o := range c.Servers {
+		for o.cmd != nil {
+			nodes, err := o.nodes(ctx)
+			if err == nil && slices.ContainsFunc(nodes, func(n clusterNode) bool { return n.addr == s.Addr && n.master }) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: %s does not know the new master %s: %v %v", o.Addr, s.Addr, nodes, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return s
+}
+
+// Reshard moves n slots, taken from every master, to the master to, while
+// the cluster serves (redis-cli --cluster reshard, which migrates their
+// keys with MIGRATE), and returns once it is done.
+func (c *Cluster) Reshard(ctx context.Context, to *Server, n int) error {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return fmt.Errorf("redis-cli is needed to reshard: %w", err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: to.Addr})
+	id, err := rc.ClusterMyID(ctx).Result()
+	rc.Close()
+	if err != nil {
+		return fmt.Errorf("CLUSTER MYID on %s: %w", to.Addr, err)
+	}
+	out, err := exec.CommandContext(ctx, cli, "--cluster", "reshard", to.Addr,
+		"--cluster-from", "all", "--cluster-to", id, "--cluster-slots", strconv.Itoa(n), "--cluster-yes").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("redis-cli --cluster reshard: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // Masters returns the running nodes that are masters holding slots, as
