@@ -297,11 +297,15 @@ func lostBans(known, version int64) bool {
 
 // writeBack returns push with the bans this node holds that end more
 // than banClockMargin from now, for a store that lost its bans, and logs
-// it when there are any. Bans about to end are left to end: a store whose
-// clock is ahead may have expired them already, and would refuse them at
-// every run.
+// it when there are any besides those of push (a store that never held a
+// ban reads as one that lost them: the node's first bans are no loss).
+// Bans about to end are left to end: a store whose clock is ahead may
+// have expired them already, and would refuse them at every run.
 func (t *banTable) writeBack(push []strategy.Ban) []strategy.Ban {
 	held, _ := t.active(time.Now().Add(banClockMargin).UnixNano(), math.MaxInt)
+	held = slices.DeleteFunc(held, func(b strategy.Ban) bool {
+		return slices.ContainsFunc(push, func(p strategy.Ban) bool { return p.Key == b.Key })
+	})
 	if len(held) == 0 {
 		return push
 	}
