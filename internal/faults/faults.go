@@ -54,8 +54,10 @@ type Fault struct {
 	NodeTimeout   time.Duration
 	PartialOutage bool
 	// Migrates is set when slots move between masters while the store
-	// serves (a Cluster resharded): the limit holds throughout.
-	Migrates bool
+	// serves (a Cluster resharded): the limit holds throughout. Stuck
+	// is set when one slot stays half-way through its move: only its
+	// part may fail.
+	Migrates, Stuck bool
 	// Inject injects the fault, calls e.Began when it starts and returns
 	// once the store serves again (or the fault is over).
 	Inject func(ctx context.Context, e *Env) (served time.Time, err error)
@@ -84,6 +86,9 @@ type Env struct {
 	// SlotsFrom a server to ask CLUSTER KEYSLOT.
 	FailedSlots []slotRange
 	SlotsFrom   string
+	// StuckParts is how many of the store's parts live in a slot the
+	// fault leaves stuck.
+	StuckParts int
 
 	began func(time.Time)
 	notes []string
@@ -292,6 +297,11 @@ var Faults = []*Fault{
 		Inject:   reshard,
 	},
 	{
+		Name: "cluster-stuck-slot", Title: "Redis Cluster: a slot left half-way through its migration to another master for %s (MIGRATING, IMPORTING, half its keys moved), then moved", Store: StoreCluster,
+		Migrates: true, Stuck: true,
+		Inject: stuckSlot,
+	},
+	{
 		Name: "cluster-failover", Title: "Redis Cluster: a master killed, its replica promoted (CLUSTER FAILOVER TAKEOVER)", Store: StoreCluster, StoreLoses: true,
 		Inject: func(ctx context.Context, e *Env) (time.Time, error) {
 			return clusterFailover(ctx, e, false)
@@ -381,6 +391,48 @@ func reshard(ctx context.Context, e *Env) (time.Time, error) {
 	}
 	e.Note("4,096 slots moved to the new master %s in %.2f s", m.Addr, time.Since(began).Seconds())
 	return time.Now(), nil
+}
+
+// stuckSlot leaves the slot of a key of the load, which the load sends
+// now, half-way through its migration to another master for 10 s
+// (scaled), and then finishes the move.
+func stuckSlot(ctx context.Context, e *Env) (time.Time, error) {
+	c := e.Cluster.Cluster
+	key := e.Load.CountKey(int(time.Since(e.Load.Started())/time.Second), 0)
+	slot, err := bucketSlot(ctx, c.Addrs[0], redisBucket(Namespace, key))
+	if err != nil {
+		return time.Time{}, err
+	}
+	if limit, err := bucketSlot(ctx, c.Addrs[0], redisBucket(Namespace, e.Load.LimitKey)); err != nil || limit == slot {
+		return time.Time{}, fmt.Errorf("the limited key is in the slot to leave stuck, %d, or unknown: %v", slot, err)
+	}
+	for b := range redisBuckets {
+		if s, err := bucketSlot(ctx, c.Addrs[0], b); err == nil && s == slot {
+			e.StuckParts++
+		}
+	}
+	m, err := c.BeginMigration(ctx, slot)
+	if err != nil {
+		return time.Time{}, err
+	}
+	e.Began()
+	e.Note("slot %d (the key %s) left migrating from %s to %s", slot, key, m.Src, m.Dst)
+	if err := Sleep(ctx, e.Scaled(10*time.Second, time.Second)); err != nil {
+		return time.Time{}, err
+	}
+	if err := m.Finish(ctx); err != nil {
+		return time.Time{}, err
+	}
+	return time.Now(), nil
+}
+
+// bucketSlot returns the Cluster slot of a bucket of the Redis store, as
+// the server at addr computes it.
+func bucketSlot(ctx context.Context, addr string, bucket int) (int, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	slot, err := c.ClusterKeySlot(ctx, "{"+strconv.Itoa(bucket)+"}").Result()
+	return int(slot), err
 }
 
 // holdsKey reports whether the Redis at addr holds a key that ends with
@@ -517,7 +569,7 @@ func (f *Fault) TitleFor(scale float64) string {
 	e := &Env{Scale: scale}
 	var d string
 	switch f.Name {
-	case "redis-pause", "redis-pause-share", "redis-pause-deny", "redis-slow", "node-partition":
+	case "redis-pause", "redis-pause-share", "redis-pause-deny", "redis-slow", "node-partition", "cluster-stuck-slot":
 		d = secs(e.Scaled(10*time.Second, time.Second))
 	case "redis-kill":
 		d = secs(e.Scaled(5*time.Second, time.Second))

@@ -199,7 +199,11 @@ type SyncSample struct {
 	Errors  float64 // caddy_rate_limit_sync_errors_total: failed runs and hits
 	Pending float64 // caddy_rate_limit_pending_diffs
 	Dropped float64 // caddy_rate_limit_dropped_diffs_total of the zone default
-	OK      bool    // the metrics could be read
+	// Down is 1 when the node held the whole store down
+	// (caddy_rate_limit_store_up 0), PartsDown how many parts of it
+	// (caddy_rate_limit_store_parts_down).
+	Down, PartsDown float64
+	OK              bool // the metrics could be read
 }
 
 // Sync reads the node's sync metrics.
@@ -232,6 +236,10 @@ func (n *Node) Sync(ctx context.Context) SyncSample {
 			s.Pending = v
 		case `caddy_rate_limit_dropped_diffs_total{zone="default"}`:
 			s.Dropped = v
+		case "caddy_rate_limit_store_up" + label:
+			s.Down = 1 - v
+		case "caddy_rate_limit_store_parts_down" + label:
+			s.PartsDown = v
 		}
 	}
 	return s

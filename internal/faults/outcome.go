@@ -121,6 +121,13 @@ type Outcome struct {
 
 	// Samples are each node's sync metrics, every 100 ms.
 	Samples [][]SyncSample
+	// StuckParts is, in a row that leaves a Cluster slot stuck, how many
+	// of the store's parts live in that slot: the most any node may hold
+	// down. WholeDown and PartsDownMost are what the nodes held down
+	// while it was (Samples).
+	StuckParts    int
+	WholeDown     bool
+	PartsDownMost float64
 
 	// Settled is how long after the load stopped every live node had
 	// pushed its pending diffs.
@@ -273,6 +280,7 @@ func (o *Outcome) account(ctx context.Context, results []*Result, readers []*Nod
 	l.of(lat)
 	o.P50, o.P99, o.Max, o.Slow, o.LatencyN = l.P50, l.P99, l.Max, l.Slow, l.N
 	o.recovery()
+	o.heldDown()
 	o.concurrency(up)
 
 	// The store's counts, key by key, through any live node: a node whose
@@ -451,6 +459,19 @@ func (o *Outcome) recovery() {
 	}
 }
 
+// heldDown finds what the nodes held down from the fault's start until
+// the store served: the whole store, and the most parts.
+func (o *Outcome) heldDown() {
+	for _, ss := range o.Samples {
+		for _, x := range ss {
+			if x.OK && !x.At.Before(o.Start) && x.At.Before(o.Served) {
+				o.WholeDown = o.WholeDown || x.Down > 0
+				o.PartsDownMost = max(o.PartsDownMost, x.PartsDown)
+			}
+		}
+	}
+}
+
 // Check is one promise of docs/faults.md, as this row measured
 // it.
 type Check struct {
@@ -518,6 +539,10 @@ func (o *Outcome) Checks() []Check {
 				fmt.Sprintf("%.2f (after: %.2f)", o.LimitDuring, o.LimitAfter), o.LimitDuring <= 1.10*max(1, o.LimitAfter)},
 			Check{"the dead master's keys: every node syncs them again ≤ 1 s after the promotion", rec, o.RecoveryMax >= 0 && o.RecoveryMax <= time.Second},
 		)
+	}
+	if o.Row.Fault.Stuck {
+		cs = append(cs, Check{fmt.Sprintf("a stuck slot: no node holds the whole store down, nor more than the slot's parts (%d) while it is stuck", o.StuckParts),
+			fmt.Sprintf("whole store down: %v; parts down: %g at most", o.WholeDown, o.PartsDownMost), !o.WholeDown && o.PartsDownMost <= float64(o.StuckParts)})
 	}
 	if o.Row.Fault.Migrates {
 		cs = append(cs, Check{"admitted / limit ≤ 1.10 × the fleet's once every slot is moved (after), in every whole second while slots move",

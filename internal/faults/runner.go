@@ -278,7 +278,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (*Outcome, error) {
 	o.End = time.Now()
 	o.Served = served
 	o.KilledNode, o.KilledAt = env.KilledNode, env.KilledAt
-	o.failedSlots, o.slotsFrom = env.FailedSlots, env.SlotsFrom
+	o.failedSlots, o.slotsFrom, o.StuckParts = env.FailedSlots, env.SlotsFrom, env.StuckParts
 	// A Redis restarted empty lost the ban set off before the fault: the
 	// nodes that hold it write it back.
 	banBack := make(chan time.Duration, 1)

@@ -586,3 +586,123 @@ func StartSentinel(t testing.TB, master *Server, name string, downAfter time.Dur
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Migration is a slot of a Cluster left half-way through its move to
+// another master, as a reshard that broke: the source MIGRATING, the
+// target IMPORTING, some of its keys moved.
+type Migration struct {
+	Slot       int
+	Src, Dst   string // addresses
+	srcID, dst string
+}
+
+// BeginMigration starts moving slot from its master to another master
+// (CLUSTER SETSLOT IMPORTING on the target, MIGRATING on the source),
+// moves half of the slot's keys (MIGRATE), and leaves it so.
+func (c *Cluster) BeginMigration(ctx context.Context, slot int) (*Migration, error) {
+	seed := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
+	ranges, err := seed.ClusterSlots(ctx).Result()
+	seed.Close()
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER SLOTS: %w", err)
+	}
+	m := &Migration{Slot: slot}
+	var masters []string
+	for _, r := range ranges {
+		addr := r.Nodes[0].Addr
+		if !slices.Contains(masters, addr) {
+			masters = append(masters, addr)
+		}
+		if slot >= r.Start && slot <= r.End {
+			m.Src, m.srcID = addr, r.Nodes[0].ID
+		}
+	}
+	for _, r := range ranges {
+		if a := r.Nodes[0].Addr; a != m.Src && m.Dst == "" {
+			m.Dst, m.dst = a, r.Nodes[0].ID
+		}
+	}
+	if m.Src == "" || m.Dst == "" {
+		return nil, fmt.Errorf("slot %d: no master serves it, or no other master: %v", slot, ranges)
+	}
+	if err := m.do(ctx, m.Dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.srcID); err != nil {
+		return nil, err
+	}
+	if err := m.do(ctx, m.Src, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.dst); err != nil {
+		return nil, err
+	}
+	keys, err := m.keys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return m, m.move(ctx, keys[:len(keys)/2])
+}
+
+// Finish moves the slot's other keys and gives it to the target on every
+// master, as redis-cli --cluster fix would.
+func (m *Migration) Finish(ctx context.Context) error {
+	for {
+		keys, err := m.keys(ctx)
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if err := m.move(ctx, keys); err != nil {
+			return err
+		}
+	}
+	seed := redis.NewClient(&redis.Options{Addr: m.Dst})
+	ranges, err := seed.ClusterSlots(ctx).Result()
+	seed.Close()
+	if err != nil {
+		return fmt.Errorf("CLUSTER SLOTS: %w", err)
+	}
+	addrs := []string{m.Dst, m.Src}
+	for _, r := range ranges {
+		if a := r.Nodes[0].Addr; !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	for _, a := range addrs {
+		if err := m.do(ctx, a, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keys returns up to 1,000 keys of the slot left on the source.
+func (m *Migration) keys(ctx context.Context) ([]string, error) {
+	c := redis.NewClient(&redis.Options{Addr: m.Src})
+	defer c.Close()
+	keys, err := c.ClusterGetKeysInSlot(ctx, m.Slot, 1000).Result()
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER GETKEYSINSLOT %d on %s: %w", m.Slot, m.Src, err)
+	}
+	return keys, nil
+}
+
+// move migrates keys from the source to the target.
+func (m *Migration) move(ctx context.Context, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	host, port, _ := net.SplitHostPort(m.Dst)
+	args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return m.do(ctx, m.Src, args...)
+}
+
+// do sends one command to the node at addr.
+func (m *Migration) do(ctx context.Context, addr string, args ...any) error {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	if err := c.Do(ctx, args...).Err(); err != nil {
+		return fmt.Errorf("%v on %s: %w", args[:min(len(args), 4)], addr, err)
+	}
+	return nil
+}
