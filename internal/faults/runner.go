@@ -38,6 +38,15 @@ func (r Row) SyncRate() time.Duration {
 	return PeriodicRate
 }
 
+// Interval is how often the row's nodes run a sync: sync_rate, or at
+// sync_rate 0 once a second.
+func (r Row) Interval() time.Duration {
+	if r.Sync {
+		return time.Second
+	}
+	return PeriodicRate
+}
+
 // Mode names the row's sync mode.
 func (r Row) Mode() string {
 	if r.Sync {
