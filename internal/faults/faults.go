@@ -398,16 +398,18 @@ func reshard(ctx context.Context, e *Env) (time.Time, error) {
 // (scaled), and then finishes the move.
 func stuckSlot(ctx context.Context, e *Env) (time.Time, error) {
 	c := e.Cluster.Cluster
+	slots := newBucketSlots(c.Addrs[0])
+	defer slots.close()
 	key := e.Load.CountKey(int(time.Since(e.Load.Started())/time.Second), 0)
-	slot, err := bucketSlot(ctx, c.Addrs[0], redisBucket(Namespace, key))
+	slot, err := slots.of(ctx, redisBucket(Namespace, key))
 	if err != nil {
 		return time.Time{}, err
 	}
-	if limit, err := bucketSlot(ctx, c.Addrs[0], redisBucket(Namespace, e.Load.LimitKey)); err != nil || limit == slot {
+	if limit, err := slots.of(ctx, redisBucket(Namespace, e.Load.LimitKey)); err != nil || limit == slot {
 		return time.Time{}, fmt.Errorf("the limited key is in the slot to leave stuck, %d, or unknown: %v", slot, err)
 	}
 	for b := range redisBuckets {
-		if s, err := bucketSlot(ctx, c.Addrs[0], b); err == nil && s == slot {
+		if s, err := slots.of(ctx, b); err == nil && s == slot {
 			e.StuckParts++
 		}
 	}
@@ -424,15 +426,6 @@ func stuckSlot(ctx context.Context, e *Env) (time.Time, error) {
 		return time.Time{}, err
 	}
 	return time.Now(), nil
-}
-
-// bucketSlot returns the Cluster slot of a bucket of the Redis store, as
-// the server at addr computes it.
-func bucketSlot(ctx context.Context, addr string, bucket int) (int, error) {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	slot, err := c.ClusterKeySlot(ctx, "{"+strconv.Itoa(bucket)+"}").Result()
-	return int(slot), err
 }
 
 // holdsKey reports whether the Redis at addr holds a key that ends with

@@ -72,21 +72,42 @@ func inSlots(rs []slotRange, slot int) bool {
 
 // onFailedSlots returns a function that reports whether a key of the
 // namespace lives on the failed master's slots, asking addr for each
-// bucket's slot once; nil when it cannot ask.
+// bucket's slot once.
 func onFailedSlots(ctx context.Context, addr string, failed []slotRange) func(key string) (bool, bool) {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	slots := map[int]int{}
+	slots := newBucketSlots(addr)
 	return func(key string) (on, ok bool) {
-		b := redisBucket(Namespace, key)
-		slot, seen := slots[b]
-		if !seen {
-			n, err := c.ClusterKeySlot(ctx, "{"+strconv.Itoa(b)+"}").Result()
-			if err != nil {
-				return false, false
-			}
-			slot = int(n)
-			slots[b] = slot
+		slot, err := slots.of(ctx, redisBucket(Namespace, key))
+		if err != nil {
+			return false, false
 		}
 		return inSlots(failed, slot), true
 	}
 }
+
+// bucketSlots tells the Cluster slot of each bucket of the Redis store,
+// asking the server at addr (CLUSTER KEYSLOT of the bucket's hash tag)
+// once per bucket.
+type bucketSlots struct {
+	c     *redis.Client
+	slots map[int]int
+}
+
+func newBucketSlots(addr string) *bucketSlots {
+	return &bucketSlots{c: redis.NewClient(&redis.Options{Addr: addr}), slots: map[int]int{}}
+}
+
+// of returns the slot of bucket.
+func (b *bucketSlots) of(ctx context.Context, bucket int) (int, error) {
+	if slot, seen := b.slots[bucket]; seen {
+		return slot, nil
+	}
+	n, err := b.c.ClusterKeySlot(ctx, "{"+strconv.Itoa(bucket)+"}").Result()
+	if err != nil {
+		return 0, err
+	}
+	b.slots[bucket] = int(n)
+	return int(n), nil
+}
+
+// close closes the client.
+func (b *bucketSlots) close() { b.c.Close() }
