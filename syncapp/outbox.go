@@ -183,7 +183,8 @@ func (p *partsPush) held(key string) bool {
 	if len(p.failed) == 0 && p.h.partsDown() == 0 {
 		return false
 	}
-	return p.failed[p.h.partOf(key)] || p.h.partDownFor(key)
+	part := p.h.partOf(key)
+	return p.failed[part] || p.h.partIsDown(part)
 }
 
 // push pushes what of b is not held back, and returns, under b's ID, the
@@ -197,7 +198,7 @@ func (p *partsPush) push(ctx context.Context, o *outbox, store strategy.Store, b
 	}
 	err = o.push(ctx, store, b)
 	failed, partial := strategy.FailedParts(err)
-	if err == nil || !partial || p.h.partOf("") < 0 {
+	if err == nil || !partial || p.h.parted() == nil {
 		return heldBatch(held), true, err
 	}
 	if p.failed == nil {

@@ -160,20 +160,17 @@ func (h *health) partOf(key string) int { return h.parts.of(h.name, key) }
 // downFor reports whether requests for key should skip the store: the
 // whole store, or key's part, failed since it last worked.
 func (h *health) downFor(key string) bool {
-	if h.failing.Load() {
-		return true
-	}
-	if h.parts.downCount() == 0 {
-		return false
-	}
-	return h.parts.isDown(h.partOf(key))
+	return h.failing.Load() || h.partDownFor(key)
 }
 
 // partDownFor reports whether key's part of a store made of parts failed
 // since it last worked (whatever the whole store does).
 func (h *health) partDownFor(key string) bool {
-	return h.parts.downCount() > 0 && h.parts.isDown(h.partOf(key))
+	return h.parts.downCount() > 0 && h.partIsDown(h.partOf(key))
 }
+
+// partIsDown reports whether part p failed since it last worked.
+func (h *health) partIsDown(p int) bool { return h.parts.isDown(p) }
 
 // downParts returns the parts that failed since they last worked.
 func (h *health) downParts() []int { return h.parts.list() }
@@ -191,7 +188,7 @@ func (h *health) anyDown() bool { return h.failing.Load() || h.parts.downCount()
 // or else of the whole store.
 func (h *health) fail(err error, logInterval time.Duration) {
 	parts, partial := strategy.FailedParts(err)
-	if !partial || h.partOf("") < 0 {
+	if !partial || h.parted() == nil {
 		h.failed(err, logInterval)
 		return
 	}
@@ -227,7 +224,11 @@ func (h *health) partsUp(parts []int) {
 }
 
 // partsAnswered records that a call that asked the given parts failed
-// only for those of failed: the others worked.
+// only for those of failed (ascending, as strategy.PartialError's): the
+// others worked.
 func (h *health) partsAnswered(asked, failed []int) {
-	h.partsUp(slices.DeleteFunc(asked, func(p int) bool { return slices.Contains(failed, p) }))
+	h.partsUp(slices.DeleteFunc(asked, func(p int) bool {
+		_, found := slices.BinarySearch(failed, p)
+		return found
+	}))
 }

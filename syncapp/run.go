@@ -151,18 +151,31 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 // made of parts (see partHealth), as theirs, and returns nil: the run
 // goes on with the other parts. Any other err it returns as is.
 func (r *runner) partly(err error) error {
-	if _, partial := strategy.FailedParts(err); !partial || r.health.partOf("") < 0 {
+	if _, partial := strategy.FailedParts(err); !partial || r.health.parted() == nil {
 		return err
 	}
 	r.health.fail(err, r.rate)
 	return nil
 }
 
+// failedWhole reports whether err is a failure of a whole call, not of
+// some parts of a store made of parts (strategy.PartialError), whose call
+// brings back what the others answered.
+func failedWhole(err error) bool {
+	_, partial := strategy.FailedParts(err)
+	return err != nil && !partial
+}
+
 // pingParts asks the servers of the given parts whether they answer
 // (strategy.Parted), brings back those that do, and records the others
 // as failed.
 func (r *runner) pingParts(ctx context.Context, p strategy.Parted, parts []int) error {
-	err := p.PingParts(ctx, parts)
+	return r.answered(parts, p.PingParts(ctx, parts))
+}
+
+// answered brings back the parts that a call that asked the given parts
+// did not name failed in its err, and records the others as failed.
+func (r *runner) answered(parts []int, err error) error {
 	failed, _ := strategy.FailedParts(err)
 	r.health.partsAnswered(parts, failed)
 	return r.partly(err)
@@ -199,8 +212,7 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 		waited = wait
 	}
 	counts, err := r.getCounters(ctx, keys)
-	_, partial := strategy.FailedParts(err)
-	if err != nil && !partial {
+	if failedWhole(err) {
 		return true, waited, err
 	}
 	// On a store made of parts, the counts of the parts that answered.
@@ -243,7 +255,7 @@ func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count
 	counts, marks, version, err := r.feed.GetCountersNear(ctx, r.name, keys, r.sizes.list(), now, r.near.known(), asked)
 	if err != nil {
 		r.near.reask(asked)
-		if _, partial := strategy.FailedParts(err); !partial {
+		if failedWhole(err) {
 			return nil, err
 		}
 	}
@@ -321,12 +333,11 @@ func (r *runner) ping(ctx context.Context) (asked bool, err error) {
 	if p := r.health.parted(); p != nil {
 		all := allParts(p.Parts())
 		err := p.PingParts(ctx, all)
-		failed, _ := strategy.FailedParts(err)
-		if len(failed) == len(all) {
-			return true, errors.Unwrap(err) // no part answered: the whole store failed
+		var pe *strategy.PartialError
+		if errors.As(err, &pe) && len(pe.Parts) == len(all) {
+			return true, pe.Err // no part answered: the whole store failed
 		}
-		r.health.partsAnswered(all, failed)
-		return true, r.partly(err)
+		return true, r.answered(all, err)
 	}
 	p, ok := r.store.(strategy.Pinger)
 	if !ok {
@@ -374,7 +385,7 @@ func (r *runner) fetch(ctx context.Context, keys []string) error {
 	}
 	defer r.lock.unlock()
 	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Unix(0, r.counters.Now()))
-	if _, partial := strategy.FailedParts(err); err != nil && !partial {
+	if failedWhole(err) {
 		return err
 	}
 	r.counters.Apply(counts) // on a store made of parts, those that answered
