@@ -100,8 +100,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	// The marks of the runs that were applied are written all the same:
 	// a retry of the batch marks nothing again.
 	if err := s.writeMarks(ctx, b, marked); err != nil {
-		parts.first = cmp.Or(parts.first, err)
-		parts.buckets = append(parts.buckets, bucketOf(b.Namespace, ""))
+		parts.add(err, bucketOf(b.Namespace, ""))
 	}
 	return s.partial(parts.first, parts.buckets...)
 }
@@ -407,12 +406,11 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		refs   []windowRef // one per key read, in order
 		batch  []string    // the keys of the MGET being built
 		reads  int         // keys read by the pipeline
-		// On a Cluster, the bucket each MGET reads, and the first failure
-		// and the buckets of the MGETs that failed: the others' counts
-		// are returned all the same (strategy.Parted).
+		// On a Cluster, the bucket each MGET reads, and the failures of
+		// the MGETs that failed: the others' counts are returned all the
+		// same (strategy.Parted).
 		mgetBuckets []int
-		failure     error
-		failedParts []int
+		parts       partFailures
 		bucketNow   int
 	)
 	flush := func() error {
@@ -435,8 +433,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		at := 0
 		for m, cmd := range mgets {
 			if err := cmd.Err(); err != nil {
-				failure = cmp.Or(failure, notSent(err))
-				failedParts = append(failedParts, mgetBuckets[m])
+				parts.add(notSent(err), mgetBuckets[m])
 				at += len(cmd.Args()) - 1
 				continue
 			}
@@ -519,7 +516,7 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 	if err := flush(); err != nil {
 		return nil, "", err
 	}
-	return counts, version, s.partial(failure, failedParts...)
+	return counts, version, s.partial(parts.first, parts.buckets...)
 }
 
 // windowRef says which window of which key an MGET reply is about: key is

@@ -173,10 +173,12 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
 				return goredis.NewIntCmd(ctx, cmds[i].Args()...)
 			})
-			if err != nil && !s.cluster {
-				return err
+			if err != nil {
+				if !s.cluster {
+					return err
+				}
+				addFailed(&parts, err, cmds, func(i int) int { return buckets[i] })
 			}
-			addFailed(&parts, err, cmds, func(i int) int { return buckets[i] })
 		}
 		sets, ids, buckets = sets[n:], ids[n:], buckets[n:]
 	}

@@ -157,13 +157,19 @@ type partFailures struct {
 	buckets []int
 }
 
+// add records err, the failure of bucket's share of the call.
+func (f *partFailures) add(err error, bucket int) {
+	f.first = cmp.Or(f.first, err)
+	f.buckets = append(f.buckets, bucket)
+}
+
 // addFailed records err, a pipeline's failure, and the bucket of each of
 // its commands that failed, bucket(i) being that of cmds[i].
 func addFailed[C interface{ Err() error }](f *partFailures, err error, cmds []C, bucket func(i int) int) {
 	f.first = cmp.Or(f.first, err)
 	for i, cmd := range cmds {
 		if cmd.Err() != nil {
-			f.buckets = append(f.buckets, bucket(i))
+			f.add(err, bucket(i))
 		}
 	}
 }
