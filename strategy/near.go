@@ -23,12 +23,16 @@ import (
 // its key when it brings its window's count from below Near × Limit to
 // Near × Limit or more, so a key is marked once per window and crossing,
 // not by every diff past it (NearAt). The mark lasts until the window's
-// start plus three times its size (NearUntil): the window's count weighs
-// on a sliding rate through the next window, and an odd-numbered window
-// (its start divided by its size is odd) whose diff says the window
-// before came near (window.Diff.Previous) marks nothing, since that
-// even-numbered window's mark lasts through this one's next. So a key
-// near its limit in every window is marked every other window.
+// start plus five times its size (NearUntil): the window's count weighs
+// on a sliding rate through the next window, and a window whose number
+// (its start divided by its size) is not a multiple of four, and whose
+// diff says the window before came near (window.Diff.Previous), marks
+// nothing: the nearest window before it that marked is at most three
+// back (a run of near windows marks at its first and at each multiple of
+// four), so that mark lasts through this window's next. So a key near
+// its limit in every window is marked every fourth window: a hot key's
+// marks, which every node's fetch reads anyway, cost its pushes a write
+// per four windows, not per window.
 // Marks are made by the push that applies the diffs, in its round trip or
 // before PushDiffs returns: a batch pushed again under its ID marks
 // nothing again, and a push that fails may have made its marks or not.
@@ -82,9 +86,10 @@ type NearMark struct {
 // NearAt returns the count of a diff's window at which a batch whose
 // Near is near marks the diff's key, or 0 when it marks nothing: when
 // near or the diff's Limit is not above 0, or their product is not
-// finite, or the window is odd-numbered and the diff's Previous is at
-// that count or more (the window before marked the key until this
-// window's next one ends; see NearFeed).
+// finite, or the window's number is not a multiple of four and the
+// diff's Previous is at that count or more (a window at most three
+// before marked the key until this window's next one ends; see
+// NearFeed).
 func NearAt(near float64, d *window.Diff) float64 {
 	if !(near > 0) || !(d.Limit > 0) {
 		return 0
@@ -93,7 +98,7 @@ func NearAt(near float64, d *window.Diff) float64 {
 	if math.IsInf(at, 0) || math.IsNaN(at) {
 		return 0
 	}
-	if d.Size > 0 && window.Index(d.Start, d.Size)%2 != 0 && d.Previous >= at {
+	if d.Size > 0 && window.Index(d.Start, d.Size)%nearPeriod != 0 && d.Previous >= at {
 		return 0
 	}
 	return at
@@ -106,10 +111,15 @@ func Crosses(at, count, value float64) bool {
 	return at > 0 && value > 0 && count >= at && count-value < at
 }
 
+// nearPeriod is how many windows apart a key near its limit in every
+// window is marked (see NearFeed).
+const nearPeriod = 4
+
 // NearUntil returns when the mark of a diff's key ends: its window's
-// start plus three times its size (see NearFeed).
+// start plus nearPeriod + 1 times its size, through the window after the
+// last one its mark may cover (see NearFeed).
 func NearUntil(d *window.Diff) time.Time {
-	return time.Unix(0, d.Start).Add(3 * d.Size)
+	return time.Unix(0, d.Start).Add((nearPeriod + 1) * d.Size)
 }
 
 // CheckNear checks a Batch's Near: 0, or a finite share above 0. The

@@ -33,9 +33,9 @@
 // that bans end by themselves and leave nothing, hostile keys and input
 // checks; a NearFeed's marks (Near, skipped likewise): that a push marks
 // a key once, when a diff brings its window's count to Near × Limit, until
-// the window's start plus three times its size, and nothing else does,
-// an odd-numbered window whose window before came near marking nothing;
-// that a
+// the window's start plus five times its size, and nothing else does,
+// a window whose number is not a multiple of four and whose window before
+// came near marking nothing; that a
 // reader at the version reads nothing new and one behind exactly what was
 // marked since; that a retried batch marks once; that counts read with
 // the marks are GetCounters'; that a flood of marks is bounded; that

@@ -29,7 +29,7 @@ func testNear(t *testing.T, h Harness) {
 		f    func(*testing.T, strategy.NearFeed)
 	}{
 		{"Crossing", testNearCrossing},
-		{"EveryOtherWindow", testNearEveryOtherWindow},
+		{"EveryFourthWindow", testNearEveryFourthWindow},
 		{"Version", testNearVersion},
 		{"RetriedBatch", testNearRetriedBatch},
 		{"MarkNear", testNearMarkNear},
@@ -92,7 +92,7 @@ func untilOf(d window.Diff) int64 { return strategy.NearUntil(&d).UnixMilli() }
 
 // testNearCrossing checks that a diff marks its key when it brings its
 // window's count from below Near × Limit to it or more, once, until the
-// window's start plus three times its size; and that a diff below it, one
+// window's start plus five times its size; and that a diff below it, one
 // already past it, a negative one, one without a limit, and a batch
 // without a Near mark nothing.
 func testNearCrossing(t *testing.T, f strategy.NearFeed) {
@@ -133,28 +133,52 @@ func testNearCrossing(t *testing.T, f strategy.NearFeed) {
 	}
 }
 
-// testNearEveryOtherWindow checks that a crossing diff of an
-// odd-numbered window whose Previous (the node's count of the window
-// before) came near marks nothing, the window before having marked the
-// key until this one's next ends, while one whose Previous did not, and
-// one of an even-numbered window, mark.
-func testNearEveryOtherWindow(t *testing.T, f strategy.NearFeed) {
-	ns := unique("near-parity")
+// testNearEveryFourthWindow checks that a crossing diff of a window
+// whose number is not a multiple of four, and whose Previous (the node's
+// count of the window before) came near, marks nothing, a window at most
+// three before having marked the key until this one's next ends; while
+// one whose Previous did not, and one of a window whose number is a
+// multiple of four, mark.
+func testNearEveryFourthWindow(t *testing.T, f strategy.NearFeed) {
+	ns := unique("near-period")
 	at := steadyNow()
-	odd, even := nearDiff(at, "", 5, 10, false), nearDiff(at, "", 5, 10, true)
-	if (odd.Start/int64(hour))%2 == 0 {
-		odd, even = even, odd
+	var diffs []window.Diff
+	var want []nearRead
+	for number := range int64(4) {
+		size := sizeNumbered(t, at, number)
+		near := window.Diff{Key: fmt.Sprintf("near-%d", number), Size: size, Start: cur(at.UnixNano(), size), Value: 5, Limit: 10, Previous: 5}
+		fresh := near
+		fresh.Key, fresh.Previous = fmt.Sprintf("fresh-%d", number), 4
+		diffs = append(diffs, near, fresh)
+		want = append(want, nearRead{fresh.Key, untilOf(fresh)})
+		if number == 0 {
+			want = append(want, nearRead{near.Key, untilOf(near)})
+		}
 	}
-	covered, fresh, evenNear := odd, odd, even
-	covered.Key, covered.Previous = "covered", 5
-	fresh.Key, fresh.Previous = "fresh", 4
-	evenNear.Key, evenNear.Previous = "even", 5
-	pushNear(t, f, ns, 0.5, covered, fresh, evenNear)
+	pushNear(t, f, ns, 0.5, diffs...)
 	got, _ := readNear(t, f, ns, 0)
 	slices.SortFunc(got, func(a, b nearRead) int { return cmp.Compare(a.key, b.key) })
-	if want := []nearRead{{"even", untilOf(evenNear)}, {"fresh", untilOf(fresh)}}; !slices.Equal(got, want) {
-		t.Fatalf("crossings of an odd window after a near one, after a far one, and of an even window after a near one: marks %v, want %v", got, want)
+	slices.SortFunc(want, func(a, b nearRead) int { return cmp.Compare(a.key, b.key) })
+	if !slices.Equal(got, want) {
+		t.Fatalf("crossings of windows numbered 0 to 3 (mod 4) after a near window (near-N) and after a far one (fresh-N): marks %v, want %v", got, want)
 	}
+}
+
+// sizeNumbered returns a window size close to an hour whose window at at
+// has a number (its start divided by its size) of number modulo 4, and
+// neither started nor ends within a minute of at: sizes a millisecond
+// apart number at's window differently this far from 1970.
+func sizeNumbered(t *testing.T, at time.Time, number int64) time.Duration {
+	t.Helper()
+	now := at.UnixNano()
+	for size := hour; size < hour+time.Second; size += time.Millisecond {
+		start := cur(now, size)
+		if window.Index(start, size)%4 == number && now-start > int64(time.Minute) && start+int64(size)-now > int64(time.Minute) {
+			return size
+		}
+	}
+	t.Fatalf("no size within a second of an hour numbers the window at %v %d modulo 4", at, number)
+	return 0
 }
 
 // testNearVersion checks that a reader at the store's version reads no
