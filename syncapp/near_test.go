@@ -40,15 +40,22 @@ func (c *countingStrategy) OpenStore() (strategy.Store, error) {
 }
 
 // countingStore is a memory store that counts the synchronous hits it
-// applies and the reads of its feed of keys near their limits.
+// applies, the reads of its feed of keys near their limits, and the marks
+// nodes ask it to make.
 type countingStore struct {
 	*memory.Store
-	hits, feedReads atomic.Int64
+	hits, feedReads, marks atomic.Int64
 }
 
 func (c *countingStore) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) ([]window.Count, []strategy.NearMark, int64, error) {
 	c.feedReads.Add(1)
+	c.marks.Add(int64(len(mark)))
 	return c.Store.GetCountersNear(ctx, namespace, keys, sizes, now, known, mark)
+}
+
+func (c *countingStore) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) error {
+	c.marks.Add(int64(len(marks)))
+	return c.Store.MarkNear(ctx, namespace, marks)
 }
 
 func (c *countingStore) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
@@ -123,6 +130,32 @@ func TestSyncAboveOnlyNearKeysReachTheStore(t *testing.T) {
 	}
 	if got := out[0].Current; got != 11 {
 		t.Fatalf("the node sees %v, want 11", got)
+	}
+}
+
+// TestSyncAboveMarksAKeyOnce has a node's hits at the store bring a key
+// near its limit: its next run marks the key, and its hits after that run
+// ask for no mark again, although the run's read came before the mark.
+func TestSyncAboveMarksAKeyOnce(t *testing.T) {
+	awayFromMinuteEnds()
+	ns, store := countingNode(t, 0.8)
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Hour, Max: 10}}
+	out := make([]window.Sample, 1)
+	for i := range 8 { // the 8th is decided at the store, which leaves it near
+		ns.Hit(ctx, "k", limits, 1, true, false, out)
+		if i == 7 && store.hits.Load() != 1 {
+			t.Fatalf("8th hit: %d synchronous hits, want 1", store.hits.Load())
+		}
+	}
+	for run := range 3 {
+		if err := ns.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := store.marks.Load(); got != 1 {
+			t.Fatalf("run %d: %d marks asked of the store, want 1", run+1, got)
+		}
+		ns.Hit(ctx, "k", limits, 1, true, false, out) // at the store, near
 	}
 }
 

@@ -142,14 +142,32 @@ func (n *nearKeys) known() int64 {
 }
 
 // add records the marks a run read, and the version they bring the node
-// to, keeping at most capacity keys (those that did not fit are left
-// out: they are decided as without a feed). Marks that ended by now are
-// forgotten.
+// to (see made).
 func (n *nearKeys) add(marks []strategy.NearMark, version int64, capacity int, now time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.version = version
 	n.resting.Store(false)
+	n.merge(marks, capacity, now)
+}
+
+// made records the marks a run made for this node's synchronous hits
+// (takeAsked), which its read did not return: so that its hits of the
+// key do not ask for them again until they end, as they would until
+// a later read brought them back. The version is the read's.
+func (n *nearKeys) made(marks []strategy.NearMark, capacity int, now time.Time) {
+	if len(marks) == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.merge(marks, capacity, now)
+}
+
+// merge records marks, under n.mu, keeping at most capacity keys (those
+// that did not fit are left out: they are decided as without a feed).
+// Marks that ended by now are forgotten.
+func (n *nearKeys) merge(marks []strategy.NearMark, capacity int, now time.Time) {
 	if len(marks) == 0 && len(n.until) == 0 {
 		return
 	}

@@ -238,6 +238,7 @@ func (r *runner) markAsked(ctx context.Context) (asked bool, err error) {
 		r.near.reask(marks)
 		return true, err
 	}
+	r.near.made(marks, r.counters.Zone().Capacity(), time.Unix(0, r.counters.Now()))
 	return true, nil
 }
 
@@ -260,6 +261,9 @@ func (r *runner) getCounters(ctx context.Context, keys []string) ([]window.Count
 		}
 	}
 	r.near.add(marks, version, r.counters.Zone().Capacity(), now)
+	if err == nil {
+		r.near.made(asked, r.counters.Zone().Capacity(), now)
+	}
 	return counts, err
 }
 
