@@ -203,10 +203,11 @@
 //	  fetchSet.due ──► wait for the beat ──► store.GetCounters ──► zone.Apply
 //	    (with a feed: store.GetCountersNear, the marks since nearKeys.known
 //	    ──► nearKeys.add, in the same round trip, which also makes the
-//	    marks asked for that no mark read covers, nearKeys.takeAsked; no
-//	    key due: nearKeys.rest, and no read)
+//	    marks asked for that no mark read covers, nearKeys.takeAsked, and
+//	    then remembers them, nearKeys.made; no key due: nearKeys.rest,
+//	    and no read)
 //	  with a feed and no fetch, the marks asked for ──► store.MarkNear
-//	    (runner.markAsked)
+//	    ──► nearKeys.made (runner.markAsked)
 //	  (the store failing: first a probe, the outbox's batch or a ping; the
 //	  zone's diffs stay in the zone until it answers)
 //	  banTable.sync ──► store.SetBans, store.GetBans (version 0 while
