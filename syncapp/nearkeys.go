@@ -142,7 +142,7 @@ func (n *nearKeys) known() int64 {
 }
 
 // add records the marks a run read, and the version they bring the node
-// to (see made).
+// to (see merge).
 func (n *nearKeys) add(marks []strategy.NearMark, version int64, capacity int, now time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
