@@ -1,6 +1,9 @@
 package sizing
 
-import "math"
+import (
+	"cmp"
+	"math"
+)
 
 // Fit returns the constants that fit the measured rows of one store best:
 // the CPU per command and per round trip, and when idle, by least
@@ -27,19 +30,20 @@ func Fit(rows []Measured, def Constants) Constants {
 	if len(lat) > 0 {
 		c.TripLatency = mean(lat)
 	}
-	var connsP, connsS []float64
+	var connsP []float64
+	var sync []Measured
 	for _, m := range rows {
 		if m.Row.SyncRate > 0 {
 			connsP = append(connsP, float64(m.Conns)/float64(m.Row.Nodes))
-		} else {
-			connsS = append(connsS, float64(m.Conns)/float64(m.Row.Nodes))
+		} else if m.Conns > 0 {
+			sync = append(sync, m)
 		}
 	}
 	if len(connsP) > 0 {
 		c.ConnsPeriodic = mean(connsP)
 	}
-	if len(connsS) > 0 {
-		c.ConnsSync = mean(connsS)
+	if len(sync) > 0 {
+		c.ConnsOverlap = fitOverlap(sync, c)
 	}
 	var cpuX, memX [][]float64
 	var cpuY, memY []float64
@@ -49,22 +53,47 @@ func Fit(rows []Measured, def Constants) Constants {
 		if m.Row.Store == "postgres" {
 			units = p.Rows
 		}
-		cpuX = append(cpuX, []float64{units, p.Calls, 1e4, p.Conns * 1e4})
+		cpuX = append(cpuX, []float64{units, p.Calls, 1e4, p.Conns * 1e4, p.Beats})
 		cpuY = append(cpuY, m.CPU/100*1e6)
 		conns, empty := p.Conns, 0.0
 		if m.Row.Store == "postgres" {
 			conns, empty = 0, 1
 		}
-		memX = append(memX, []float64{p.Counters, p.Markers, conns, empty, p.Updates})
+		pm := Predict(m.Row, c, cmp.Or(m.MemoryElapsed, m.Elapsed)) // as PredictMemory
+		memX = append(memX, []float64{pm.Counters, pm.Markers, conns, empty, pm.Updates})
 		memY = append(memY, m.Memory)
 	}
 	if k, ok := FitNonNeg(cpuX, cpuY); ok {
-		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn = k[0], k[1], k[2], k[3]
+		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.CPUPerBeat = k[0], k[1], k[2], k[3], k[4]
 	}
 	if k, ok := FitNonNeg(memX, memY); ok {
 		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty, c.BytesPerUpdate = k[0], k[1], k[2], k[3], k[4]
 	}
 	return c
+}
+
+// fitOverlap returns the ConnsOverlap, from 0 to 10⁴ calls a second, whose
+// predicted connections have the least sum of squared relative errors
+// against the synchronous rows': a scan of a log scale, then a finer one
+// around the best.
+func fitOverlap(rows []Measured, c Constants) float64 {
+	cost := func(k float64) float64 {
+		c.ConnsOverlap = k
+		var sum float64
+		for _, m := range rows {
+			p := float64(m.Row.Nodes) * syncConns(m.Row.Rate/float64(m.Row.Nodes), c, m.Elapsed)
+			e := p/float64(m.Conns) - 1
+			sum += e * e
+		}
+		return sum
+	}
+	best, bestCost := 0.0, cost(0)
+	for k := 1e-3; k <= 1e4; k *= 1.05 {
+		if v := cost(k); v < bestCost {
+			best, bestCost = k, v
+		}
+	}
+	return best
 }
 
 // FitNonNeg returns the non-negative coefficients k that minimize the sum

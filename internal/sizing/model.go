@@ -1,6 +1,7 @@
 package sizing
 
 import (
+	"cmp"
 	"math"
 	"time"
 
@@ -40,6 +41,10 @@ type Constants struct {
 	// per command and per round trip (Redis: script run; PostgreSQL:
 	// transaction, and a command is then a row written).
 	CPUPerCommand, CPUPerTrip float64
+	// CPUPerBeat is the store's CPU, in microseconds, per beat: a moment
+	// when the fleet's calls wake it (see Prediction.Beats). Redis's
+	// event loop runs its fast expiry cycle at each wake-up.
+	CPUPerBeat float64
 	// CPUIdle is the store's CPU, in percent of a core, that is no
 	// call's: Redis's timers, PostgreSQL's background processes.
 	CPUIdle float64
@@ -62,9 +67,17 @@ type Constants struct {
 	// next hits waiting, in microseconds: hits that arrive meanwhile share
 	// the next round trip.
 	TripLatency float64
-	// ConnsPeriodic and ConnsSync are the connections one node holds to
-	// the store in each mode.
-	ConnsPeriodic, ConnsSync float64
+	// ConnsPeriodic is the connections one periodic node holds to the
+	// store.
+	ConnsPeriodic float64
+	// ConnsOverlap is how many of a synchronous node's calls a second
+	// other than its round trips (its runs, its reads of stale keys) may
+	// start while a round trip is out: each that does has the client's
+	// pool open a second connection, which it keeps. So a node holds
+	// 2 − e^(−ConnsOverlap × r × L × elapsed) connections after elapsed,
+	// r × L the share of time its round trip is out (L the TripLatency):
+	// one at first, two in the long run.
+	ConnsOverlap float64
 }
 
 // Prediction is what the formula predicts for a row, per second unless
@@ -79,6 +92,11 @@ type Prediction struct {
 	// Calls is every round trip a second, a periodic fetch's included
 	// (Trips counts only what the store tells apart: script runs).
 	Calls float64
+	// Beats are the moments a second when the fleet's calls reach the
+	// store: nodes' runs are aligned to multiples of the sync_rate, so
+	// every node's pushes come at once, and their fetches; a synchronous
+	// round trip is a beat of its own.
+	Beats float64
 	// Counters and Markers are the counters and markers (Redis) or
 	// batch ID rows (PostgreSQL) the store holds at the window's end; for
 	// PostgreSQL, Counters are the counter rows inserted and Updates the
@@ -150,11 +168,12 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			p.Calls = p.Trips + runs*(-math.Expm1(-perNode*2*r.SyncRate.Seconds()))
 		}
 		p.Conns = n * c.ConnsPeriodic
+		p.Beats = 2 / r.SyncRate.Seconds()
 	} else {
 		// Hits that arrive while a node's round trip is out share the
 		// next one: trips = r / (1 + r·latency) per node.
 		trips := n * perNode / (1 + perNode*c.TripLatency/1e6)
-		p.Trips, p.Calls = trips, trips
+		p.Trips, p.Calls, p.Beats = trips, trips, trips
 		hitsPerTrip := r.Rate / trips
 		// Writes: one per counter a trip changes, a key's hits of one trip
 		// sharing theirs.
@@ -178,7 +197,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		// A synchronous trip's marker lives a minute or two: none has
 		// expired within the first minute.
 		p.Markers = trips * math.Min(elapsed.Seconds(), 90)
-		p.Conns = n * c.ConnsSync
+		p.Conns = n * syncConns(perNode, c, elapsed)
 	}
 	units := p.Commands
 	if r.Store == "postgres" {
@@ -195,10 +214,23 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		p.Updates = max(p.Rows-ids-inserts, 0) * elapsed.Seconds()
 		p.Markers = ids * elapsed.Seconds()
 	}
-	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
+	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls+c.CPUPerBeat*p.Beats)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
 	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerUpdate*p.Updates +
 		c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p
+}
+
+// PredictMemory returns the formula's memory for a measured row, at the
+// time its Memory was read (MemoryElapsed, or Elapsed in older rows).
+func PredictMemory(m Measured, c Constants) float64 {
+	return Predict(m.Row, c, cmp.Or(m.MemoryElapsed, m.Elapsed)).Memory
+}
+
+// syncConns returns the connections a synchronous node that takes r
+// hits a second holds after elapsed (see Constants.ConnsOverlap).
+func syncConns(r float64, c Constants, elapsed time.Duration) float64 {
+	out := min(r*c.TripLatency/1e6, 1) // the share of time a round trip is out
+	return 2 - math.Exp(-c.ConnsOverlap*out*elapsed.Seconds())
 }
 
 // Error is the relative error of a prediction against a measurement, as

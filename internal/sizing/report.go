@@ -46,6 +46,7 @@ type Errors struct {
 // RowErrors returns the prediction and its errors for row m.
 func (r Report) RowErrors(m Measured) (Prediction, Errors) {
 	p := Predict(m.Row, r.Constants[m.Row.Store], m.Elapsed)
+	p.Memory = PredictMemory(m, r.Constants[m.Row.Store])
 	return p, Errors{
 		Commands: Error(p.Commands, m.Commands),
 		CPU:      Error(p.CPU, m.CPU),
@@ -77,9 +78,11 @@ func (r Report) Worst() Errors {
 // the fitted constants, the table and the worst errors.
 func (r Report) Markdown() string {
 	var b strings.Builder
+	pg := (&Runner{Measure: r.Measure}).Window(Row{Store: "postgres"})
 	b.WriteString(docgen.Wrap(fmt.Sprintf("Measured on %s, %s (%s), with %s, by `%s`: %d rows in %s; per row %s of load before a "+
-		"window of %s, at most %s requests a second.", r.Date.Format("2006-01-02"), r.Machine, strings.Join(r.Versions, ", "),
-		r.Source, r.Command, len(r.Rows), r.Elapsed.Round(time.Second), r.Warmup, r.Measure, Thousands(r.MaxRate)), docgen.Width, "", ""))
+		"window of %s (PostgreSQL's rows: %s, the interval of the purge each node runs), at most %s requests a second.",
+		r.Date.Format("2006-01-02"), r.Machine, strings.Join(r.Versions, ", "), r.Source, r.Command, len(r.Rows),
+		r.Elapsed.Round(time.Second), r.Warmup, r.Measure, pg, Thousands(r.MaxRate)), docgen.Width, "", ""))
 	b.WriteString("\n\nFitted constants:\n\n")
 	stores := make([]string, 0, len(r.Constants))
 	for name := range r.Constants {
@@ -93,10 +96,11 @@ func (r Report) Markdown() string {
 			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s", c.BytesPerUpdate, Bytes(c.BytesEmpty))
 		}
 		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.2f %% of a core "+
-			"and %.2f %% per connection; %.0f bytes per counter, %.0f per marker, %s; a synchronous round trip holds a "+
-			"node's next hits %.0f µs; %.2f connections per node when periodic, %.2f at sync_rate 0.",
-			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.BytesPerCounter,
-			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsSync)))
+			"and %.2f %% per connection, and %.1f µs per beat; %.0f bytes per counter, %.0f per marker, %s; a synchronous "+
+			"round trip holds a node's next hits %.0f µs; %.2f connections per node when periodic, and at sync_rate 0 "+
+			"a second one as %.2f calls a second find a round trip out.",
+			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.CPUPerBeat, c.BytesPerCounter,
+			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsOverlap)))
 		b.WriteString("\n")
 	}
 	b.WriteString("\nEach cell: measured, then the formula's prediction and its error.\n\n")

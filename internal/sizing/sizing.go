@@ -101,10 +101,15 @@ type Measured struct {
 	// CPU is the store's CPU time per second of the window, in
 	// percent of one core.
 	CPU float64
-	// Memory is what the store holds for the nodes at the window's end,
-	// in bytes: Redis's used_memory minus its value before the row, or
-	// PostgreSQL's table and index sizes (pg_total_relation_size).
-	Memory float64
+	// Memory is what the store holds for the nodes, in bytes: Redis's
+	// used_memory minus its value before the row, or PostgreSQL's table
+	// and index sizes (pg_total_relation_size); the median of readings a
+	// second apart over the window, as one reading may catch a client's
+	// buffers mid-call. MemoryElapsed is how long the load had run at the
+	// window's middle, where a figure that grows steadily has its median
+	// (0 in rows saved before it was kept: the window's end).
+	Memory        float64
+	MemoryElapsed time.Duration
 	// Conns is the store's client connections at the window's end,
 	// the harness's own left out.
 	Conns int

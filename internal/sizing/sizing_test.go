@@ -43,14 +43,14 @@ func TestPeriodicWork(t *testing.T) {
 }
 
 func TestPredictRedis(t *testing.T) {
-	c := Constants{CPUPerCommand: 10, TripLatency: 0, ConnsPeriodic: 2, ConnsSync: 3, BytesPerCounter: 100}
+	c := Constants{CPUPerCommand: 10, TripLatency: 0, ConnsPeriodic: 2, ConnsOverlap: 3, BytesPerCounter: 100}
 	// Synchronous, no batching: EVALSHA, marker, MGET and one write a hit
 	// that is its key's first in a window, as all are among 10⁶ keys.
 	p := Predict(Row{Store: "redis", Nodes: 2, Keys: 1e6, Rate: 500}, c, 10*time.Second)
 	near(t, "sync commands", p.Commands, 2000, 1)
 	near(t, "sync trips", p.Trips, 500, 1e-9)
 	near(t, "sync CPU %", p.CPU, 2, 1e-3) // 2,000 × 10 µs = 20 ms a second
-	near(t, "sync conns", p.Conns, 6, 0)
+	near(t, "sync conns", p.Conns, 2, 0)  // a round trip that takes no time never overlaps
 	near(t, "sync markers", p.Markers, 5000, 1e-6)
 	// Periodic, 1 node, 1 s, 1,000 keys at 1,000 req/s: about 632 diffs,
 	// 3 commands a script run, and the fetch's MGETs (measured: 645).
@@ -101,8 +101,8 @@ func TestFitNonNeg(t *testing.T) {
 }
 
 func TestFit(t *testing.T) {
-	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUIdle: 0.3, CPUPerConn: 0.05, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
-		TripLatency: 200, ConnsPeriodic: 1, ConnsSync: 2}
+	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUPerBeat: 60, CPUIdle: 0.3, CPUPerConn: 0.05, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
+		TripLatency: 200, ConnsPeriodic: 1}
 	var rows []Measured
 	for _, row := range QuickPlan([]string{"redis"}, 1000) {
 		p := Predict(row, truth, 14*time.Second)
@@ -116,7 +116,22 @@ func TestFit(t *testing.T) {
 	near(t, "CPUIdle", got.CPUIdle, 0.3, 1e-6)
 	near(t, "BytesPerCounter", got.BytesPerCounter, 90, 1e-3)
 	near(t, "BytesPerMarker", got.BytesPerMarker, 150, 1e-3)
-	near(t, "ConnsSync", got.ConnsSync, 2, 1e-9)
+	near(t, "CPUPerBeat", got.CPUPerBeat, 60, 1e-6)
+	near(t, "ConnsOverlap", got.ConnsOverlap, 0, 0)
+}
+
+// TestFitOverlap checks that the synchronous rows' connections give back
+// the ConnsOverlap that made them: fleets of a thousand nodes, so that
+// whole connections round off little.
+func TestFitOverlap(t *testing.T) {
+	truth := Constants{TripLatency: 300, ConnsOverlap: 0.8}
+	var rows []Measured
+	for _, rate := range []float64{2e5, 5e5, 1e6} {
+		row := Row{Store: "postgres", Nodes: 1000, Keys: 1000, Rate: rate}
+		p := Predict(row, truth, 14*time.Second)
+		rows = append(rows, Measured{Row: row, Conns: int(math.Round(p.Conns)), Elapsed: 14 * time.Second})
+	}
+	near(t, "ConnsOverlap", fitOverlap(rows, truth), 0.8, 0.05)
 }
 
 func TestPlans(t *testing.T) {
