@@ -41,10 +41,6 @@ type Constants struct {
 	// per command and per round trip (Redis: script run; PostgreSQL:
 	// transaction, and a command is then a row written).
 	CPUPerCommand, CPUPerTrip float64
-	// CPUPerBeat is the store's CPU, in microseconds, per beat: a moment
-	// when the fleet's calls wake it (see Prediction.Beats). Redis's
-	// event loop runs its fast expiry cycle at each wake-up.
-	CPUPerBeat float64
 	// CPUIdle is the store's CPU, in percent of a core, that is no
 	// call's: Redis's timers, PostgreSQL's background processes.
 	CPUIdle float64
@@ -92,11 +88,6 @@ type Prediction struct {
 	// Calls is every round trip a second, a periodic fetch's included
 	// (Trips counts only what the store tells apart: script runs).
 	Calls float64
-	// Beats are the moments a second when the fleet's calls reach the
-	// store: nodes' runs are aligned to multiples of the sync_rate, so
-	// every node's pushes come at once, and their fetches; a synchronous
-	// round trip is a beat of its own.
-	Beats float64
 	// Counters and Markers are the counters and markers (Redis) or
 	// batch ID rows (PostgreSQL) the store holds at the window's end; for
 	// PostgreSQL, Counters are the counter rows inserted and Updates the
@@ -168,12 +159,11 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 			p.Calls = p.Trips + runs*(-math.Expm1(-perNode*2*r.SyncRate.Seconds()))
 		}
 		p.Conns = n * c.ConnsPeriodic
-		p.Beats = 2 / r.SyncRate.Seconds()
 	} else {
 		// Hits that arrive while a node's round trip is out share the
 		// next one: trips = r / (1 + r·latency) per node.
 		trips := n * perNode / (1 + perNode*c.TripLatency/1e6)
-		p.Trips, p.Calls, p.Beats = trips, trips, trips
+		p.Trips, p.Calls = trips, trips
 		hitsPerTrip := r.Rate / trips
 		// Writes: one per counter a trip changes, a key's hits of one trip
 		// sharing theirs.
@@ -214,7 +204,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		p.Updates = max(p.Rows-ids-inserts, 0) * elapsed.Seconds()
 		p.Markers = ids * elapsed.Seconds()
 	}
-	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls+c.CPUPerBeat*p.Beats)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
+	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
 	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerUpdate*p.Updates +
 		c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p

@@ -96,10 +96,10 @@ func (r Report) Markdown() string {
 			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s", c.BytesPerUpdate, Bytes(c.BytesEmpty))
 		}
 		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.2f %% of a core "+
-			"and %.2f %% per connection, and %.1f µs per beat; %.0f bytes per counter, %.0f per marker, %s; a synchronous "+
+			"and %.2f %% per connection; %.0f bytes per counter, %.0f per marker, %s; a synchronous "+
 			"round trip holds a node's next hits %.0f µs; %.2f connections per node when periodic, and at sync_rate 0 "+
 			"a second one as %.2f calls a second find a round trip out.",
-			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.CPUPerBeat, c.BytesPerCounter,
+			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.BytesPerCounter,
 			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsOverlap)))
 		b.WriteString("\n")
 	}

@@ -103,11 +103,13 @@ type Measured struct {
 	CPU float64
 	// Memory is what the store holds for the nodes, in bytes: Redis's
 	// used_memory minus its value before the row, or PostgreSQL's table
-	// and index sizes (pg_total_relation_size); the median of readings a
-	// second apart over the window, as one reading may catch a client's
-	// buffers mid-call. MemoryElapsed is how long the load had run at the
-	// window's middle, where a figure that grows steadily has its median
-	// (0 in rows saved before it was kept: the window's end).
+	// and index sizes (pg_total_relation_size) at the window's end. For
+	// Redis, the median of readings a second apart over the window, as
+	// one reading may catch a client's buffers mid-call (see
+	// MemorySampler). MemoryElapsed is how long the load had run when it
+	// was: the window's end, or its middle, where a figure that grows
+	// steadily has its median (0 in rows saved before it was kept: the
+	// end).
 	Memory        float64
 	MemoryElapsed time.Duration
 	// Conns is the store's client connections at the window's end,

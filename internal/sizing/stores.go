@@ -48,6 +48,17 @@ type Store interface {
 	Close() error
 }
 
+// MemorySampler is a Store that reads its memory alone, with no call
+// that its figures count (commands, transactions, CPU worth noting), so
+// that the harness can read it every second of the window: Redis, whose
+// used_memory moves with its clients' buffers. PostgreSQL's tables only
+// grow within a row, and reading their size costs a connection to the
+// nodes' database, whose transaction would count: it is read at the
+// window's end.
+type MemorySampler interface {
+	Memory(ctx context.Context) (int64, error)
+}
+
 // RedisStore is a redis-server of the harness's own.
 type RedisStore struct {
 	addr     string
@@ -112,6 +123,16 @@ func (s *RedisStore) Read(ctx context.Context) (Reading, error) {
 	}
 	r.Conns = int(clients) - 1 // the harness's own
 	return r, nil
+}
+
+// Memory implements MemorySampler: INFO, which the commands leave out.
+func (s *RedisStore) Memory(ctx context.Context) (int64, error) {
+	info, err := s.rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory: %w", err)
+	}
+	mem, err := InfoInt(info, "used_memory")
+	return mem - s.baseline, err
 }
 
 // Close implements Store.
