@@ -45,6 +45,21 @@ func Fit(rows []Measured, def Constants) Constants {
 	if len(sync) > 0 {
 		c.ConnsOverlap = fitOverlap(sync, c)
 	}
+	// PostgreSQL's purges: what the transactions measured exceed the
+	// calls predicted by, per node and purge, in the periodic rows, whose
+	// calls the code alone tells.
+	var purge []float64
+	for _, m := range rows {
+		if m.Row.Store == "postgres" && m.Row.SyncRate > 0 {
+			c.PurgeTrips = 0
+			p := Predict(m.Row, c, m.Elapsed)
+			purge = append(purge, (m.Commands-p.Commands)*PostgresPurge.Seconds()/float64(m.Row.Nodes))
+		}
+	}
+	c.PurgeTrips = 0
+	if len(purge) > 0 {
+		c.PurgeTrips = max(mean(purge), 0)
+	}
 	var cpuX, memX [][]float64
 	var cpuY, memY []float64
 	for _, m := range rows {

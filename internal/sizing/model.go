@@ -63,6 +63,10 @@ type Constants struct {
 	// next hits waiting, in microseconds: hits that arrive meanwhile share
 	// the next round trip.
 	TripLatency float64
+	// PurgeTrips is how many transactions a node's PostgreSQL purge
+	// costs, every PostgresPurge: one per table and chunk of 10,000 rows
+	// it deletes, or one that finds another node purging (0 for Redis).
+	PurgeTrips float64
 	// ConnsPeriodic is the connections one periodic node holds to the
 	// store.
 	ConnsPeriodic float64
@@ -188,6 +192,12 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		// expired within the first minute.
 		p.Markers = trips * math.Min(elapsed.Seconds(), 90)
 		p.Conns = n * syncConns(perNode, c, elapsed)
+	}
+	if r.Store == "postgres" {
+		purges := n * c.PurgeTrips / PostgresPurge.Seconds()
+		p.Commands += purges
+		p.Trips += purges
+		p.Calls += purges
 	}
 	units := p.Commands
 	if r.Store == "postgres" {

@@ -93,7 +93,8 @@ func (r Report) Markdown() string {
 		c := r.Constants[name]
 		unit, mem := "command", fmt.Sprintf("%.0f per connection", c.BytesPerConn)
 		if name == "postgres" {
-			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s", c.BytesPerUpdate, Bytes(c.BytesEmpty))
+			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s; %.1f transactions "+
+				"per node's purge", c.BytesPerUpdate, Bytes(c.BytesEmpty), c.PurgeTrips)
 		}
 		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.2f %% of a core "+
 			"and %.2f %% per connection; %.0f bytes per counter, %.0f per marker, %s; a synchronous "+

@@ -267,7 +267,7 @@ func TestSaveLoad(t *testing.T) {
 // autovacuum add now and then, a large share of the few a periodic
 // fleet's runs make).
 func TestSavedRows(t *testing.T) {
-	f, err := os.Open("testdata/rows-2026-11-28.jsonl")
+	f, err := os.Open("testdata/rows-2026-11-29.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}
