@@ -109,9 +109,10 @@ func Load(rd io.Reader) ([]Measured, error) {
 const PostgresPurge = 30 * time.Second
 
 // Window returns a row's measuring window: Measure, and for PostgreSQL at
-// least PostgresPurge, so that every node's purge (its deletes, a few
-// transactions of chunks of 10,000 rows, and the autovacuum they bring)
-// falls in the window once, not once or never.
+// least PostgresPurge, so that every node's purge (a few transactions,
+// one per table and chunk of 10,000 rows it deletes) falls in the window
+// exactly once, where a shorter one would catch it in some rows and not
+// in others.
 func (r *Runner) Window(row Row) time.Duration {
 	if row.Store == "postgres" {
 		return max(r.Measure, PostgresPurge)
