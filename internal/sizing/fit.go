@@ -1,9 +1,6 @@
 package sizing
 
-import (
-	"cmp"
-	"math"
-)
+import "math"
 
 // Fit returns the constants that fit the measured rows of one store best:
 // the CPU per command and per round trip, and when idle, by least
@@ -49,14 +46,13 @@ func Fit(rows []Measured, def Constants) Constants {
 	// calls predicted by, per node and purge, in the periodic rows, whose
 	// calls the code alone tells.
 	var purge []float64
+	c.PurgeTrips = 0
 	for _, m := range rows {
 		if m.Row.Store == "postgres" && m.Row.SyncRate > 0 {
-			c.PurgeTrips = 0
 			p := Predict(m.Row, c, m.Elapsed)
 			purge = append(purge, (m.Commands-p.Commands)*PostgresPurge.Seconds()/float64(m.Row.Nodes))
 		}
 	}
-	c.PurgeTrips = 0
 	if len(purge) > 0 {
 		c.PurgeTrips = max(mean(purge), 0)
 	}
@@ -74,7 +70,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		if m.Row.Store == "postgres" {
 			conns, empty = 0, 1
 		}
-		pm := Predict(m.Row, c, cmp.Or(m.MemoryElapsed, m.Elapsed)) // as PredictMemory
+		pm := Predict(m.Row, c, m.memoryAt()) // as PredictMemory
 		memX = append(memX, []float64{pm.Counters, pm.Markers, conns, empty, pm.Updates})
 		memY = append(memY, m.Memory)
 	}
@@ -89,8 +85,7 @@ func Fit(rows []Measured, def Constants) Constants {
 
 // fitOverlap returns the ConnsOverlap, from 0 to 10⁴ calls a second, whose
 // predicted connections have the least sum of squared relative errors
-// against the synchronous rows': a scan of a log scale, then a finer one
-// around the best.
+// against the synchronous rows': a scan of a log scale in steps of 5 %.
 func fitOverlap(rows []Measured, c Constants) float64 {
 	cost := func(k float64) float64 {
 		c.ConnsOverlap = k

@@ -1,7 +1,6 @@
 package sizing
 
 import (
-	"cmp"
 	"math"
 	"time"
 
@@ -223,7 +222,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 // PredictMemory returns the formula's memory for a measured row, at the
 // time its Memory was read (MemoryElapsed, or Elapsed in older rows).
 func PredictMemory(m Measured, c Constants) float64 {
-	return Predict(m.Row, c, cmp.Or(m.MemoryElapsed, m.Elapsed)).Memory
+	return Predict(m.Row, c, m.memoryAt()).Memory
 }
 
 // syncConns returns the connections a synchronous node that takes r

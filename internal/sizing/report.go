@@ -78,7 +78,7 @@ func (r Report) Worst() Errors {
 // the fitted constants, the table and the worst errors.
 func (r Report) Markdown() string {
 	var b strings.Builder
-	pg := (&Runner{Measure: r.Measure}).Window(Row{Store: "postgres"})
+	pg := measureFor("postgres", r.Measure)
 	b.WriteString(docgen.Wrap(fmt.Sprintf("Measured on %s, %s (%s), with %s, by `%s`: %d rows in %s; per row %s of load before a "+
 		"window of %s (PostgreSQL's rows: %s, the interval of the purge each node runs), at most %s requests a second.",
 		r.Date.Format("2006-01-02"), r.Machine, strings.Join(r.Versions, ", "), r.Source, r.Command, len(r.Rows),

@@ -27,7 +27,7 @@ type Runner struct {
 	// Dir holds each row's configs and node logs.
 	Dir string
 	// Warmup is how long the load runs before the window, Measure the
-	// window's length (see Runner.Window).
+	// window's length (see measureFor).
 	Warmup, Measure time.Duration
 	// Stores are the stores, by name.
 	Stores map[string]Store
@@ -59,7 +59,7 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Measured, error) {
 			// (PostgreSQL's rows each measure tables of their own.)
 			warm[row.Store] = true
 			short := *r
-			short.Warmup, short.Measure, short.Save, short.Progress = time.Second, time.Second, nil, nil
+			short.Warmup, short.Measure = time.Second, time.Second
 			if _, err := short.RunRow(ctx, row); err != nil {
 				first = cmp.Or(first, fmt.Errorf("warming %s up: %w", row.Store, err))
 			}
@@ -108,16 +108,16 @@ func Load(rd io.Reader) ([]Measured, error) {
 // expired (strategy/postgres's purgeEvery).
 const PostgresPurge = 30 * time.Second
 
-// Window returns a row's measuring window: Measure, and for PostgreSQL at
-// least PostgresPurge, so that every node's purge (a few transactions,
-// one per table and chunk of 10,000 rows it deletes) falls in the window
-// exactly once, where a shorter one would catch it in some rows and not
-// in others.
-func (r *Runner) Window(row Row) time.Duration {
-	if row.Store == "postgres" {
-		return max(r.Measure, PostgresPurge)
+// measureFor returns the measuring window of a row of store, for a Measure
+// of measure: measure, and for PostgreSQL at least PostgresPurge, so that
+// every node's purge (a few transactions, one per table and chunk of
+// 10,000 rows it deletes) falls in the window exactly once, where a
+// shorter one would catch it in some rows and not in others.
+func measureFor(store string, measure time.Duration) time.Duration {
+	if store == "postgres" {
+		return max(measure, PostgresPurge)
 	}
-	return r.Measure
+	return measure
 }
 
 // limitless is the nodes' limit: far above any key's hits, so that every
@@ -170,7 +170,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (m Measured, err error) {
 		}
 	}
 
-	measure := r.Window(row)
+	measure := measureFor(row.Store, r.Measure)
 	reqs := Schedule(row, r.Warmup+measure+time.Second, 1)
 	start := time.Now().Add(100 * time.Millisecond)
 	done := make(chan []accuracy.Result, 1)
@@ -185,11 +185,10 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (m Measured, err error) {
 		}
 	}
 	var a, b Reading
-	var memory []float64
+	var memory []float64 // sampled between a and b
 	err = wait(start.Add(r.Warmup))
 	if err == nil {
 		a, err = st.Read(ctx)
-		memory = append(memory, float64(a.Memory))
 	}
 	// Memory every second, to take the median, from a store that reads
 	// it without a call the figures count.
@@ -206,7 +205,6 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (m Measured, err error) {
 	}
 	if err == nil {
 		b, err = st.Read(ctx)
-		memory = append(memory, float64(b.Memory))
 	}
 	results := <-done // the load ends a second after the window
 	if err != nil {
@@ -235,6 +233,7 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (m Measured, err error) {
 	m.CPU = (b.CPU - a.CPU).Seconds() / secs * 100
 	m.Memory, m.MemoryElapsed = float64(b.Memory), b.At.Sub(start)
 	if sampled {
+		memory = append(memory, float64(a.Memory), float64(b.Memory))
 		slices.Sort(memory)
 		m.Memory, m.MemoryElapsed = memory[len(memory)/2], a.At.Add(b.At.Sub(a.At)/2).Sub(start)
 	}

@@ -15,6 +15,7 @@
 package sizing
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -121,3 +122,6 @@ type Measured struct {
 	// Took is the row's wall time, nodes' start and stop included.
 	Took time.Duration
 }
+
+// memoryAt is how long the load had run when m's Memory was read.
+func (m Measured) memoryAt() time.Duration { return cmp.Or(m.MemoryElapsed, m.Elapsed) }

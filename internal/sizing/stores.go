@@ -112,11 +112,9 @@ func (s *RedisStore) Read(ctx context.Context) (Reading, error) {
 	if r.CPU, err = benchhttp.ParseRedisCPU(info); err != nil {
 		return r, err
 	}
-	mem, err := InfoInt(info, "used_memory")
-	if err != nil {
+	if r.Memory, err = s.memoryIn(info); err != nil {
 		return r, err
 	}
-	r.Memory = mem - s.baseline
 	clients, err := InfoInt(info, "connected_clients")
 	if err != nil {
 		return r, err
@@ -131,6 +129,12 @@ func (s *RedisStore) Memory(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("INFO memory: %w", err)
 	}
+	return s.memoryIn(info)
+}
+
+// memoryIn returns the used_memory of INFO output above the row's
+// baseline.
+func (s *RedisStore) memoryIn(info string) (int64, error) {
 	mem, err := InfoInt(info, "used_memory")
 	return mem - s.baseline, err
 }
