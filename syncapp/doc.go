@@ -165,9 +165,10 @@
 //	  periodic with sync_above ──► storeRoad.hitNear ──► zone.HitUnlessNear:
 //	    far from every limit ──► counted, decided; near one ──► as below,
 //	    with the key's diffs taken from the zone; a key the feed marked
-//	    that the runs do not fetch (periodicHits.blind) is near; a
-//	    window the store's answer shows near its limit has the next run
-//	    mark the key (periodicHits.decidedAtStore ──► nearKeys.ask)
+//	    that the runs do not fetch (periodicHits.blind) is near; a hit
+//	    whose increment brought a window near its limit at the store has
+//	    the next run mark the key (storeAnswer ──►
+//	    periodicHits.decidedAtStore ──► nearKeys.ask)
 //	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no

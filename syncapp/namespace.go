@@ -102,13 +102,11 @@ func (n *Namespace) Hit(ctx context.Context, key string, limits []Limit, value f
 		if n.periodic.blind(ctx, key) {
 			above = 0 // near a limit by the store's feed: the store decides
 		}
-		rejected, atStore := n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)
-		if atStore {
-			n.periodic.decidedAtStore(key, limits, out)
-		}
+		rejected, a := n.road.hitNear(ctx, key, limits, value, fixed, undo, above, out)
+		n.periodic.decidedAtStore(key, limits, &a, out)
 		return rejected
 	case n.mode == Synchronous && !n.health.downFor(key):
-		if rejected, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
+		if rejected, _, ok := n.road.hit(ctx, key, limits, value, fixed, undo, out, nil); ok {
 			return rejected
 		}
 	case n.mode == Periodic:

@@ -35,7 +35,7 @@ func (*countingStrategy) CaddyModule() caddy.ModuleInfo {
 func (c *countingStrategy) StoreKey() string                 { return c.Name }
 func (*countingStrategy) ValidateWindow(time.Duration) error { return nil }
 func (c *countingStrategy) OpenStore() (strategy.Store, error) {
-	v, _ := countingStores.LoadOrStore(c.Name, &countingStore{Store: memoryDataSet("counting/" + c.Name)})
+	v, _ := countingStores.LoadOrStore(c.Name, &countingStore{Store: memoryDataSet("counting/" + c.Name), name: c.Name})
 	return v.(*countingStore), nil
 }
 
@@ -44,6 +44,7 @@ func (c *countingStrategy) OpenStore() (strategy.Store, error) {
 // nodes ask it to make.
 type countingStore struct {
 	*memory.Store
+	name                   string
 	hits, feedReads, marks atomic.Int64
 }
 
@@ -156,6 +157,35 @@ func TestSyncAboveMarksAKeyOnce(t *testing.T) {
 			t.Fatalf("run %d: %d marks asked of the store, want 1", run+1, got)
 		}
 		ns.Hit(ctx, "k", limits, 1, true, false, out) // at the store, near
+	}
+}
+
+// TestSyncAboveMarksOncePerFleet has two nodes' hits at the store find a
+// key near its limit: only the node whose hit brought it there asks for
+// a mark, not the one that found it so.
+func TestSyncAboveMarksOncePerFleet(t *testing.T) {
+	awayFromMinuteEnds()
+	a, store := countingNode(t, 0.8)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "1h", "sync_above": 0.8, "window_sizes": ["1h"], "strategy": {"module": "test_counting", "name": %q}}}}`, store.name)
+	b := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	ctx := context.Background()
+	limits := []Limit{{Size: time.Hour, Max: 10}}
+	out := make([]window.Sample, 1)
+	for _, ns := range []*Namespace{a, b} {
+		for range 8 { // the 8th is decided at the store
+			ns.Hit(ctx, "k", limits, 1, true, false, out)
+		}
+	}
+	if n := store.hits.Load(); n != 2 {
+		t.Fatalf("%d synchronous hits, want one per node", n)
+	}
+	for _, ns := range []*Namespace{a, b} {
+		if err := ns.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := store.marks.Load(); got != 1 {
+		t.Fatalf("%d marks asked of the store, want 1: the first node's hit crossed, the second found the key near", got)
 	}
 }
 

@@ -95,8 +95,9 @@ func (n *nearKeys) wake(ctx context.Context, read func()) {
 }
 
 // ask has the next run mark key until until (Unix nanoseconds), unless it
-// is marked already: for a key whose count a synchronous hit found near
-// its limit, which no push marks (the store applies such hits itself).
+// is marked already: for a key whose count a synchronous hit brought
+// near its limit, which no push marks (the store applies such hits
+// itself).
 func (n *nearKeys) ask(key string, until int64) {
 	if n.has(key) {
 		return

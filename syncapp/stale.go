@@ -2,7 +2,6 @@ package syncapp
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
@@ -36,16 +35,31 @@ type periodicHits struct {
 }
 
 // decidedAtStore notes a hit that the store decided (sync_above), from
-// its counts in out: a window whose count is near its limit, which marks
-// the key when a push brings it there, has the next run mark it (the
-// store applies a synchronous hit without marking), unless it is marked.
-func (p *periodicHits) decidedAtStore(key string, limits []Limit, out []window.Sample) {
-	if p.near == nil {
+// its answer a (no counts when the store did not decide): the store
+// applies a synchronous hit without marking, so a hit that brought one
+// of the key's windows near its limit at the store, as a push that marks
+// would (strategy.NearAt, strategy.Crosses), has the next run mark the
+// key, unless it is marked. The store adds each hit to its counts
+// atomically, so of the fleet's hits only the one that crossed asks: the
+// others, which found the key near already, were marked by it, or by the
+// push that crossed. A hit in doubt, which may have crossed unanswered,
+// asks when its local counts in out are near.
+func (p *periodicHits) decidedAtStore(key string, limits []Limit, a *storeAnswer, out []window.Sample) {
+	if p.near == nil || (a.counts == nil && !a.doubt) {
 		return
 	}
 	for i, l := range limits {
-		if at := p.share * l.Max; at > 0 && !math.IsInf(at, 0) && out[i].Current >= at {
-			p.near.ask(key, strategy.NearUntil(&window.Diff{Start: out[i].Start, Size: out[i].Size}).UnixNano())
+		d := window.Diff{Key: key, Size: out[i].Size, Start: out[i].Start, Limit: l.Max}
+		var near bool
+		if a.doubt {
+			at := strategy.NearAt(p.share, &d)
+			near = at > 0 && out[i].Current >= at
+		} else {
+			d.Previous = a.counts[i].Previous
+			near = strategy.Crosses(strategy.NearAt(p.share, &d), a.counts[i].Current, a.added(i))
+		}
+		if near {
+			p.near.ask(key, strategy.NearUntil(&d).UnixNano())
 			return
 		}
 	}

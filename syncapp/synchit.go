@@ -42,7 +42,10 @@ type storeRoad struct {
 // windows' diffs, and the diffs on their way in a push, lower the limits
 // instead. The diffs taken of windows the hit did not increment go back
 // to the zone.
-func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (int, bool) {
+//
+// a is the store's answer when the store decided the hit, or says the
+// hit is in doubt (its zero value when the hit was not sent).
+func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, out []window.Sample, unsynced []window.Unsynced) (rejected int, a storeAnswer, ok bool) {
 	windows := syncWindows(limits, value, fixed, r.counters.Now())
 	if unsynced != nil {
 		// A run's diffs taken from the zone are in the view: a near hit's
@@ -63,38 +66,58 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 	// No timeout of its own: a round trip ends within hitTimeout, a hit
 	// waits for at most the one ahead of it, and a stall sends it local.
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
-	counts, rejected, err := res.Counts, res.Rejected, res.Err
-	switch {
+	switch err := res.Err; {
 	case err == nil:
 	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
 		r.giveBack(key, windows, unsynced, 0, true)
-		return 0, false
+		return 0, storeAnswer{}, false
 	case errors.Is(err, errStalled): // health knows
 		r.giveBack(key, windows, unsynced, 0, true)
-		return 0, false
+		return 0, storeAnswer{}, false
 	case errors.Is(err, strategy.ErrNotSent):
 		r.health.fail(err, 0)
 		r.giveBack(key, windows, unsynced, 0, true)
-		return 0, false
+		return 0, storeAnswer{}, false
 	default:
 		r.health.fail(err, 0)
 		rejected := r.counters.Hit(key, limits, value, fixed, undo, true, out)
 		r.retry(retry, hitDiffs(key, windows, rejected, undo), nil)
 		r.giveBack(key, windows, unsynced, rejected, undo)
-		return rejected, true
+		return rejected, storeAnswer{doubt: true}, true
 	}
 	r.health.succeededFor(key)
-	r.giveBack(key, windows, unsynced, rejected, undo)
-	r.observe(key, windows, counts, out)
-	return rejected, true
+	r.giveBack(key, windows, unsynced, res.Rejected, undo)
+	r.observe(key, windows, res.Counts, out)
+	return res.Rejected, storeAnswer{windows: windows, counts: res.Counts, rejected: res.Rejected, undo: undo}, true
+}
+
+// storeAnswer is what the store answered a synchronous hit: the windows
+// the hit sent, and their counts after it; or, with doubt, that the hit
+// failed after it may have been applied (and was counted locally).
+type storeAnswer struct {
+	windows  []strategy.WindowHit
+	counts   []strategy.WindowCounts
+	rejected int
+	undo     bool
+	doubt    bool
+}
+
+// added returns what the hit added to window i's count at the store:
+// its value, unless the window was not incremented (a window after the
+// one that rejected) or the increment was taken back (undo).
+func (a *storeAnswer) added(i int) float64 {
+	if a.rejected >= 0 && (a.undo || i > a.rejected) {
+		return 0
+	}
+	return a.windows[i].Value
 }
 
 // hitNear is Hit in a namespace with sync_above, the fraction of a limit
 // from which a key's hits count at the store: on this node's counts
 // unless the hit is near a limit (window.Namespace.HitUnlessNear), and
-// then as hit, with the key's diffs this node has not pushed. atStore
-// reports that the store decided, so that out holds its counts.
-func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, above float64, out []window.Sample) (rejected int, atStore bool) {
+// then as hit, with the key's diffs this node has not pushed. a is the
+// store's answer when the store decided (out then holds its counts).
+func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, value float64, fixed, undo bool, above float64, out []window.Sample) (rejected int, a storeAnswer) {
 	var buf [4]window.Unsynced
 	unsynced := buf[:]
 	if len(limits) > len(buf) {
@@ -103,11 +126,11 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 	unsynced = unsynced[:len(limits)]
 	rejected, near := r.counters.HitUnlessNear(key, limits, value, fixed, undo, above, out, unsynced)
 	if !near {
-		return rejected, false
+		return rejected, storeAnswer{}
 	}
 	if !r.health.downFor(key) {
-		if rejected, ok := r.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
-			return rejected, true
+		if rejected, a, ok := r.hit(ctx, key, limits, value, fixed, undo, out, unsynced); ok {
+			return rejected, a
 		}
 	} else {
 		// The store is skipped: what the near hit took goes back, and the
@@ -118,7 +141,7 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 		}
 		r.giveBack(key, windows, unsynced, 0, true)
 	}
-	return r.counters.Hit(key, limits, value, fixed, undo, false, out), false
+	return r.counters.Hit(key, limits, value, fixed, undo, false, out), storeAnswer{}
 }
 
 // rateHit is a synchronous HitRate: one hit of the hit queue, with the
