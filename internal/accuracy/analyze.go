@@ -103,6 +103,9 @@ type Outcome struct {
 	WorstAdmitted int
 	WorstKey      int
 	WorstWindow   time.Time
+	// Commands are the store's calls of each command over the row, for
+	// a Verbose runner on a CommandCounter ("evalsha 52, get 3").
+	Commands string
 	// WorstDetail tells how the worst window's admitted requests went:
 	// per node, and when past the limit.
 	WorstDetail string

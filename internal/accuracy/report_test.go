@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
 )
 
 // outcomes are made-up results of the must-show rows.
@@ -160,4 +162,14 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestCommandsRan lists the calls each command gained, most first, without
+// the harness's INFO or a command that ran nothing.
+func TestCommandsRan(t *testing.T) {
+	before := benchhttp.CommandStats{"evalsha": 10, "get": 2, "info": 5, "time": 1}
+	after := benchhttp.CommandStats{"evalsha": 62, "get": 5, "info": 9, "time": 1, "set": 3}
+	if got, want := commandsRan(before, after), "evalsha 52, get 3, set 3"; got != want {
+		t.Errorf("commandsRan = %q, want %q", got, want)
+	}
 }

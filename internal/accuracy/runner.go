@@ -1,8 +1,7 @@
 package accuracy
 
 import (
-	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
-
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +9,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/benchhttp"
+	"github.com/ratesync/caddy-ratelimit/internal/caddyproc"
 )
 
 // Runner runs rows: for each, it starts the nodes, sends the pattern's
@@ -49,6 +53,9 @@ func (r *Runner) Run(ctx context.Context, rows []Row) ([]Outcome, error) {
 			fmt.Fprintf(r.Progress, "%3d/%d %-62s worst %.3f (bound %.3f, %.2f intervals) %s %7.1f ops/1k  added p50 %s p99 %s  sent %.0f/%.0f req/s\n",
 				i+1, len(rows), row.String(), o.Worst, o.Bound(), o.Intervals(), holds(o.Holds), o.OpsPer1k(),
 				ms(o.AddedP50()), ms(o.AddedP99()), o.SentRate, o.TargetRate)
+		}
+		if r.Progress != nil && r.Verbose && o.Commands != "" {
+			fmt.Fprintf(r.Progress, "        commands: %s\n", o.Commands)
 		}
 		if r.Progress != nil && o.Worst > 1 && r.Verbose {
 			fmt.Fprintf(r.Progress, "        worst window: %s\n", o.WorstDetail)
@@ -96,6 +103,13 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	before, err := st.Ops(ctx)
 	if err != nil {
 		return Outcome{}, err
+	}
+	cc, _ := st.(CommandCounter)
+	var commandsBefore benchhttp.CommandStats
+	if cc != nil && r.Verbose {
+		if commandsBefore, err = cc.Commands(ctx); err != nil {
+			return Outcome{}, err
+		}
 	}
 
 	nodes, err := caddyproc.StartAll(ctx, r.Caddy, dir, r.Nodes, BarePath, 1, func([]int) ([]byte, error) {
@@ -172,9 +186,18 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
+	var commands string
+	if commandsBefore != nil {
+		commandsAfter, err := cc.Commands(ctx)
+		if err != nil {
+			return Outcome{}, err
+		}
+		commands = commandsRan(commandsBefore, commandsAfter)
+	}
 
 	o := Analyze(row, r.Nodes, limit, p.Rate*r.Limit/Window.Seconds()/p.MeanUnits(), start, results)
 	o.Ops = after - before
+	o.Commands = commands
 	o.OpsRequests = o.Limited + len(nodes)
 	if o.Failed > 0 {
 		return o, fmt.Errorf("%d of %d limited requests failed, the first: %s", o.Failed, o.Limited, o.FirstError)
@@ -188,4 +211,25 @@ func (r *Runner) RunRow(ctx context.Context, row Row) (Outcome, error) {
 // ms formats a duration in milliseconds.
 func ms(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64)
+}
+
+// commandsRan returns the calls of each command between two counts, most
+// first, as "evalsha 52, get 3": the harness's own INFO left out.
+func commandsRan(before, after benchhttp.CommandStats) string {
+	type ran struct {
+		name  string
+		calls int64
+	}
+	var rs []ran
+	for name, n := range after {
+		if d := n - before[name]; d > 0 && name != "info" {
+			rs = append(rs, ran{name, d})
+		}
+	}
+	slices.SortFunc(rs, func(a, b ran) int { return cmp.Or(cmp.Compare(b.calls, a.calls), strings.Compare(a.name, b.name)) })
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("%s %d", r.name, r.calls)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -35,6 +35,12 @@ type Store interface {
 	Close() error
 }
 
+// CommandCounter is a Store that counts each command apart: a Verbose
+// runner prints what a row ran of each.
+type CommandCounter interface {
+	Commands(ctx context.Context) (benchhttp.CommandStats, error)
+}
+
 // RedisStore is a redis-server of the harness's own. It counts the
 // commands Redis ran, those that scripts run included (INFO
 // commandstats).
@@ -81,17 +87,22 @@ func (s *RedisStore) Prepare(ctx context.Context) error {
 // Ops implements Store: the calls of every command but the harness's own
 // INFO and CONFIG.
 func (s *RedisStore) Ops(ctx context.Context) (int64, error) {
-	info, err := s.rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO commandstats: %w", err)
-	}
-	stats, err := benchhttp.ParseCommandStats(info)
+	stats, err := s.Commands(ctx)
 	if err != nil {
 		return 0, err
 	}
 	// FLUSHALL is the harness's too, sent before a row's first count: it
 	// never falls between two counts of a row.
 	return stats.Total(), nil
+}
+
+// Commands implements CommandCounter.
+func (s *RedisStore) Commands(ctx context.Context) (benchhttp.CommandStats, error) {
+	info, err := s.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	return benchhttp.ParseCommandStats(info)
 }
 
 // Settle implements Store: Redis counts a command as it runs it.
