@@ -64,7 +64,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		if m.Row.Store == "postgres" {
 			units = p.Rows
 		}
-		cpuX = append(cpuX, []float64{units, p.Calls, 1e4, p.Conns * 1e4})
+		cpuX = append(cpuX, []float64{units, p.Calls, 1e4, p.Conns * 1e4, p.Beats})
 		cpuY = append(cpuY, m.CPU/100*1e6)
 		conns, empty := p.Conns, 0.0
 		if m.Row.Store == "postgres" {
@@ -75,7 +75,7 @@ func Fit(rows []Measured, def Constants) Constants {
 		memY = append(memY, m.Memory)
 	}
 	if k, ok := FitNonNeg(cpuX, cpuY); ok {
-		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn = k[0], k[1], k[2], k[3]
+		c.CPUPerCommand, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.CPUPerBeat = k[0], k[1], k[2], k[3], k[4]
 	}
 	if k, ok := FitNonNeg(memX, memY); ok {
 		c.BytesPerCounter, c.BytesPerMarker, c.BytesPerConn, c.BytesEmpty, c.BytesPerUpdate = k[0], k[1], k[2], k[3], k[4]

@@ -26,7 +26,7 @@ func TestSizingFull(t *testing.T) {
 		t.Skip("the sizing table runs for minutes: SIZING_FULL=1, or scripts/bench-sizing.sh")
 	}
 	warmup := caddyproc.EnvParsed(t, "SIZING_WARMUP", 4*time.Second, time.ParseDuration)
-	measure := caddyproc.EnvParsed(t, "SIZING_MEASURE", 10*time.Second, time.ParseDuration)
+	measure := caddyproc.EnvParsed(t, "SIZING_MEASURE", 30*time.Second, time.ParseDuration)
 	maxRate := caddyproc.EnvParsed(t, "SIZING_MAX_RATE", 1000.0, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) })
 	if maxRate <= 0 || maxRate > 2000 || measure < time.Second {
 		t.Fatal("want 0 < SIZING_MAX_RATE ≤ 2000 and SIZING_MEASURE ≥ 1s")

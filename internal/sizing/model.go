@@ -46,6 +46,11 @@ type Constants struct {
 	// CPUPerConn is the store's CPU, in percent of a core, per client
 	// connection: PostgreSQL's backends cost some even when idle.
 	CPUPerConn float64
+	// CPUPerBeat is the store's CPU, in microseconds, per beat of a
+	// periodic fleet: its nodes' runs fall on multiples of sync_rate, so
+	// the store wakes to them once a sync_rate, whatever the number of
+	// nodes, and does per wake-up what a wake-up costs beyond its calls.
+	CPUPerBeat float64
 	// BytesPerCounter and BytesPerMarker are the memory of one counter
 	// and of one dedupe marker (or batch ID row) held.
 	BytesPerCounter, BytesPerMarker float64
@@ -91,6 +96,10 @@ type Prediction struct {
 	// Calls is every round trip a second, a periodic fetch's included
 	// (Trips counts only what the store tells apart: script runs).
 	Calls float64
+	// Beats are the times a second the fleet's runs reach the store
+	// together: once a sync_rate when periodic (see CPUPerBeat), 0 at
+	// sync_rate 0.
+	Beats float64
 	// Counters and Markers are the counters and markers (Redis) or
 	// batch ID rows (PostgreSQL) the store holds at the window's end; for
 	// PostgreSQL, Counters are the counter rows inserted and Updates the
@@ -137,6 +146,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 	p.Counters = full * (life - 0.5)
 	if r.SyncRate > 0 {
 		runs := n / r.SyncRate.Seconds() // sync runs a second, fleet-wide
+		p.Beats = 1 / r.SyncRate.Seconds()
 		diffs, fetched := periodicWork(perNode, r.Keys, r.SyncRate)
 		pushRuns := math.Ceil(diffs / scriptRun)
 		// A run with nothing to push or fetch asks nothing.
@@ -213,7 +223,7 @@ func Predict(r Row, c Constants, elapsed time.Duration) Prediction {
 		p.Updates = max(p.Rows-ids-inserts, 0) * elapsed.Seconds()
 		p.Markers = ids * elapsed.Seconds()
 	}
-	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
+	p.CPU = (c.CPUPerCommand*units+c.CPUPerTrip*p.Calls+c.CPUPerBeat*p.Beats)/1e6*100 + c.CPUIdle + c.CPUPerConn*p.Conns
 	p.Memory = c.BytesPerCounter*p.Counters + c.BytesPerMarker*p.Markers + c.BytesPerUpdate*p.Updates +
 		c.BytesPerConn*p.Conns + c.BytesEmpty
 	return p

@@ -2,7 +2,7 @@ package sizing
 
 import "time"
 
-// QuickPlan is the default subset of the grid, about 12 minutes of
+// QuickPlan is the default subset of the grid, about 20 minutes of
 // machine time on 2 cores (the page shows the whole grid): every sync mode at 1 and 3 nodes with 1,000 and
 // 10,000 keys on Redis, 10 nodes and 100,000 keys in each mode on Redis,
 // and on PostgreSQL each mode at 1 and 3 nodes with 1,000 keys, plus 10

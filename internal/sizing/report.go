@@ -78,11 +78,14 @@ func (r Report) Worst() Errors {
 // the fitted constants, the table and the worst errors.
 func (r Report) Markdown() string {
 	var b strings.Builder
-	pg := measureFor("postgres", r.Measure)
+	window := r.Measure.String()
+	if pg := measureFor("postgres", r.Measure); pg != r.Measure {
+		window += fmt.Sprintf(" (PostgreSQL's rows: %s, the interval of the purge each node runs)", pg)
+	}
 	b.WriteString(docgen.Wrap(fmt.Sprintf("Measured on %s, %s (%s), with %s, by `%s`: %d rows in %s; per row %s of load before a "+
-		"window of %s (PostgreSQL's rows: %s, the interval of the purge each node runs), at most %s requests a second.",
+		"window of %s, at most %s requests a second.",
 		r.Date.Format("2006-01-02"), r.Machine, strings.Join(r.Versions, ", "), r.Source, r.Command, len(r.Rows),
-		r.Elapsed.Round(time.Second), r.Warmup, r.Measure, pg, Thousands(r.MaxRate)), docgen.Width, "", ""))
+		r.Elapsed.Round(time.Second), r.Warmup, window, Thousands(r.MaxRate)), docgen.Width, "", ""))
 	b.WriteString("\n\nFitted constants:\n\n")
 	stores := make([]string, 0, len(r.Constants))
 	for name := range r.Constants {
@@ -96,11 +99,11 @@ func (r Report) Markdown() string {
 			unit, mem = "row written", fmt.Sprintf("%.0f per row version an update leaves, empty tables %s; %.1f transactions "+
 				"per node's purge", c.BytesPerUpdate, Bytes(c.BytesEmpty), c.PurgeTrips)
 		}
-		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s and %.1f per round trip, plus %.2f %% of a core "+
+		b.WriteString(docgen.WrapItem(fmt.Sprintf("%s: %.1f µs of CPU per %s, %.1f per round trip and %.0f per beat, plus %.2f %% of a core "+
 			"and %.2f %% per connection; %.0f bytes per counter, %.0f per marker, %s; a synchronous "+
 			"round trip holds a node's next hits %.0f µs; %.2f connections per node when periodic, and at sync_rate 0 "+
 			"a second one as %.2f calls a second find a round trip out.",
-			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUIdle, c.CPUPerConn, c.BytesPerCounter,
+			r.title(name), c.CPUPerCommand, unit, c.CPUPerTrip, c.CPUPerBeat, c.CPUIdle, c.CPUPerConn, c.BytesPerCounter,
 			c.BytesPerMarker, mem, c.TripLatency, c.ConnsPeriodic, c.ConnsOverlap)))
 		b.WriteString("\n")
 	}

@@ -101,7 +101,7 @@ func TestFitNonNeg(t *testing.T) {
 }
 
 func TestFit(t *testing.T) {
-	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUIdle: 0.3, CPUPerConn: 0.05, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
+	truth := Constants{CPUPerCommand: 8, CPUPerTrip: 20, CPUPerBeat: 300, CPUIdle: 0.3, CPUPerConn: 0.05, BytesPerCounter: 90, BytesPerMarker: 150, BytesPerConn: 20000,
 		TripLatency: 200, ConnsPeriodic: 1}
 	var rows []Measured
 	for _, row := range QuickPlan([]string{"redis"}, 1000) {
@@ -113,6 +113,7 @@ func TestFit(t *testing.T) {
 	near(t, "TripLatency", got.TripLatency, 200, 1e-6)
 	near(t, "CPUPerCommand", got.CPUPerCommand, 8, 1e-6)
 	near(t, "CPUPerTrip", got.CPUPerTrip, 20, 1e-6)
+	near(t, "CPUPerBeat", got.CPUPerBeat, 300, 1e-6)
 	near(t, "CPUIdle", got.CPUIdle, 0.3, 1e-6)
 	near(t, "BytesPerCounter", got.BytesPerCounter, 90, 1e-3)
 	near(t, "BytesPerMarker", got.BytesPerMarker, 150, 1e-3)
