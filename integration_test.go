@@ -97,8 +97,20 @@ func load(t *testing.T, sites string) *caddytest.Tester {
 // preamble's plus options.
 func loadWithOptions(t *testing.T, options, sites string) *caddytest.Tester {
 	t.Helper()
+	return initServer(t, withOptions(options)+sites, "caddyfile")
+}
+
+// initServer loads config, of the adapter's type, into the test's Caddy
+// and waits for the old servers to go (awaitOldServers).
+func initServer(t *testing.T, config, adapter string) *caddytest.Tester {
+	t.Helper()
+	// caddytest posts the config with the default transport, which may
+	// hold a keep-alive connection to an admin server that the last load
+	// replaced and is stopping: a POST sent on it is reset ("connection
+	// reset by peer"), and the test runs on the old config.
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	tester := caddytest.NewTester(t)
-	tester.InitServer(withOptions(options)+sites, "caddyfile")
+	tester.InitServer(config, adapter)
 	awaitOldServers(t)
 	return tester
 }
@@ -463,9 +475,7 @@ func TestJSONThroughAdminAPI(t *testing.T) {
 			"pki": {"certificate_authorities": {"local": {"install_trust": false}}}
 		}
 	}`
-	tester := caddytest.NewTester(t)
-	tester.InitServer(config, "json")
-	awaitOldServers(t)
+	tester := initServer(t, config, "json")
 	if got := countAdmitted(t, tester, "/", uniqueKey(t), 4); got != 2 {
 		t.Fatalf("admitted %d of 4, want 2", got)
 	}
