@@ -3,7 +3,7 @@ package sizing
 import "math"
 
 // Fit returns the constants that fit the measured rows of one store best:
-// the CPU per command and per round trip, and when idle, by least
+// the CPU per command, per round trip and per beat, and when idle, by least
 // squares on the measured work; the bytes per counter, per marker, per connection (Redis) and of the empty tables (PostgreSQL) on the
 // predicted items held; the trip latency from the synchronous rows' round
 // trips; and the connections per node, the mean of each mode's rows.
