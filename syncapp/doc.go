@@ -220,4 +220,7 @@
 //	  requests admitted locally still running ──► slotHolder.adopt
 //	  health.failedRun / health.succeeded ──► the loop's next delay:
 //	    while failing, a probe 250 ms after the failure, then up to 1 s apart
+//	  a run of the loop that went well ──► runner.maintain ──►
+//	    store.Maintain (strategy.Maintainer): the store's housekeeping when
+//	    due, such as PostgreSQL's purge, on a connection the run gave back
 package syncapp

@@ -225,10 +225,14 @@ func (l *loop) runCurrent(ctx context.Context, periodic bool) {
 	}
 	defer l.runs.unlock()
 	if r := l.current(); r != nil && r.store != nil {
+		var err error
 		if periodic {
-			_ = r.runLocked(ctx, true, fetchAfter(time.Now(), r.interval()))
+			err = r.runLocked(ctx, true, fetchAfter(time.Now(), r.interval()))
 		} else {
-			_ = r.runLocked(ctx, false, time.Time{})
+			err = r.runLocked(ctx, false, time.Time{})
+		}
+		if err == nil {
+			r.maintain(ctx)
 		}
 	}
 }

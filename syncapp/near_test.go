@@ -40,13 +40,17 @@ func (c *countingStrategy) OpenStore() (strategy.Store, error) {
 }
 
 // countingStore is a memory store that counts the synchronous hits it
-// applies, the reads of its feed of keys near their limits, and the marks
-// nodes ask it to make.
+// applies, the reads of its feed of keys near their limits, the marks
+// nodes ask it to make, and the runs that have it do its housekeeping.
 type countingStore struct {
 	*memory.Store
 	name                   string
 	hits, feedReads, marks atomic.Int64
+	maintained             atomic.Int64
 }
+
+// Maintain implements strategy.Maintainer: it counts the calls.
+func (c *countingStore) Maintain(context.Context) { c.maintained.Add(1) }
 
 func (c *countingStore) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) ([]window.Count, []strategy.NearMark, int64, error) {
 	c.feedReads.Add(1)
@@ -371,4 +375,18 @@ func TestPeekNearAsksTheStore(t *testing.T) {
 			t.Errorf("a peek of 2 on the first node: rejected %d with a count of %v, want 0 at 9", r, out[0].Current)
 		}
 	})
+}
+
+// TestRunsMaintainTheStore checks that a periodic namespace's runs have a
+// store with housekeeping (strategy.Maintainer) do it after their calls.
+func TestRunsMaintainTheStore(t *testing.T) {
+	name := fmt.Sprintf("%s-%d", t.Name(), rand.Uint64())
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "20ms", "window_sizes": ["1h"], "strategy": {"module": "test_counting", "name": %q}}}}`, name)
+	ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	v, _ := countingStores.Load(name)
+	store := v.(*countingStore)
+	out := make([]window.Sample, 1)
+	ns.Hit(context.Background(), "k", []Limit{{Size: time.Hour, Max: 10}}, 1, true, false, out)
+	poll.Until(t, 10*time.Second, "the runs to push the hit", func() bool { return storeCount(t, store, "k") == 1 })
+	poll.Until(t, 10*time.Second, "a run to maintain the store", func() bool { return store.maintained.Load() > 0 })
 }

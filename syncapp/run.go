@@ -127,6 +127,15 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 	return err
 }
 
+// maintain has the store do its housekeeping, if it has any due, after a
+// run that went well: on a connection the run's calls gave back, so that
+// the store's pool needs none more for it (see strategy.Maintainer).
+func (r *runner) maintain(ctx context.Context) {
+	if m, ok := r.store.(strategy.Maintainer); ok {
+		m.Maintain(ctx)
+	}
+}
+
 // pushAndFetch does one run's work on counts, and reports whether it
 // asked the store anything and how long it waited for fetchAt.
 func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {

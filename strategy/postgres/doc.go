@@ -253,8 +253,13 @@
 // A counter expires when it can no longer be a previous window, plus a
 // second for clock skew: start + 2*size + 1s. Rows are deleted by a purge
 // that each store in use runs every 30 seconds (first at a random point of
-// the first interval, so that nodes spread out), in a goroutine that the
-// first call starts and Close stops. A purge deletes expired counters and
+// the first interval, so that nodes spread out). A periodic namespace's
+// sync run does it after its own calls (Store.Maintain), on the connection
+// they gave back: at a time of its own the purge would now and then find
+// that connection busy, and the pool would open another that the node
+// keeps. A goroutine that the first call starts and Close stops does it
+// when no run did for half an interval more (a store that only
+// synchronous namespaces use). A purge deletes expired counters and
 // ID records (and slots, by the server's clock, bans and marks near
 // limits, in a store that used them) in chunks of 10,000 rows (found through the expires_at
 // indexes and deleted by ctid), each chunk in a short transaction that

@@ -60,6 +60,10 @@ type Store struct {
 	closed    bool
 	stopPurge context.CancelFunc // stops the purge goroutine
 	purgeDone chan struct{}      // closed when it has stopped
+	// nextPurge is when the next purge is due, in Unix nanoseconds: a
+	// periodic namespace's run does it (Maintain), and the purge goroutine
+	// only when no run did for half an interval more.
+	nextPurge atomic.Int64
 
 	// schemaMu serializes the creation of the schema, which schemaReady
 	// records, and of the slots' part of it, which slotsReady records: the
@@ -114,6 +118,9 @@ func (s *Store) getPool() (*pgxpool.Pool, error) {
 		return nil, errs.NotSent(fmt.Errorf("making the connection pool: %w", err))
 	}
 	s.pool = pool
+	// The first purge at a random point of the first interval, so that
+	// nodes started together spread their purges.
+	s.nextPurge.Store(time.Now().Add(rand.N(s.purgeEvery) + time.Millisecond).UnixNano())
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopPurge, s.purgeDone = cancel, make(chan struct{})
 	go s.purgeLoop(ctx, pool, s.purgeDone)
@@ -275,22 +282,46 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// purgeLoop purges expired rows every purgeEvery, starting at a random
-// point of the first interval, so that nodes started together spread
-// their purges, until ctx is cancelled.
+// purgeLoop purges expired rows when no run did (see Maintain): half an
+// interval after a purge was due, until ctx is cancelled. A purge it
+// claims keeps the cadence, due again an interval after it was due.
 func (s *Store) purgeLoop(ctx context.Context, pool *pgxpool.Pool, done chan<- struct{}) {
 	defer close(done)
-	timer := time.NewTimer(rand.N(s.purgeEvery) + time.Millisecond)
+	late := s.purgeEvery / 2
+	timer := time.NewTimer(late)
 	defer timer.Stop()
 	for {
+		timer.Reset(max(time.Until(time.Unix(0, s.nextPurge.Load()).Add(late)), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		}
-		s.purgeOnce(ctx, pool)
-		timer.Reset(s.purgeEvery)
+		due := s.nextPurge.Load()
+		if time.Now().UnixNano() >= due+int64(late) && s.nextPurge.CompareAndSwap(due, due+int64(s.purgeEvery)) {
+			s.purgeOnce(ctx, pool)
+		}
 	}
+}
+
+// Maintain implements strategy.Maintainer: it purges expired rows when a
+// purge is due. A periodic namespace's run calls it after its own calls,
+// so that the purge takes the connection the run just gave back: a purge
+// of its own, every 30 s at any point, would find the run's connection
+// busy one time in a few at short sync_rates, and the pool would open a
+// second connection for it, which the node keeps.
+func (s *Store) Maintain(ctx context.Context) {
+	s.mu.Lock()
+	pool := s.pool
+	if s.closed {
+		pool = nil
+	}
+	s.mu.Unlock()
+	due, now := s.nextPurge.Load(), time.Now()
+	if pool == nil || now.UnixNano() < due || !s.nextPurge.CompareAndSwap(due, now.Add(s.purgeEvery).UnixNano()) {
+		return
+	}
+	s.purgeOnce(ctx, pool)
 }
 
 // purgeOnce runs one periodic purge, logging its failures and recovering
@@ -408,4 +439,5 @@ var (
 	_ strategy.Banner      = (*Store)(nil)
 	_ strategy.NearFeed    = (*Store)(nil)
 	_ strategy.Roster      = (*Store)(nil)
+	_ strategy.Maintainer  = (*Store)(nil)
 )

@@ -507,6 +507,43 @@ func TestPurgeLoop(t *testing.T) {
 	poll.Until(t, 10*time.Second, "the expired counters to be purged", func() bool { return rows() == 0 })
 }
 
+// TestMaintainPurgesWhenDue checks that a run's Maintain purges when a
+// purge is due, and not again before the next is.
+func TestMaintainPurgesWhenDue(t *testing.T) {
+	srv, dsn := startServer(t)
+	s := open(t, &Postgres{DSN: dsn})
+	clock := fakeclock.New(time.Now())
+	s.now, s.purgeEvery = clock.Now, time.Hour // the purge loop waits it out
+	push := func(id string) {
+		t.Helper()
+		at := clock.Now().UnixNano()
+		ds := diffs(100, id, time.Second, window.Start(at, time.Second), 1)
+		if err := s.PushDiffs(ctxT(t), strategy.Batch{ID: id, Namespace: "ns", Diffs: ds}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func() int { return count(t, srv, "SELECT count(*) FROM rate_limit_counters") }
+
+	push("first")
+	clock.Advance(10 * time.Second)
+	s.nextPurge.Store(time.Now().Add(time.Hour).UnixNano())
+	s.Maintain(ctxT(t))
+	if n := rows(); n != 100 {
+		t.Fatalf("%d counters after Maintain before a purge was due, want 100", n)
+	}
+	s.nextPurge.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	s.Maintain(ctxT(t))
+	if n := rows(); n != 0 {
+		t.Fatalf("%d expired counters after Maintain with a purge due, want 0", n)
+	}
+	push("second")
+	clock.Advance(10 * time.Second)
+	s.Maintain(ctxT(t)) // the next purge is an hour away
+	if n := rows(); n != 100 {
+		t.Errorf("%d counters after Maintain right after a purge, want 100", n)
+	}
+}
+
 // TestLongValues checks that namespaces, keys and IDs longer than a B-tree
 // entry may be are stored, stay distinct and dedupe as short ones do.
 func TestLongValues(t *testing.T) {
