@@ -461,6 +461,16 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// pushSecond pushes batch id: a hit of each of 100 keys in the 1 s window
+// of clock's now, which expires 3 s after that window starts.
+func pushSecond(t *testing.T, s *Store, clock *fakeclock.Clock, id string) {
+	t.Helper()
+	ds := diffs(100, id, time.Second, window.Start(clock.Now().UnixNano(), time.Second), 1)
+	if err := s.PushDiffs(ctxT(t), strategy.Batch{ID: id, Namespace: "ns", Diffs: ds}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPurgeLoop checks that a store in use purges on its own, and that it
 // skips its turn while another node purges.
 func TestPurgeLoop(t *testing.T) {
@@ -475,14 +485,7 @@ func TestPurgeLoop(t *testing.T) {
 		return clock.Now()
 	}
 	s.now, s.purgeEvery = now, 20*time.Millisecond
-	push := func(id string) {
-		t.Helper()
-		at := clock.Now().UnixNano()
-		ds := diffs(100, id, time.Second, window.Start(at, time.Second), 1)
-		if err := s.PushDiffs(ctxT(t), strategy.Batch{ID: id, Namespace: "ns", Diffs: ds}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	push := func(id string) { pushSecond(t, s, clock, id) }
 	rows := func() int { return count(t, srv, "SELECT count(*) FROM rate_limit_counters") }
 
 	push("first")
@@ -514,14 +517,7 @@ func TestMaintainPurgesWhenDue(t *testing.T) {
 	s := open(t, &Postgres{DSN: dsn})
 	clock := fakeclock.New(time.Now())
 	s.now, s.purgeEvery = clock.Now, time.Hour // the purge loop waits it out
-	push := func(id string) {
-		t.Helper()
-		at := clock.Now().UnixNano()
-		ds := diffs(100, id, time.Second, window.Start(at, time.Second), 1)
-		if err := s.PushDiffs(ctxT(t), strategy.Batch{ID: id, Namespace: "ns", Diffs: ds}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	push := func(id string) { pushSecond(t, s, clock, id) }
 	rows := func() int { return count(t, srv, "SELECT count(*) FROM rate_limit_counters") }
 
 	push("first")
