@@ -288,10 +288,12 @@ func (s *Store) Close() error {
 func (s *Store) purgeLoop(ctx context.Context, pool *pgxpool.Pool, done chan<- struct{}) {
 	defer close(done)
 	late := s.purgeEvery / 2
-	timer := time.NewTimer(late)
+	untilLate := func() time.Duration {
+		return max(time.Until(time.Unix(0, s.nextPurge.Load()).Add(late)), time.Millisecond)
+	}
+	timer := time.NewTimer(untilLate())
 	defer timer.Stop()
 	for {
-		timer.Reset(max(time.Until(time.Unix(0, s.nextPurge.Load()).Add(late)), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return
@@ -301,6 +303,7 @@ func (s *Store) purgeLoop(ctx context.Context, pool *pgxpool.Pool, done chan<- s
 		if time.Now().UnixNano() >= due+int64(late) && s.nextPurge.CompareAndSwap(due, due+int64(s.purgeEvery)) {
 			s.purgeOnce(ctx, pool)
 		}
+		timer.Reset(untilLate())
 	}
 }
 
