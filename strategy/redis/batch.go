@@ -210,6 +210,11 @@ end
 -- window over its limit, takes the increments back, and the hits are
 -- decided one by one. delta[j] is the sum of counter j's increments.
 local delta = {}
+-- istr[inc] is increment inc as INCRBY's argument, formatted once: a
+-- number argument costs Redis a "%.17g" formatting on every call, more
+-- than the INCRBY itself, and a batch's increments are mostly one number.
+-- One past 2^53 stays a number (INCRBY then refuses what it is sent).
+local istr = {}
 if fast then
 	local q = 1
 	while fast and q <= #fs do
@@ -221,7 +226,12 @@ if fast then
 			a, b, c, d = string.byte(fs, q, q + 3)
 			q = q + 4
 			local cur, prev, inc, l = a * 256 + b, c * 256 + d, n * sinc[i], slim[i]
-			local v = redis.pcall('INCRBY', KEYS[m + cur], inc)
+			local is = istr[inc]
+			if not is then
+				is = inc < 9007199254740992 and string.format('%d', inc) or inc
+				istr[inc] = is
+			end
+			local v = redis.pcall('INCRBY', KEYS[m + cur], is)
 			if type(v) ~= 'number' then
 				fast = false
 				break
