@@ -235,7 +235,7 @@ func TestNearConcurrentMarks(t *testing.T) {
 				errc <- err
 				return
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // not a wait: the pace of the purges that race the pushes
 		}
 	}()
 	seen := make(map[string]int)
