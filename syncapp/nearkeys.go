@@ -94,13 +94,19 @@ func (n *nearKeys) wake(ctx context.Context, read func()) {
 	read()
 }
 
-// ask has the next run mark key until until (Unix nanoseconds), unless it
-// is marked already: for a key whose count a synchronous hit brought
-// near its limit, which no push marks (the store applies such hits
-// itself).
+// ask has the next run mark key until until (Unix nanoseconds), unless a
+// mark of it lasts that long already: for a key whose count a synchronous
+// hit brought near its limit, which no push marks (the store applies such
+// hits itself). A mark that ends sooner does not do: the other nodes would
+// decide the key blind in the windows after it.
 func (n *nearKeys) ask(key string, until int64) {
-	if n.has(key) {
-		return
+	if n.held.Load() > 0 {
+		n.mu.RLock()
+		u := n.until[key]
+		n.mu.RUnlock()
+		if u >= until {
+			return
+		}
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
