@@ -376,9 +376,10 @@ var batchScript = goredis.NewScript(batchSource)
 // documentation (Batches of synchronous hits) for why, and what the
 // caller must keep to. The markers live as a hit's do.
 //
-// A hit with a slot (see strategy.SlotBatcher) is a run of the script of
-// AcquireSlot, in the same pipeline, after the hits' runs: the slots of a
-// key are taken in the batch's order.
+// The hits with a slot (see strategy.SlotBatcher) take them in runs of
+// the script of AcquireSlot, one for all of them (one per Cluster slot
+// they fall in), in the same pipeline, after the hits' runs: the slots of
+// a key are taken in the batch's order.
 //
 // Each hit is checked as Hit checks its input; a bad one gets an error that
 // wraps strategy.ErrRejected in its result, and the others are sent
@@ -436,8 +437,24 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		scripts = append(scripts, scriptRun{batchScript, batchSource, cmd})
 	}
 	runs = sendable
-	for _, i := range slots {
-		scripts = append(scripts, s.acquireSlotRun(namespace, hits[i].Key, *hits[i].Slot))
+	// The slots: one run per Cluster slot, in the order of their first
+	// hits, each taking its slots in the batch's order.
+	var slotRuns []*slotRun
+	if len(slots) > 0 {
+		slotRunOf := make(map[int]*slotRun)
+		for _, i := range slots {
+			slot := s.slotOf(bucketOf(namespace, hits[i].Key))
+			r := slotRunOf[slot]
+			if r == nil {
+				r = new(slotRun)
+				slotRunOf[slot] = r
+				slotRuns = append(slotRuns, r)
+			}
+			r.add(s, namespace, hits[i].Key, *hits[i].Slot, i)
+		}
+		for _, r := range slotRuns {
+			scripts = append(scripts, r.script())
+		}
 	}
 
 	if len(scripts) == 0 {
@@ -456,13 +473,15 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		}
 		r.free()
 	}
-	for n, i := range slots {
-		reply, err := slotReply(cmds[len(runs)+n])
-		if err != nil {
-			errs.FailBatch(results, namespace, []int{i}, s.partial(err, bucketOf(namespace, hits[i].Key)))
-			continue
+	for n, r := range slotRuns {
+		replies, err := r.replies(cmds[len(runs)+n])
+		for x, i := range r.hits {
+			if err != nil {
+				errs.FailBatch(results, namespace, []int{i}, s.partial(err, bucketOf(namespace, hits[i].Key)))
+				continue
+			}
+			results[i].Slot = replies[x]
 		}
-		results[i].Slot = reply
 	}
 }
 

@@ -18,38 +18,46 @@ const maxPipelineSlotKeys = 1024
 // acquireSlotSource is the source of acquireSlotScript, kept to send with
 // EVAL when a server does not hold the script.
 //
-// It takes a concurrency slot of one (namespace, key), whose slots are the
-// sorted set KEYS[1]: member the slot's id, score when it expires, in Unix
-// microseconds by the server's clock (TIME), so that the nodes' clocks do
-// not matter. A score of about 1.7e15 is an integer that a double, hence
-// a Lua number and a sorted set's score, holds exactly. ARGV[1] is the
-// id, ARGV[2] the most slots, ARGV[3] the lease in milliseconds.
+// It takes concurrency slots, one after the other, each of one
+// (namespace, key), whose slots are the sorted set KEYS[i]: member the
+// slot's id, score when it expires, in Unix microseconds by the server's
+// clock (TIME, read once), so that the nodes' clocks do not matter. A
+// score of about 1.7e15 is an integer that a double, hence a Lua number
+// and a sorted set's score, holds exactly. ARGV[3i-2] is slot i's id,
+// ARGV[3i-1] the most slots of its key, ARGV[3i] its lease in
+// milliseconds. A batch's slots go in one run (of each Cluster slot), so
+// that Redis runs one script and reads its clock once for all of them.
 //
-// It drops the expired slots (ZREMRANGEBYSCORE, which deletes the set if
-// it empties), counts the others (ZCARD), and takes the slot (ZADD, which
-// renews an id held already) if fewer than the most are held or the id is
-// one of them (ZSCORE, asked only when the set is full). The set lives as
-// long as its latest slot: PEXPIRE when its time to live is shorter than
-// the lease (PTTL; a new set has none), so a key nobody renews vanishes
-// and a key in use never holds slots that expired long ago. The script is
-// atomic, so concurrent acquisitions of a key take turns.
+// For each slot it drops the expired slots of the key (ZREMRANGEBYSCORE,
+// which deletes the set if it empties), counts the others (ZCARD), and
+// takes the slot (ZADD, which renews an id held already) if fewer than the
+// most are held or the id is one of them (ZSCORE, asked only when the set
+// is full). The set lives as long as its latest slot: PEXPIRE when its
+// time to live is shorter than the lease (PTTL; a new set has none), so a
+// key nobody renews vanishes and a key in use never holds slots that
+// expired long ago. The script is atomic, so concurrent acquisitions of a
+// key take turns, and slots of one key in one run are taken in order.
 //
-// It replies with the number of slots held after the call and 1 if the
-// slot was taken, 0 if not.
+// It replies, for each slot in order, the number of its key's slots held
+// after it and 1 if it was taken, 0 if not.
 const acquireSlotSource = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local lease = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local held = redis.call('ZCARD', KEYS[1])
-if held >= tonumber(ARGV[2]) and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-	return {held, 0}
+local past = string.format('%d', now) -- formatted once, not on every call
+local reply = {}
+for i = 1, #KEYS do
+	local set, id, lease = KEYS[i], ARGV[3 * i - 2], tonumber(ARGV[3 * i])
+	redis.call('ZREMRANGEBYSCORE', set, '-inf', past)
+	local held, took = redis.call('ZCARD', set), 0
+	if held < tonumber(ARGV[3 * i - 1]) or redis.call('ZSCORE', set, id) then
+		held, took = held + redis.call('ZADD', set, now + lease * 1000, id), 1
+		if redis.call('PTTL', set) <= lease then
+			redis.call('PEXPIRE', set, lease + 1)
+		end
+	end
+	reply[2 * i - 1], reply[2 * i] = held, took
 end
-held = held + redis.call('ZADD', KEYS[1], now + lease * 1000, ARGV[1])
-if redis.call('PTTL', KEYS[1]) <= lease then
-	redis.call('PEXPIRE', KEYS[1], lease + 1)
-end
-return {held, 1}
+return reply
 `
 
 // acquireSlotScript is acquireSlotSource, run by its SHA1 digest.
@@ -106,27 +114,59 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
-	r := s.acquireSlotRun(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
-	reply, err := slotReply(s.runOnce(ctx, r.script, r.src, r.args, false))
-	return reply.Held, reply.OK, s.partial(err, bucketOf(namespace, key))
+	var run slotRun
+	run.add(s, namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
+	r := run.script()
+	replies, err := run.replies(s.runOnce(ctx, r.script, r.src, r.args, false))
+	if err != nil {
+		return 0, false, s.partial(err, bucketOf(namespace, key))
+	}
+	return replies[0].Held, replies[0].OK, nil
 }
 
-// acquireSlotRun is the script run that takes slot of key.
-func (s *Store) acquireSlotRun(namespace, key string, slot strategy.SlotRequest) scriptRun {
-	set := s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key)
-	return scriptRun{acquireSlotScript, acquireSlotSource, []any{nil, nil, 1, set, slot.ID, slot.Max, strategy.LeaseMs(slot.Lease)}}
+// slotRun gathers the slots that one run of acquireSlotScript takes: those
+// of one Cluster slot, or any on a standalone server.
+type slotRun struct {
+	hits []int // the indexes of the slots' hits in their batch
+	keys []string
+	args []any // each slot's id, most and lease
 }
 
-// slotReply reads the reply of an acquireSlotRun.
-func slotReply(cmd *goredis.Cmd) (strategy.SlotReply, error) {
+// add adds slot of key, the slot of hit i of a batch, to the run.
+func (r *slotRun) add(s *Store, namespace, key string, slot strategy.SlotRequest, hit ...int) {
+	r.hits = append(r.hits, hit...)
+	r.keys = append(r.keys, s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key))
+	r.args = append(r.args, slot.ID, slot.Max, strategy.LeaseMs(slot.Lease))
+}
+
+// script is the run, as runOnce and runOncePipelined send it.
+func (r *slotRun) script() scriptRun {
+	args := make([]any, 3, 3+len(r.keys)+len(r.args))
+	args[2] = len(r.keys)
+	for _, k := range r.keys {
+		args = append(args, k)
+	}
+	return scriptRun{acquireSlotScript, acquireSlotSource, append(args, r.args...)}
+}
+
+// replies reads the run's reply: each slot's in order.
+func (r *slotRun) replies(cmd *goredis.Cmd) ([]strategy.SlotReply, error) {
 	reply, err := cmd.Int64Slice()
 	if err != nil {
-		return strategy.SlotReply{}, notSent(err)
+		return nil, notSent(err)
 	}
-	if len(reply) != 2 || reply[0] < 0 || reply[1] != 0 && reply[1] != 1 {
-		return strategy.SlotReply{}, fmt.Errorf("the slot script replied %v, not a count and a flag", reply)
+	if len(reply) != 2*len(r.keys) {
+		return nil, fmt.Errorf("the slot script replied %d values for %d slots", len(reply), len(r.keys))
 	}
-	return strategy.SlotReply{Held: int(reply[0]), OK: reply[1] == 1}, nil
+	replies := make([]strategy.SlotReply, len(r.keys))
+	for i := range replies {
+		held, took := reply[2*i], reply[2*i+1]
+		if held < 0 || took != 0 && took != 1 {
+			return nil, fmt.Errorf("the slot script replied %v, not counts and flags", reply)
+		}
+		replies[i] = strategy.SlotReply{Held: int(held), OK: took == 1}
+	}
+	return replies, nil
 }
 
 // TakesSlotsInBatches marks the store as a strategy.SlotBatcher: its

@@ -70,7 +70,8 @@ func TestSlotsIgnoreTheNodeClock(t *testing.T) {
 
 // In steady state an acquisition is one EVALSHA, which runs 7 commands (5
 // when the key is full); a release is one ZREM per key, pipelined; a
-// renewal one EVALSHA per key.
+// renewal one EVALSHA per key; the slots of a batch of hits one EVALSHA
+// and one TIME for all of them.
 func TestSlotCommands(t *testing.T) {
 	srv, r := startStandalone(t)
 	c := srv.Client("")
@@ -157,6 +158,22 @@ func TestSlotCommands(t *testing.T) {
 	if n, err := c.DBSize(ctx).Result(); err != nil || n != 1 {
 		t.Errorf("after every slot but one was released, Redis holds %d keys (error %v), want 1", n, err)
 	}
+
+	// The slots of a batch of hits: one run for all of them, one TIME.
+	resetStats(t, c)
+	h.reset()
+	hits, results := make([]strategy.HitRequest, n), make([]strategy.HitResult, n)
+	for i := range hits {
+		hits[i] = strategy.HitRequest{Key: fmt.Sprint("batch-", i), Slot: &strategy.SlotRequest{ID: "a", Max: 1, Lease: lease}}
+	}
+	r.HitBatch(ctx, "cmds", "slots", hits, results)
+	for i, res := range results {
+		if res.Err != nil || res.Slot != (strategy.SlotReply{Held: 1, OK: true}) {
+			t.Fatalf("hit %d of a batch taking slots: %+v, error %v; want its key's first slot", i, res.Slot, res.Err)
+		}
+	}
+	check("a batch of hits taking a slot of each of 100 keys", 1, 0, 0,
+		map[string]int{"evalsha": 1, "time": 1, "zremrangebyscore": n, "zcard": n, "zadd": n, "pttl": n}, map[string]int{"pexpire": n})
 }
 
 // A server that lost its scripts (restarted, or SCRIPT FLUSH) gets them
