@@ -443,14 +443,15 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	if len(slots) > 0 {
 		slotRunOf := make(map[int]*slotRun)
 		for _, i := range slots {
-			slot := s.slotOf(bucketOf(namespace, hits[i].Key))
+			k := bucketOf(namespace, hits[i].Key)
+			slot := s.slotOf(k)
 			r := slotRunOf[slot]
 			if r == nil {
 				r = new(slotRun)
 				slotRunOf[slot] = r
 				slotRuns = append(slotRuns, r)
 			}
-			r.add(s, namespace, hits[i].Key, *hits[i].Slot, i)
+			r.add(s.layout, i, k, nsp, hits[i].Key, *hits[i].Slot)
 		}
 		for _, r := range slotRuns {
 			scripts = append(scripts, r.script())

@@ -115,11 +115,12 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 		return 0, false, err
 	}
 	var run slotRun
-	run.add(s, namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
+	k := bucketOf(namespace, key)
+	run.add(s.layout, 0, k, nsPart(namespace), key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
 	r := run.script()
 	replies, err := run.replies(s.runOnce(ctx, r.script, r.src, r.args, false))
 	if err != nil {
-		return 0, false, s.partial(err, bucketOf(namespace, key))
+		return 0, false, s.partial(err, k)
 	}
 	return replies[0].Held, replies[0].OK, nil
 }
@@ -132,10 +133,11 @@ type slotRun struct {
 	args []any // each slot's id, most and lease
 }
 
-// add adds slot of key, the slot of hit i of a batch, to the run.
-func (r *slotRun) add(s *Store, namespace, key string, slot strategy.SlotRequest, hit ...int) {
-	r.hits = append(r.hits, hit...)
-	r.keys = append(r.keys, s.layout.slotsKey(bucketOf(namespace, key), nsPart(namespace), key))
+// add adds slot of key, of bucket k, the slot of hit i of a batch, to the
+// run.
+func (r *slotRun) add(l *layout, i, k int, nsp, key string, slot strategy.SlotRequest) {
+	r.hits = append(r.hits, i)
+	r.keys = append(r.keys, l.slotsKey(k, nsp, key))
 	r.args = append(r.args, slot.ID, slot.Max, strategy.LeaseMs(slot.Lease))
 }
 
