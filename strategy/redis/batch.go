@@ -98,35 +98,43 @@ import (
 // rejected it or -1: what the caller needs to compute, in doubles as the
 // script does, every hit's counts and rates (see batchRun.answer).
 const batchSource = `
+-- Globals a batch calls often, as locals: each global costs two table
+-- lookups a call.
+local byte, tonumber, rcall, rpcall = string.byte, tonumber, redis.call, redis.pcall
 local m, nr, c1 = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local nread = #KEYS - m - nr
 local apply = true
 if m == 1 then
-	if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
+	if not rcall('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then
 		apply = false
 	end
 elseif m > 1 then
 	local found = 0
 	for i = 1, m, 1000 do
-		found = found + redis.call('EXISTS', unpack(KEYS, i, math.min(m, i + 999)))
+		found = found + rcall('EXISTS', unpack(KEYS, i, math.min(m, i + 999)))
 	end
 	if found > 0 then
 		apply = false
 	else
 		for i = 1, m do
-			redis.call('SET', KEYS[i], '1', 'PX', ARGV[2])
+			rcall('SET', KEYS[i], '1', 'PX', ARGV[2])
 		end
 	end
 end
 -- val[j] is counter j's running count; held[j] whether a current one
--- exists; tat[r] is TAT r's running value (0 for none).
-local val, held, tat = {}, {}, {}
-local reply, num = {apply and 1 or 0}, {}
+-- exists; tat[r] is TAT r's running value (0 for none). read makes held,
+-- tat and num, its memo of tonumber, when it first reads: a batch that
+-- reads nothing needs none of them.
+local val, held, tat, num = {}, nil, nil, nil
+local reply = {apply and 1 or 0}
 -- read reads counters from to to (and TATs past nread) with MGET.
 local function read(from, to)
+	if not num then
+		held, tat, num = {}, {}, {}
+	end
 	for i = m + from, m + to, 1000 do
 		local last = math.min(m + to, i + 999)
-		local got = redis.call('MGET', unpack(KEYS, i, last))
+		local got = rcall('MGET', unpack(KEYS, i, last))
 		for x = i, last do
 			local v, j = got[x - i + 1], x - m
 			local n = v and num[v]
@@ -157,7 +165,7 @@ end
 local h = nread + 1
 local now = 0
 if nr > 0 then
-	local t = redis.call('TIME')
+	local t = rcall('TIME')
 	now = t[1] * 1000000 + t[2]
 	h = h + 1
 	reply[h] = now
@@ -166,35 +174,38 @@ if nr > 0 then
 		reply[h] = tat[r]
 	end
 end
--- The shapes' windows, one after the other: shape s's window i is window
--- so[s] + i, with increment sinc, limit slim (false for none, true for
--- one that every rate exceeds; sfast a hair under it, for the fast way)
--- and greatest weight smax.
+-- The shapes, each a record: whether its hits undo, its number of windows
+-- nw, and its rate's increment and tolerance (nil for none). Its windows
+-- follow one another in wins: shape s's window i is wins[shape.o + i],
+-- with increment inc, limit lim (false for none, true for one that every
+-- rate exceeds; fast a hair under it, for the fast way) and greatest
+-- weight max. Records, whose constructors size them, cost Redis less
+-- than a table per field, which grows as it is filled.
 local ne = tonumber(ARGV[5])
 local p = 6 + ne
 local ns = tonumber(ARGV[p])
 p = p + 1
-local sundo, snw, so, srinc, srtol, sinc, slim, sfast, smax = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local shapes, wins = {}, {}
 local k = 0
 for s = 1, ns do
-	local nw = tonumber(ARGV[p + 1])
-	sundo[s], snw[s], so[s] = ARGV[p] == '1', nw, k
+	local nw, rinc, rtol = tonumber(ARGV[p + 1]), nil, nil
 	if ARGV[p + 2] ~= '' then
-		srinc[s], srtol[s] = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
+		rinc, rtol = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
 	end
+	shapes[s] = {undo = ARGV[p] == '1', nw = nw, o = k, rinc = rinc, rtol = rtol}
 	p = p + 4
 	for i = 1, nw do
 		k = k + 1
-		sinc[k], smax[k] = tonumber(ARGV[p]), tonumber(ARGV[p + 2])
-		local l = ARGV[p + 1]
+		local l, lf = ARGV[p + 1], nil
 		if l == '' then
-			slim[k] = false
+			l = false
 		elseif l == '-' then
-			slim[k] = true
+			l = true
 		else
 			l = tonumber(l)
-			slim[k], sfast[k] = l, l - 1e-12 * math.abs(l)
+			lf = l - 1e-12 * math.abs(l)
 		end
+		wins[k] = {inc = tonumber(ARGV[p]), lim = l, fast = lf, max = tonumber(ARGV[p + 2])}
 		p = p + 3
 	end
 end
@@ -218,30 +229,31 @@ local istr = {}
 if fast then
 	local q = 1
 	while fast and q <= #fs do
-		local a, b, c, d, e, g = string.byte(fs, q, q + 5)
+		local a, b, c, d, e, g = byte(fs, q, q + 5)
 		local s, n = a * 256 + b, e * 256 + g
 		q = q + 6
-		local o = so[s]
-		for i = o + 1, o + snw[s] do
-			a, b, c, d = string.byte(fs, q, q + 3)
+		local shape = shapes[s]
+		for i = shape.o + 1, shape.o + shape.nw do
+			local win = wins[i]
+			a, b, c, d = byte(fs, q, q + 3)
 			q = q + 4
-			local cur, prev, inc, l = a * 256 + b, c * 256 + d, n * sinc[i], slim[i]
+			local cur, prev, inc, l = a * 256 + b, c * 256 + d, n * win.inc, win.lim
 			local is = istr[inc]
 			if not is then
 				is = inc < 9007199254740992 and string.format('%d', inc) or inc
 				istr[inc] = is
 			end
-			local v = redis.pcall('INCRBY', KEYS[m + cur], is)
+			local v = rpcall('INCRBY', KEYS[m + cur], is)
 			if type(v) ~= 'number' then
 				fast = false
 				break
 			end
 			delta[cur], reply[cur + 1] = inc, v - inc
 			if v == inc then -- a new counter (or one at 0): its expiry
-				local x, y = string.byte(cs, 2 * cur - 1, 2 * cur)
-				redis.call('PEXPIREAT', KEYS[m + cur], ARGV[5 + x * 256 + y])
+				local x, y = byte(cs, 2 * cur - 1, 2 * cur)
+				rcall('PEXPIREAT', KEYS[m + cur], ARGV[5 + x * 256 + y])
 			end
-			if l and v + val[prev] * smax[i] > sfast[i] then
+			if l and v + val[prev] * win.max > win.fast then
 				fast = false
 				break
 			end
@@ -249,15 +261,16 @@ if fast then
 	end
 	if not fast then
 		for j, d in pairs(delta) do
-			redis.call('INCRBY', KEYS[m + j], -d)
+			rcall('INCRBY', KEYS[m + j], -d)
 		end
 		delta = {}
 	end
 end
 -- saved* hold what a hit found, to restore when it is undone; moved[r]
--- says TAT r moved.
-local savedc, savedv, savedd, moved = {}, {}, {}, {}
+-- says TAT r moved. The fast way needs none of them.
+local savedc, savedv, savedd, moved
 if not fast then
+	savedc, savedv, savedd, moved = {}, {}, {}, {}
 	failed = c1 > 0 and read(1, c1)
 	if failed then
 		return failed
@@ -268,13 +281,13 @@ if not fast then
 	local fshape, fr, fo, wc, wp = {}, {}, {}, {}, {}
 	local f, w, q = 0, 0, 1
 	while q <= #fs do
-		local a, b, c, d = string.byte(fs, q, q + 3)
+		local a, b, c, d = byte(fs, q, q + 3)
 		f = f + 1
 		local s = a * 256 + b
-		fshape[f], fr[f], fo[f] = s, c * 256 + d, w
+		fshape[f], fr[f], fo[f] = shapes[s], c * 256 + d, w
 		q = q + 6
-		for i = 1, snw[s] do
-			a, b, c, d = string.byte(fs, q, q + 3)
+		for i = 1, shapes[s].nw do
+			a, b, c, d = byte(fs, q, q + 3)
 			w = w + 1
 			wc[w], wp[w] = a * 256 + b, c * 256 + d
 			q = q + 4
@@ -282,19 +295,19 @@ if not fast then
 	end
 	local nextw = string.gmatch(ws, '[^ ]+')
 	for q = 1, #hs, 2 do
-		local a, b = string.byte(hs, q, q + 1)
+		local a, b = byte(hs, q, q + 1)
 		local x = a * 256 + b
-		local s = fshape[x]
-		local nw, o, so_, undo, rej, nsv = snw[s], fo[x], so[s], sundo[s], 0, 0
+		local shape = fshape[x]
+		local nw, o, so, undo, rej, nsv = shape.nw, fo[x], shape.o, shape.undo, 0, 0
 		local ri, admit, due = fr[x], true, 0
 		if ri > 0 then
-			due = math.max(tat[ri], now) + srinc[s]
-			admit = due - now <= srtol[s]
+			due = math.max(tat[ri], now) + shape.rinc
+			admit = due - now <= shape.rtol
 		end
 		for i = 1, nw do
 			local weight = nextw()
 			if admit then
-				local ci, d = wc[o + i], sinc[so_ + i]
+				local ci, d = wc[o + i], wins[so + i].inc
 				if apply and rej == 0 and d ~= 0 then
 					if undo then
 						nsv = nsv + 1
@@ -303,7 +316,7 @@ if not fast then
 					val[ci] = val[ci] + d
 					delta[ci] = (delta[ci] or 0) + d
 				end
-				local l = slim[so_ + i]
+				local l = wins[so + i].lim
 				if rej == 0 and l and (l == true or val[ci] + val[wp[o + i]] * tonumber(weight) > l) then
 					rej = i
 				end
@@ -329,23 +342,23 @@ for j = 1, fast and 0 or c1 do -- the fast way wrote them
 	if d and d ~= 0 then
 		local key, v = KEYS[m + j], nil
 		if held[j] and whole(d) and whole(val[j]) then
-			redis.call('SET', key, string.format('%d', val[j]), 'KEEPTTL')
+			rcall('SET', key, string.format('%d', val[j]), 'KEEPTTL')
 		else
 			if whole(d) then
 				v = string.format('%d', d)
 			else
 				v = string.format('%.17g', d)
 			end
-			local a, b = string.byte(cs, 2 * j - 1, 2 * j)
-			if held[j] or not redis.call('SET', key, v, 'PXAT', ARGV[5 + a * 256 + b], 'NX') then
-				redis.call('INCRBYFLOAT', key, v)
+			local a, b = byte(cs, 2 * j - 1, 2 * j)
+			if held[j] or not rcall('SET', key, v, 'PXAT', ARGV[5 + a * 256 + b], 'NX') then
+				rcall('INCRBYFLOAT', key, v)
 			end
 		end
 	end
 end
-for r = 1, nr do
+for r = 1, fast and 0 or nr do -- the fast way moves no TAT
 	if moved[r] then
-		redis.call('SET', KEYS[m + nread + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
+		rcall('SET', KEYS[m + nread + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
 	end
 end
 return reply
