@@ -65,30 +65,36 @@ import (
 // TAT that moved is written once at the end, living until it passes.
 //
 // Besides its commands, what Redis spends on a batch is mostly its
-// arguments and Lua's tonumber (strtod), so the batch is sent in few of
-// them. Counters are numbered 1 to C: first the C1
-// current counters (those some window writes), then the C2 previous ones
-// to read, then the S previous ones whose counts the caller sends (see
-// prevCache), which are not keys of the script. KEYS[1..M] are the
-// markers, then the C1 + C2 counters and the R TATs, all in one slot on a
-// Cluster. ARGV[1] is M, ARGV[2] the markers' time to live in
-// milliseconds, ARGV[3] R, ARGV[4] C1. Then come the shapes that the
+// arguments, Lua's tonumber (strtod) and the tables the script makes, so
+// the batch is sent in few arguments, numbers packed in binary where
+// they can be. Counters are numbered 1 to C: first the C1 current
+// counters (those some window writes), then the C2 previous ones to read,
+// then the S previous ones whose counts the caller sends (see prevCache),
+// which are not keys of the script. KEYS[1..M] are the markers, then the
+// C1 + C2 counters and the R TATs, all in one slot on a Cluster. ARGV[1]
+// is M, ARGV[2] the markers' time to live in milliseconds, ARGV[3] R,
+// ARGV[4] C1, ARGV[5] the number E of the current counters' expiries and
+// then the E expiries, in Unix milliseconds. Then come the shapes that the
 // forms share (a shape is what hits of any key with the same limits
 // send): their number, then for each, "1" to undo a rejected hit (or
 // "0"), its number of windows, the rate's increment and tolerance in
-// microseconds ("" and "" for none), and four arguments per window: its
+// microseconds ("" and "" for none), and three arguments per window: its
 // increment ("0" only reads), its limit ("" for none, "-" for one that
-// every rate exceeds), the current counter's expiry in Unix milliseconds
-// and the greatest weight any hit of the shape gives the previous count.
-// Then "1" if the caller allows the fast way above (or "0"); the forms,
-// the hits and the weights, each packed in one argument; and the S counts
-// sent. A form is a key's windows as its hits send them, which a batch's
-// hits of one key mostly share: its shape, the index of its TAT (0 for
-// none), its number of hits, and the indexes of each window's current and
-// previous counters, each a 16-bit big-endian number. A hit is the index
-// of its form, in 16 bits, in the batch's order; the weights are each
-// hit's windows' previous weights, in order, separated by spaces, read
-// only when the hits are decided one by one.
+// every rate exceeds) and the greatest weight any hit of the shape gives
+// the previous count. Then "1" if the caller allows the fast way above
+// (or "0"); then, each packed in one argument, the current counters'
+// expiries (each the 1-based index of one of the E), the forms, the hits,
+// the weights and the S counts sent; then the counts sent that do not
+// pack, in decimal. A form is a key's windows as its hits send them,
+// which a batch's hits of one key mostly share: its shape, the index of
+// its TAT (0 for none), its number of hits, and the indexes of each
+// window's current and previous counters, each a 16-bit big-endian
+// number, as are a counter's expiry and a hit, the index of its form, in
+// the batch's order. The weights are each hit's windows' previous
+// weights, in order, separated by spaces, read only when the hits are
+// decided one by one. A count sent is six bytes: a whole number below
+// 255 * 2^40, big-endian, or 255 and five zeros for one sent in decimal,
+// in the next of the arguments after them.
 //
 // It replies 1 if the hits applied (0 if a marker existed), the count
 // before the hits of each counter it read (C1 + C2), as Redis holds it
@@ -210,9 +216,20 @@ for s = 1, ns do
 	end
 end
 local fast = apply and ARGV[p] == '1'
-local cs, fs, hs, ws = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
-for x = p + 5, #ARGV do
-	val[nread + x - p - 4] = tonumber(ARGV[x])
+local cs, fs, hs, ws, ss = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4], ARGV[p + 5]
+-- The counts sent, six bytes each, cost Redis less than an argument and a
+-- tonumber each: a whole number, big-endian, or 255 for one in decimal,
+-- in the next of the arguments that follow.
+local x = p + 6
+for q = 1, #ss, 6 do
+	local a, b, c, d, e, g = byte(ss, q, q + 5)
+	local v
+	if a == 255 then
+		v, x = tonumber(ARGV[x]), x + 1
+	else
+		v = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + g
+	end
+	val[nread + (q + 5) / 6] = v
 end
 -- The fast way: each current counter gets the increments of all the hits
 -- of its form (INCRBY, which keeps its expiry and replies its count; no
@@ -602,9 +619,11 @@ type batchCounter struct {
 	lastHit  int // index in the run's hits
 	lastWin  int // index in that hit's windows
 	// sent is the count sent to the script, from the store's memory
-	// (prevCache), and sentAt when it was read; "" when it is read.
-	sent   string
-	sentAt int64
+	// (prevCache), as Redis held it and as a number, and sentAt when it
+	// was read; "" when it is read.
+	sent    string
+	sentVal float64
+	sentAt  int64
 	// script is the counter's number in the script (see batchSource).
 	script int
 }
@@ -795,8 +814,10 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			c1++
 		case s.prevs != nil:
 			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
-				c.sent, c.sentAt = e.prev, e.readAt
-				sent++
+				if v, err := strconv.ParseFloat(e.prev, 64); err == nil { // else read it
+					c.sent, c.sentVal, c.sentAt = e.prev, v, e.readAt
+					sent++
+				}
 			}
 		}
 	}
@@ -919,10 +940,38 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		flag = "1"
 	}
 	cmd = append(cmd, flag, counters, packed[:forms:forms], packed[forms:], r.weights)
+	counts := make([]byte, 0, 6*sent)
 	for x := nread + 1; x <= len(r.counters); x++ {
-		cmd = append(cmd, r.counters[byScript[x]].sent)
+		counts = appendCount(counts, r.counters[byScript[x]].sentVal)
+	}
+	cmd = append(cmd, counts)
+	for x := nread + 1; x <= len(r.counters); x++ {
+		if c := &r.counters[byScript[x]]; !packableCount(c.sentVal) {
+			cmd = append(cmd, c.sent)
+		}
 	}
 	return cmd, nil
+}
+
+// maxPackedCount bounds the counts that the batch script's arguments pack
+// in six bytes: a first byte of 255 stands for a count sent in decimal.
+const maxPackedCount = 255 << 40
+
+// packableCount reports whether v, a count sent to the batch script, packs
+// in six bytes: a whole number from 0 (not -0) to below maxPackedCount.
+func packableCount(v float64) bool {
+	return v >= 0 && v < maxPackedCount && v == math.Trunc(v) && !math.Signbit(v)
+}
+
+// appendCount appends v to b as the batch script unpacks a count sent:
+// six bytes, big-endian, or 255 and five zeros for one sent in decimal,
+// in an argument of its own.
+func appendCount(b []byte, v float64) []byte {
+	if !packableCount(v) {
+		return append(b, 255, 0, 0, 0, 0, 0)
+	}
+	n := uint64(v)
+	return append(b, byte(n>>40), byte(n>>32), byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 }
 
 // appendUint16s appends each of vs to b as a 16-bit big-endian number,
@@ -964,11 +1013,7 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	for j := range r.counters {
 		c := &r.counters[j]
 		if c.sent != "" {
-			v, err := strconv.ParseFloat(c.sent, 64)
-			if err != nil {
-				return fmt.Errorf("%s: sent %q, not a count", r.keys[j], c.sent)
-			}
-			val[j] = v
+			val[j] = c.sentVal
 			continue
 		}
 		nread++

@@ -333,6 +333,46 @@ func TestBatchSendsRememberedCounts(t *testing.T) {
 	}
 }
 
+// The previous counts a batch sends are packed in six bytes when they are
+// whole and small enough, and sent in decimal otherwise; either way the
+// script decides on them: with weight 0.5 and a limit of half the
+// previous count plus 7, after two hits the batch admits five of ten.
+func TestBatchSendsCountsPackedOrDecimal(t *testing.T) {
+	c, r, now := startFrozen(t)
+	ctx := testCtx(t)
+	for _, prev := range []float64{0, 4, 2.5, maxPackedCount - 1, maxPackedCount, 3e14} {
+		if got := packableCount(prev); got != (prev == math.Trunc(prev) && prev < maxPackedCount) {
+			t.Errorf("packableCount(%v) = %v", prev, got)
+		}
+		ns := fmt.Sprint("packed-", prev)
+		w := strategy.WindowHit{Size: time.Minute, Start: window.Start(now, time.Minute), Value: 1, Max: 1e18, Weight: 0.5}
+		prevs := []window.Diff{{Key: "k", Size: w.Size, Start: w.Start - int64(w.Size), Value: prev}}
+		if err := r.PushDiffs(ctx, strategy.Batch{ID: newID(), Namespace: ns, Diffs: prevs}); err != nil {
+			t.Fatal(err)
+		}
+		hitBatch(t, r, ns, newID(), batchOf([]string{"k"}, 2, []strategy.WindowHit{w})) // reads the previous count
+		w.Max = prev*0.5 + 7
+		resetStats(t, c)
+		got := hitBatch(t, r, ns, newID(), batchOf([]string{"k"}, 10, []strategy.WindowHit{w}))
+		// Deciding hit by hit, the script reads the current counter only.
+		if n := keyspaceReads(t, c); n != 1 {
+			t.Errorf("previous count %v: the batch read %d keys, want 1: its previous count sent", prev, n)
+		}
+		for i, res := range got {
+			want := -1
+			if i >= 5 {
+				want = 0
+			}
+			if res.Rejected != want {
+				t.Errorf("previous count %v: hits[%d] rejected by window %d, want %d", prev, i, res.Rejected, want)
+			}
+			if res.Counts[0].Previous != prev {
+				t.Errorf("previous count %v: hits[%d] reports %v", prev, i, res.Counts[0].Previous)
+			}
+		}
+	}
+}
+
 // A batch too large for the script's 16-bit fields is refused, each hit
 // with an error that wraps strategy.ErrRejected (no retry could send it),
 // and nothing reaches Redis; one hit fewer is applied.
