@@ -72,29 +72,30 @@ import (
 // then the S previous ones whose counts the caller sends (see prevCache),
 // which are not keys of the script. KEYS[1..M] are the markers, then the
 // C1 + C2 counters and the R TATs, all in one slot on a Cluster. ARGV[1]
-// is M, ARGV[2] the markers' time to live in milliseconds, ARGV[3] R,
-// ARGV[4] C1, ARGV[5] the number E of the current counters' expiries and
-// then the E expiries, in Unix milliseconds. Then come the shapes that the
+// is the header, 16-bit big-endian numbers: M, R, C1, the number E of
+// the current counters' expiries, the number of the shapes that the
 // forms share (a shape is what hits of any key with the same limits
-// send): their number, then for each, "1" to undo a rejected hit (or
-// "0"), its number of windows, the rate's increment and tolerance in
-// microseconds ("" and "" for none), and three arguments per window: its
-// increment ("0" only reads), its limit ("" for none, "-" for one that
-// every rate exceeds) and the greatest weight any hit of the shape gives
-// the previous count. Then "1" if the caller allows the fast way above
-// (or "0"); then, each packed in one argument, the current counters'
-// expiries (each the 1-based index of one of the E), the forms, the hits,
-// the weights and the S counts sent; then the counts sent that do not
-// pack, in decimal. A form is a key's windows as its hits send them,
-// which a batch's hits of one key mostly share: its shape, the index of
-// its TAT (0 for none), its number of hits, and the indexes of each
-// window's current and previous counters, each a 16-bit big-endian
-// number, as are a counter's expiry and a hit, the index of its form, in
-// the batch's order. The weights are each hit's windows' previous
-// weights, in order, separated by spaces, read only when the hits are
-// decided one by one. A count sent is six bytes: a whole number below
-// 255 * 2^40, big-endian, or 255 and five zeros for one sent in decimal,
-// in the next of the arguments after them.
+// send), 1 if the caller allows the fast way above (or 0), and for each
+// shape 1 to undo a rejected hit (or 0), its number of windows and 1 if
+// it has a rate (or 0). ARGV[2] is the markers' time to live in
+// milliseconds, and the E expiries follow, in Unix milliseconds. Then
+// come the shapes' numbers that are not whole: for each, the rate's
+// increment and tolerance in microseconds if it has one, and three
+// arguments per window: its increment ("0" only reads), its limit (""
+// for none, "-" for one that every rate exceeds) and the greatest weight
+// any hit of the shape gives the previous count. Then, each packed in one
+// argument, the current counters' expiries (each the 1-based index of
+// one of the E), the forms, the hits, the weights and the S counts sent;
+// then the counts sent that do not pack, in decimal. A form is a key's
+// windows as its hits send them, which a batch's hits of one key mostly
+// share: its shape, the index of its TAT (0 for none), its number of
+// hits, and the indexes of each window's current and previous counters,
+// each a 16-bit big-endian number, as are a counter's expiry and a hit,
+// the index of its form, in the batch's order. The weights are each
+// hit's windows' previous weights, in order, separated by spaces, read
+// only when the hits are decided one by one. A count sent is six bytes:
+// a whole number below 255 * 2^40, big-endian, or 255 and five zeros for
+// one sent in decimal, in the next of the arguments after them.
 //
 // It replies 1 if the hits applied (0 if a marker existed), the count
 // before the hits of each counter it read (C1 + C2), as Redis holds it
@@ -107,7 +108,12 @@ const batchSource = `
 -- Globals a batch calls often, as locals: each global costs two table
 -- lookups a call.
 local byte, tonumber, rcall, rpcall = string.byte, tonumber, redis.call, redis.pcall
-local m, nr, c1 = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+-- The header's numbers, 16 bits each: hd(i) is the ith.
+local hb = {byte(ARGV[1], 1, -1)}
+local function hd(i)
+	return hb[2 * i - 1] * 256 + hb[2 * i]
+end
+local m, nr, c1, ne, ns = hd(1), hd(2), hd(3), hd(4), hd(5)
 local nread = #KEYS - m - nr
 local apply = true
 if m == 1 then
@@ -187,19 +193,16 @@ end
 -- rate exceeds; fast a hair under it, for the fast way) and greatest
 -- weight max. Records, whose constructors size them, cost Redis less
 -- than a table per field, which grows as it is filled.
-local ne = tonumber(ARGV[5])
-local p = 6 + ne
-local ns = tonumber(ARGV[p])
-p = p + 1
+local p = 3 + ne
 local shapes, wins = {}, {}
 local k = 0
 for s = 1, ns do
-	local nw, rinc, rtol = tonumber(ARGV[p + 1]), nil, nil
-	if ARGV[p + 2] ~= '' then
-		rinc, rtol = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
+	local nw, rinc, rtol = hd(5 + 3 * s), nil, nil
+	if hd(6 + 3 * s) == 1 then
+		rinc, rtol = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+		p = p + 2
 	end
-	shapes[s] = {undo = ARGV[p] == '1', nw = nw, o = k, rinc = rinc, rtol = rtol}
-	p = p + 4
+	shapes[s] = {undo = hd(4 + 3 * s) == 1, nw = nw, o = k, rinc = rinc, rtol = rtol}
 	for i = 1, nw do
 		k = k + 1
 		local l, lf = ARGV[p + 1], nil
@@ -215,12 +218,12 @@ for s = 1, ns do
 		p = p + 3
 	end
 end
-local fast = apply and ARGV[p] == '1'
-local cs, fs, hs, ws, ss = ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4], ARGV[p + 5]
+local fast = apply and hd(6) == 1
+local cs, fs, hs, ws, ss = ARGV[p], ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
 -- The counts sent, six bytes each, cost Redis less than an argument and a
 -- tonumber each: a whole number, big-endian, or 255 for one in decimal,
 -- in the next of the arguments that follow.
-local x = p + 6
+local x = p + 5
 for q = 1, #ss, 6 do
 	local a, b, c, d, e, g = byte(ss, q, q + 5)
 	local v
@@ -268,7 +271,7 @@ if fast then
 			delta[cur], reply[cur + 1] = inc, v - inc
 			if v == inc then -- a new counter (or one at 0): its expiry
 				local x, y = byte(cs, 2 * cur - 1, 2 * cur)
-				rcall('PEXPIREAT', KEYS[m + cur], ARGV[5 + x * 256 + y])
+				rcall('PEXPIREAT', KEYS[m + cur], ARGV[2 + x * 256 + y])
 			end
 			if l and v + val[prev] * win.max > win.fast then
 				fast = false
@@ -367,7 +370,7 @@ for j = 1, fast and 0 or c1 do -- the fast way wrote them
 				v = string.format('%.17g', d)
 			end
 			local a, b = byte(cs, 2 * j - 1, 2 * j)
-			if held[j] or not rcall('SET', key, v, 'PXAT', ARGV[5 + a * 256 + b], 'NX') then
+			if held[j] or not rcall('SET', key, v, 'PXAT', ARGV[2 + a * 256 + b], 'NX') then
 				rcall('INCRBYFLOAT', key, v)
 			end
 		end
@@ -851,7 +854,8 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	for _, t := range r.tats {
 		cmd = append(cmd, t)
 	}
-	cmd = append(cmd, len(markers), hitMarkerTTL(r.lastExp, nowMs), len(r.tats), c1)
+	head := len(cmd) // the header, packed once its numbers are known
+	cmd = append(cmd, nil, hitMarkerTTL(r.lastExp, nowMs))
 
 	// The current counters' expiries, each once, and each counter's
 	// expiry's number. The fast way needs each current counter in one
@@ -881,7 +885,6 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		}
 		counters = appendUint16s(counters, e+1)
 	}
-	cmd = append(cmd, len(exps))
 	for _, e := range exps {
 		cmd = append(cmd, e)
 	}
@@ -908,19 +911,14 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		}
 	}
 	forms := len(packed)
-	cmd = append(cmd, len(shapes))
+	header := appendUint16s(make([]byte, 0, 12+6*len(shapes)),
+		len(markers), len(r.tats), c1, len(exps), len(shapes), oneIf(fast))
 	var values []byte // the shapes' increments and weights, formatted
 	for shape, f := range shapes {
 		form := &r.forms[f]
-		undo := "0"
-		if form.undo {
-			undo = "1"
-		}
-		cmd = append(cmd, undo, len(form.windows))
+		header = appendUint16s(header, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
 		if form.rate > 0 {
 			cmd = append(cmd, form.inc, form.tol)
-		} else {
-			cmd = append(cmd, "", "")
 		}
 		for w := range form.windows {
 			fw := &form.windows[w]
@@ -935,11 +933,8 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	for _, f := range r.formOf {
 		packed = appendUint16s(packed, f+1)
 	}
-	flag := "0"
-	if fast {
-		flag = "1"
-	}
-	cmd = append(cmd, flag, counters, packed[:forms:forms], packed[forms:], r.weights)
+	cmd[head] = header
+	cmd = append(cmd, counters, packed[:forms:forms], packed[forms:], r.weights)
 	counts := make([]byte, 0, 6*sent)
 	for x := nread + 1; x <= len(r.counters); x++ {
 		counts = appendCount(counts, r.counters[byScript[x]].sentVal)
@@ -972,6 +967,14 @@ func appendCount(b []byte, v float64) []byte {
 	}
 	n := uint64(v)
 	return append(b, byte(n>>40), byte(n>>32), byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+}
+
+// oneIf is 1 if b, else 0: a flag of the batch script's header.
+func oneIf(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // appendUint16s appends each of vs to b as a 16-bit big-endian number,
