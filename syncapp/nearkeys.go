@@ -100,13 +100,8 @@ func (n *nearKeys) wake(ctx context.Context, read func()) {
 // hits itself). A mark that ends sooner does not do: the other nodes would
 // decide the key blind in the windows after it.
 func (n *nearKeys) ask(key string, until int64) {
-	if n.held.Load() > 0 {
-		n.mu.RLock()
-		u := n.until[key]
-		n.mu.RUnlock()
-		if u >= until {
-			return
-		}
+	if n.end(key) >= until {
+		return
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -204,13 +199,18 @@ func (n *nearKeys) count() int64 { return n.held.Load() }
 
 // has reports whether key is marked, and its mark has not ended.
 func (n *nearKeys) has(key string) bool {
+	return n.end(key) > n.now()
+}
+
+// end returns when key's mark ends (Unix nanoseconds), or 0 for a key not
+// marked: without a lock when no key is.
+func (n *nearKeys) end(key string) int64 {
 	if n.held.Load() == 0 {
-		return false
+		return 0
 	}
 	n.mu.RLock()
-	u, ok := n.until[key]
-	n.mu.RUnlock()
-	return ok && u > n.now()
+	defer n.mu.RUnlock()
+	return n.until[key]
 }
 
 // now reads the zones' clock.
