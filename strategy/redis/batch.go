@@ -327,7 +327,8 @@ if not fast then
 		for i = 1, nw do
 			local weight = nextw()
 			if admit then
-				local ci, d = wc[o + i], wins[so + i].inc
+				local win = wins[so + i]
+				local ci, d = wc[o + i], win.inc
 				if apply and rej == 0 and d ~= 0 then
 					if undo then
 						nsv = nsv + 1
@@ -336,7 +337,7 @@ if not fast then
 					val[ci] = val[ci] + d
 					delta[ci] = (delta[ci] or 0) + d
 				end
-				local l = wins[so + i].lim
+				local l = win.lim
 				if rej == 0 and l and (l == true or val[ci] + val[wp[o + i]] * tonumber(weight) > l) then
 					rej = i
 				end
