@@ -526,11 +526,13 @@ type batchRun struct {
 	hits    []int       // indexes of the run's hits in the batch, in order
 	formOf  []int       // the index of each hit's form, in the run's order
 	windows map[int]int // bucket: the number of windows of the run's hits in it
-	// The counters, each once: their keys, by key their indexes, and what
-	// the run knows of each.
-	keys     []string
-	index    map[string]int
+	// The counters, each once: by counter their indexes, what the run
+	// knows of each, and their keys, written one after the other in
+	// keyBytes as they are added, and made strings at once (see names).
+	index    map[counterID]int
 	counters []batchCounter
+	keyBytes []byte
+	keys     []string
 	// The TATs of the hits' rates, each once, and by key their indexes.
 	tats     []string
 	tatIndex map[string]int
@@ -539,6 +541,9 @@ type batchRun struct {
 	// latest form.
 	forms    []batchForm
 	lastForm map[string]int
+	// formWindows holds the forms' windows, each form's a part of it:
+	// one allocation for a run's forms instead of one each.
+	formWindows []formWindow
 	// fast says that the script may admit every hit at once when their
 	// counts stay under their limits (see batchSource): no hit has a
 	// rate, an increment that is not a whole number above 0, or a limit
@@ -546,7 +551,13 @@ type batchRun struct {
 	fast    bool
 	weights []byte // the hits' weights, formatted, each followed by a space
 	lastExp int64  // the latest expiry of a current counter
-	buf     []byte // scratch space for counter keys
+}
+
+// counterID names a counter of a run, whose namespace is the run's.
+type counterID struct {
+	bucket          int
+	sizeMs, startMs int64
+	key             string
 }
 
 // batchForm is the form of a run's hits of one key with the same windows
@@ -611,7 +622,9 @@ func sameShape(f, g *batchForm) bool {
 // batchCounter is what a batchRun knows of one of its counters.
 type batchCounter struct {
 	bucket int
-	expMs  int64 // its expiry, if it is a current counter
+	// keyAt and keyEnd delimit its key in the run's keyBytes.
+	keyAt, keyEnd int
+	expMs         int64 // its expiry, if it is a current counter
 	// current is set when the counter is some window's current counter:
 	// its count changes in the run, so it is always read.
 	current bool
@@ -646,9 +659,10 @@ func newBatchRun(n int) *batchRun {
 	r := batchRuns.Get().(*batchRun)
 	if r.index == nil {
 		*r = batchRun{
-			windows: make(map[int]int), index: make(map[string]int, 4*n), lastForm: make(map[string]int, n),
+			windows: make(map[int]int), index: make(map[counterID]int, 4*n), lastForm: make(map[string]int, n),
 			keys: make([]string, 0, 4*n), counters: make([]batchCounter, 0, 4*n), forms: make([]batchForm, 0, n),
 			hits: make([]int, 0, n), formOf: make([]int, 0, n), weights: make([]byte, 0, 24*n),
+			formWindows: make([]formWindow, 0, 2*n),
 		}
 	}
 	r.fast = true
@@ -669,26 +683,38 @@ func (r *batchRun) free() {
 	clear(r.counters)
 	clear(r.tats)
 	clear(r.forms)
+	clear(r.formWindows)
 	*r = batchRun{
 		windows: r.windows, index: r.index, lastForm: r.lastForm, tatIndex: r.tatIndex,
 		hits: r.hits[:0], formOf: r.formOf[:0], keys: r.keys[:0], counters: r.counters[:0],
-		tats: r.tats[:0], forms: r.forms[:0], weights: r.weights[:0], buf: r.buf[:0],
+		tats: r.tats[:0], forms: r.forms[:0], weights: r.weights[:0], keyBytes: r.keyBytes[:0],
+		formWindows: r.formWindows[:0],
 	}
 	batchRuns.Put(r)
 }
 
 // counter returns the index of a counter of bucket k, adding it if new.
 func (r *batchRun) counter(l *layout, k int, sizeMs, startMs int64, nsp, key string) int {
-	var c string
-	c, r.buf = l.counterKey(r.buf, k, sizeMs, startMs, nsp, key)
-	j, ok := r.index[c]
+	id := counterID{k, sizeMs, startMs, key}
+	j, ok := r.index[id]
 	if !ok {
-		j = len(r.keys)
-		r.keys = append(r.keys, c)
-		r.index[c] = j
-		r.counters = append(r.counters, batchCounter{bucket: k, startMs: startMs + sizeMs})
+		j = len(r.counters)
+		r.index[id] = j
+		at := len(r.keyBytes)
+		r.keyBytes = l.appendCounterKey(r.keyBytes, k, sizeMs, startMs, nsp, key)
+		r.counters = append(r.counters, batchCounter{bucket: k, startMs: startMs + sizeMs, keyAt: at, keyEnd: len(r.keyBytes)})
 	}
 	return j
+}
+
+// names fills r.keys, the counters' keys in order, from keyBytes: one
+// string for all of them, where a string each would cost a batch an
+// allocation per counter.
+func (r *batchRun) names() {
+	all := string(r.keyBytes)
+	for j := range r.counters {
+		r.keys = append(r.keys, all[r.counters[j].keyAt:r.counters[j].keyEnd])
+	}
 }
 
 // add adds hit i, of bucket k, to the run.
@@ -719,7 +745,12 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 	if f, ok := r.lastForm[h.Key]; ok && r.forms[f].matches(h) {
 		return f
 	}
-	form := batchForm{undo: h.Undo, windows: make([]formWindow, len(h.Windows))}
+	// A form's windows are a part of formWindows that it alone uses: a
+	// later form that outgrows the array moves on to a new one, and the
+	// earlier forms keep theirs.
+	at := len(r.formWindows)
+	r.formWindows = slices.Grow(r.formWindows, len(h.Windows))[:at+len(h.Windows)]
+	form := batchForm{undo: h.Undo, windows: r.formWindows[at : at+len(h.Windows) : at+len(h.Windows)]}
 	if rate := h.Rate; rate != nil {
 		r.fast = false
 		t := l.rateKey(k, rate.Window.Milliseconds(), nsp, h.Key)
@@ -808,6 +839,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			strategy.ErrRejected, len(r.hits), len(r.counters), len(r.tats))
 	}
 
+	r.names()
 	// Number the counters as the script does: the current ones, then
 	// the previous ones to read, then those whose counts are sent.
 	c1, sent := 0, 0
@@ -843,17 +875,20 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		byScript[r.counters[j].script] = j
 	}
 
+	// The command, sized for a batch of one shape with a rate and two
+	// expiries: the keys, the header and the markers' time to live, the
+	// expiries, the shape's arguments and the packed ones.
 	nkeys := len(markers) + nread + len(r.tats)
-	cmd := make([]any, 3, 3+nkeys+9+8*len(r.forms)+sent)
+	cmd := make([]any, 3, 3+nkeys+2+2+2+3*len(r.forms[0].windows)+5)
 	cmd[2] = nkeys
 	for _, m := range markers {
 		cmd = append(cmd, m)
 	}
 	for x := 1; x <= nread; x++ {
-		cmd = append(cmd, r.keys[byScript[x]])
+		cmd = appendKey(cmd, &r.keys[byScript[x]])
 	}
-	for _, t := range r.tats {
-		cmd = append(cmd, t)
+	for t := range r.tats {
+		cmd = appendKey(cmd, &r.tats[t])
 	}
 	head := len(cmd) // the header, packed once its numbers are known
 	cmd = append(cmd, nil, hitMarkerTTL(r.lastExp, nowMs))
@@ -886,8 +921,8 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		}
 		counters = appendUint16s(counters, e+1)
 	}
-	for _, e := range exps {
-		cmd = append(cmd, e)
+	for e := range exps {
+		cmd = append(cmd, &exps[e]) // as a key: without an allocation
 	}
 
 	// The shapes, and the forms packed with their shapes' numbers.
@@ -947,6 +982,18 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		}
 	}
 	return cmd, nil
+}
+
+// appendKey appends key to cmd, a script's command whose keys start at
+// cmd[3]: the first as a string, which runOnce and a Cluster's routing
+// read to find its node, and the others as pointers (to a run's keys,
+// which outlive its command), which an interface holds without
+// allocating: a busy node sends dozens of keys a batch.
+func appendKey(cmd []any, key *string) []any {
+	if len(cmd) == 3 {
+		return append(cmd, *key)
+	}
+	return append(cmd, key)
 }
 
 // maxPackedCount bounds the counts that the batch script's arguments pack
@@ -1055,7 +1102,8 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 		}
 	}
 
-	parsed := make([]strategy.HitResult, len(r.hits))
+	// The results are written as they are computed: on an error, the
+	// caller fails every hit of the run, which replaces them.
 	counts := make([]strategy.WindowCounts, 0, len(r.hits)*len(r.forms[0].windows))
 	type saved struct {
 		j int
@@ -1097,16 +1145,13 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 				c[w].Current = val[f.windows[w].cur]
 			}
 		}
-		parsed[x] = strategy.HitResult{Counts: c, Rejected: int(rejected)}
+		results[i] = strategy.HitResult{Counts: c, Rejected: int(rejected)}
 		if f.rate > 0 {
 			if admit && apply && rejected < 0 {
 				tats[f.rate-1] = due
 			}
-			parsed[x].Rate = strategy.RateReply{OK: admit, TAT: tats[f.rate-1] * 1e3, Now: now * 1e3}
+			results[i].Rate = strategy.RateReply{OK: admit, TAT: tats[f.rate-1] * 1e3, Now: now * 1e3}
 		}
-	}
-	for x, i := range r.hits {
-		results[i] = parsed[x]
 	}
 	if s.prevs == nil {
 		return nil
@@ -1118,7 +1163,7 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 		if c.current {
 			continue
 		}
-		counts := parsed[c.lastHit].Counts[c.lastWin]
+		counts := results[r.hits[c.lastHit]].Counts[c.lastWin]
 		e := prevEntry{prev: c.sent, readAt: c.sentAt, prevCount: counts.Previous, cur: counts.Current}
 		if c.sent == "" { // as the script replied it
 			switch v := reply[c.script].(type) {

@@ -76,14 +76,19 @@ func nsPart(namespace string) string {
 // <prefix>:{<bucket>}:<size ms>:<start ms>:<len(ns)>:<ns>:<key>, where nsp
 // is nsPart(ns). buf is scratch space, returned for reuse.
 func (l *layout) counterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, key string) (string, []byte) {
-	buf = append(buf[:0], l.tags[bucket]...)
+	buf = l.appendCounterKey(buf[:0], bucket, sizeMs, startMs, nsp, key)
+	return string(buf), buf
+}
+
+// appendCounterKey appends the key of one counter (see counterKey) to buf.
+func (l *layout) appendCounterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, key string) []byte {
+	buf = append(buf, l.tags[bucket]...)
 	buf = strconv.AppendInt(buf, sizeMs, 10)
 	buf = append(buf, ':')
 	buf = strconv.AppendInt(buf, startMs, 10)
 	buf = append(buf, ':')
 	buf = append(buf, nsp...)
-	buf = append(buf, key...)
-	return string(buf), buf
+	return append(buf, key...)
 }
 
 // dedupeKey returns the key of the marker that records that group n of a

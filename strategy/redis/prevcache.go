@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -49,8 +50,15 @@ type prevCache struct {
 
 type prevShard struct {
 	mu       sync.Mutex
-	cur, old map[string]prevEntry
+	cur, old map[string]*prevSlot
 	since    int64 // when cur started, Unix milliseconds
+}
+
+// prevSlot is an entry of the cache and its key, which the cache owns: a
+// put updates an entry in place, without storing its key again.
+type prevSlot struct {
+	key string
+	e   prevEntry
 }
 
 // prevEntry is what the cache knows of one window of a key.
@@ -73,22 +81,36 @@ func (c *prevCache) get(bucket int, key string) (prevEntry, bool) {
 	s := &c.shards[bucket%prevShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.cur[key]
-	if !ok {
-		e, ok = s.old[key]
+	p := s.cur[key]
+	if p == nil {
+		p = s.old[key]
 	}
-	return e, ok
+	if p == nil {
+		return prevEntry{}, false
+	}
+	return p.e, true
 }
 
-// put stores the entry of key in bucket at nowMs (Unix milliseconds).
+// put stores the entry of key in bucket at nowMs (Unix milliseconds). It
+// copies key when it adds an entry, so key may be part of a longer string
+// that the cache must not keep.
 func (c *prevCache) put(bucket int, key string, e prevEntry, nowMs int64) {
 	s := &c.shards[bucket%prevShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.cur[key]; !ok && (s.cur == nil || len(s.cur) >= prevShardCap || nowMs-s.since >= prevRefresh.Milliseconds() || nowMs < s.since) {
-		s.old, s.cur, s.since = s.cur, make(map[string]prevEntry), nowMs
+	if p := s.cur[key]; p != nil {
+		p.e = e
+		return
 	}
-	s.cur[key] = e
+	p := s.old[key] // kept on into the current generation
+	if s.cur == nil || len(s.cur) >= prevShardCap || nowMs-s.since >= prevRefresh.Milliseconds() || nowMs < s.since {
+		s.old, s.cur, s.since = s.cur, make(map[string]*prevSlot), nowMs
+	}
+	if p == nil {
+		p = &prevSlot{key: strings.Clone(key)}
+	}
+	p.e = e
+	s.cur[p.key] = p
 }
 
 // forget drops the entries of keys in bucket.
