@@ -87,10 +87,39 @@ type queuedHit struct {
 	res   strategy.HitResult
 	retry *batchRetry
 	state atomic.Int32 // hitWaiting, hitTaken or hitLeft
-	// done is closed when the hit's result is in, or when lead is set.
+	// done receives one value when the hit's result is in, or when lead
+	// is set: only a taken hit gets one, and only once, so that the
+	// channel serves the hit's next use too (see queuedHits).
 	done chan struct{}
 	// lead, when set, is the batch this hit's goroutine must send.
 	lead []*queuedHit
+}
+
+// queuedHits recycles queued hits, with their channels: a busy node queues
+// thousands of hits a second. A hit goes back once its goroutine has its
+// result, which nothing else then reads; one that left the queue unsent
+// may still be in it, and is left to the garbage collector.
+var queuedHits = sync.Pool{New: func() any { return &queuedHit{done: make(chan struct{}, 1)} }}
+
+// newQueuedHit returns a waiting hit of req.
+func newQueuedHit(req strategy.HitRequest) *queuedHit {
+	h := queuedHits.Get().(*queuedHit)
+	h.req = req
+	h.state.Store(hitWaiting)
+	return h
+}
+
+// free gives h back to queuedHits, once its goroutine has its result.
+func (h *queuedHit) free() {
+	h.req, h.res, h.retry, h.lead = strategy.HitRequest{}, strategy.HitResult{}, nil, nil
+	queuedHits.Put(h)
+}
+
+// result returns h's result and retry, and frees h.
+func (h *queuedHit) result() (strategy.HitResult, *batchRetry) {
+	res, retry := h.res, h.retry
+	h.free()
+	return res, retry
 }
 
 // States of a queued hit: a batch takes a waiting hit, or the hit leaves
@@ -129,12 +158,12 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 	if q.trips < q.maxTrips { // nothing waits while there is room
 		q.trips++
 		q.mu.Unlock()
-		h := queuedHit{req: req}
-		batch := [1]*queuedHit{&h}
-		q.send(ctx, &h, batch[:])
-		return h.res, h.retry
+		h := newQueuedHit(req)
+		batch := [1]*queuedHit{h}
+		q.send(ctx, h, batch[:])
+		return h.result()
 	}
-	h := &queuedHit{req: req, done: make(chan struct{})}
+	h := newQueuedHit(req)
 	q.queued = append(q.queued, h)
 	stall := q.stall
 	if !q.watching {
@@ -146,7 +175,7 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 	case <-h.done:
 	case <-stall:
 		if h.state.CompareAndSwap(hitWaiting, hitLeft) {
-			return strategy.HitResult{Err: errStalled}, nil
+			return strategy.HitResult{Err: errStalled}, nil // h may still be queued: not freed
 		}
 		<-h.done
 	case <-ctx.Done():
@@ -158,7 +187,7 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 	if h.lead != nil {
 		q.send(ctx, h, h.lead)
 	}
-	return h.res, h.retry
+	return h.result()
 }
 
 // send runs one round trip for batch, which holds own, the caller's hit,
@@ -188,7 +217,7 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 	}
 	for _, h := range batch {
 		if h != own {
-			close(h.done)
+			h.done <- struct{}{} // the last use of h here: its goroutine may free it
 		}
 	}
 	q.next()
@@ -222,7 +251,7 @@ func (q *hitQueue) next() {
 	}
 	q.mu.Unlock()
 	batch[0].lead = batch
-	close(batch[0].done)
+	batch[0].done <- struct{}{}
 }
 
 // watchFrom arms a check, stallAfter from since, of whether the store

@@ -240,7 +240,7 @@ func TestHitQueueNoStallWhileAnswersCome(t *testing.T) {
 	since := time.Now().UnixNano()
 	q.answered.Store(since + 1)
 	q.mu.Lock()
-	q.queued = append(q.queued, &queuedHit{done: make(chan struct{})})
+	q.queued = append(q.queued, newQueuedHit(strategy.HitRequest{}))
 	q.watching = true
 	stall := q.stall
 	q.mu.Unlock()
