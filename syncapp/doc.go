@@ -172,8 +172,9 @@
 //	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
 //	    health.down? ──yes──► window zone
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
-//	      round trip is out (two, for a store without HitBatch), else
-//	      waits and goes with the others in the next, when one ends
+//	      round trip is out (two, for a store without HitBatch), with
+//	      those queued while it yields once, else waits and goes with
+//	      the others in the next, when one ends
 //	      ──► store.HitBatch (one round trip; the store decides each hit,
 //	          a rate first, its turn given back when a limit rejects)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way),
