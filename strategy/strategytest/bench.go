@@ -120,7 +120,7 @@ func benchmarkHit(b *testing.B, open func(b *testing.B) strategy.Store, withID b
 	if _, _, err := s.Hit(ctx, "bench", "warm-up", "", windows, false); err != nil {
 		b.Fatal(err)
 	}
-	idBuf := []byte("0123456789abcdef-")
+	idBuf := runIDs("")
 	prefix := len(idBuf)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -150,7 +150,7 @@ func benchmarkSlot(b *testing.B, open func(b *testing.B) strategy.Store) {
 			b.Fatal(ok, err)
 		}
 	}
-	idBuf := []byte("node-0123456789abcdef-")
+	idBuf := runIDs("node-")
 	prefix := len(idBuf)
 	slot := []strategy.Slot{{Key: key}}
 	b.ReportAllocs()
@@ -229,7 +229,7 @@ func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int
 		batch(fmt.Sprint(ns, "-warm-up-", i))
 	}
 	// IDs of their own: a store may keep IDs apart from namespaces.
-	idBuf := []byte(ns + "-0123456789abcdef-")
+	idBuf := runIDs(ns + "-")
 	prefix := len(idBuf)
 	var before int64
 	if commands != nil {
@@ -253,4 +253,12 @@ func benchmarkHitBatch(b *testing.B, s strategy.BatchHitter, commands func() int
 	if serverCPU != nil {
 		b.ReportMetric(float64((serverCPU()-cpuBefore).Microseconds())/float64(n*size), "server-µs/hit")
 	}
+}
+
+// runIDs returns the prefix of a benchmark run's IDs, base and 16 hex
+// digits unique to the run: a store skips what an ID it applied sends,
+// and -count runs a benchmark again in the same process, against the
+// same store.
+func runIDs(base string) []byte {
+	return fmt.Appendf(nil, "%s%016x-", base, time.Now().UnixNano())
 }
