@@ -172,7 +172,7 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 			// 7 %, and round trips from 86 to 79 per 1,000 requests.)
 			runtime.Gosched()
 			q.mu.Lock()
-			batch = append(batch, q.take(q.maxBatch-1)...)
+			batch = q.take(batch)
 			q.mu.Unlock()
 		}
 		q.send(ctx, h, batch)
@@ -238,12 +238,11 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 	q.next()
 }
 
-// take takes the hits waiting off the queue, up to most. The caller holds
-// q.mu.
-func (q *hitQueue) take(most int) []*queuedHit {
-	var batch []*queuedHit
+// take appends the hits waiting to batch, up to a batch, and takes them
+// off the queue. The caller holds q.mu.
+func (q *hitQueue) take(batch []*queuedHit) []*queuedHit {
 	n := 0
-	for ; n < len(q.queued) && len(batch) < most; n++ {
+	for ; n < len(q.queued) && len(batch) < q.maxBatch; n++ {
 		if h := q.queued[n]; h.state.CompareAndSwap(hitWaiting, hitTaken) {
 			batch = append(batch, h)
 		}
@@ -258,7 +257,7 @@ func (q *hitQueue) take(most int) []*queuedHit {
 // send; with none waiting, the round trip ends.
 func (q *hitQueue) next() {
 	q.mu.Lock()
-	batch := q.take(q.maxBatch)
+	batch := q.take(nil)
 	if len(batch) == 0 {
 		q.trips--
 		q.mu.Unlock()

@@ -922,7 +922,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		counters = appendUint16s(counters, e+1)
 	}
 	for e := range exps {
-		cmd = append(cmd, &exps[e]) // as a key: without an allocation
+		cmd = append(cmd, &exps[e]) // a pointer, as appendKey's: without an allocation
 	}
 
 	// The shapes, and the forms packed with their shapes' numbers.
