@@ -105,9 +105,18 @@ import (
 // rejected it or -1: what the caller needs to compute, in doubles as the
 // script does, every hit's counts and rates (see batchRun.answer).
 const batchSource = `
--- Globals a batch calls often, as locals: each global costs two table
--- lookups a call.
-local byte, tonumber, rcall, rpcall = string.byte, tonumber, redis.call, redis.pcall
+-- Globals a batch reads often, as locals: each global costs a table
+-- lookup a read (two for a field of one).
+local byte, tonumber, type, rcall, rpcall = string.byte, tonumber, type, redis.call, redis.pcall
+local KEYS, ARGV = KEYS, ARGV
+-- sized(n) is an empty table with room for entries 1 to n, made at once:
+-- one filled from empty grows, and rehashes, at 1, 2, 4, 8... entries.
+-- (Past 4000 entries it grows as it is filled: unpack's results take
+-- the stack.)
+local none = {}
+local function sized(n)
+	return {unpack(none, 1, math.min(n, 4000))}
+end
 -- The header's numbers, 16 bits each: hd(i) is the ith.
 local hb = {byte(ARGV[1], 1, -1)}
 local function hd(i)
@@ -131,59 +140,6 @@ elseif m > 1 then
 		for i = 1, m do
 			rcall('SET', KEYS[i], '1', 'PX', ARGV[2])
 		end
-	end
-end
--- val[j] is counter j's running count; held[j] whether a current one
--- exists; tat[r] is TAT r's running value (0 for none). read makes held,
--- tat and num, its memo of tonumber, when it first reads: a batch that
--- reads nothing needs none of them.
-local val, held, tat, num = {}, nil, nil, nil
-local reply = {apply and 1 or 0}
--- read reads counters from to to (and TATs past nread) with MGET.
-local function read(from, to)
-	if not num then
-		held, tat, num = {}, {}, {}
-	end
-	for i = m + from, m + to, 1000 do
-		local last = math.min(m + to, i + 999)
-		local got = rcall('MGET', unpack(KEYS, i, last))
-		for x = i, last do
-			local v, j = got[x - i + 1], x - m
-			local n = v and num[v]
-			if not n then
-				n = tonumber(v or '0')
-				if v then
-					num[v] = n
-				end
-			end
-			if not n then
-				return redis.error_reply('a counter holds ' .. v .. ', not a number')
-			end
-			if j > nread then
-				tat[j - nread] = n
-			else
-				held[j], val[j] = v ~= false, n
-				reply[j + 1] = v or '0' -- as stored: the caller reads the same double
-			end
-		end
-	end
-end
--- The previous counts to read and the TATs now; the current counts when
--- the hits are decided one by one (the fast way reads them as it writes).
-local failed = c1 < #KEYS - m and read(c1 + 1, #KEYS - m)
-if failed then
-	return failed
-end
-local h = nread + 1
-local now = 0
-if nr > 0 then
-	local t = rcall('TIME')
-	now = t[1] * 1000000 + t[2]
-	h = h + 1
-	reply[h] = now
-	for r = 1, nr do
-		h = h + 1
-		reply[h] = tat[r]
 	end
 end
 -- The shapes, each a record: whether its hits undo, its number of windows
@@ -220,6 +176,56 @@ for s = 1, ns do
 end
 local fast = apply and hd(6) == 1
 local cs, fs, hs, ws, ss = ARGV[p], ARGV[p + 1], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4]
+-- val[j] is counter j's running count; held[j] whether a current one
+-- exists; tat[r] is TAT r's running value (0 for none). read makes held
+-- and tat when it first reads: a batch that reads nothing needs neither.
+local val, held, tat = sized(nread + #ss / 6), nil, nil
+local reply = sized(1 + nread + (nr > 0 and 1 + nr or 0))
+reply[1] = apply and 1 or 0
+-- read reads counters from to to (and TATs past nread) with MGET.
+local function read(from, to)
+	if not held then
+		held, tat = sized(nread), sized(nr)
+	end
+	for i = m + from, m + to, 1000 do
+		local last = math.min(m + to, i + 999)
+		local got = rcall('MGET', unpack(KEYS, i, last))
+		for x = i, last do
+			local v, j = got[x - i + 1], x - m
+			local n = 0
+			if v then
+				n = tonumber(v)
+			end
+			if not n then
+				return redis.error_reply('a counter holds ' .. v .. ', not a number')
+			end
+			if j > nread then
+				tat[j - nread] = n
+			else
+				held[j], val[j] = v ~= false, n
+				reply[j + 1] = v or '0' -- as stored: the caller reads the same double
+			end
+		end
+	end
+end
+-- The previous counts to read and the TATs now; the current counts when
+-- the hits are decided one by one (the fast way reads them as it writes).
+local failed = c1 < #KEYS - m and read(c1 + 1, #KEYS - m)
+if failed then
+	return failed
+end
+local h = nread + 1
+local now = 0
+if nr > 0 then
+	local t = rcall('TIME')
+	now = t[1] * 1000000 + t[2]
+	h = h + 1
+	reply[h] = now
+	for r = 1, nr do
+		h = h + 1
+		reply[h] = tat[r]
+	end
+end
 -- The counts sent, six bytes each, cost Redis less than an argument and a
 -- tonumber each: a whole number, big-endian, or 255 for one in decimal,
 -- in the next of the arguments that follow.
@@ -240,7 +246,7 @@ end
 -- under its limit at that count. A count that is not an integer, or a
 -- window over its limit, takes the increments back, and the hits are
 -- decided one by one. delta[j] is the sum of counter j's increments.
-local delta = {}
+local delta = sized(c1)
 -- istr[inc] is increment inc as INCRBY's argument, formatted once: a
 -- number argument costs Redis a "%.17g" formatting on every call, more
 -- than the INCRBY itself, and a batch's increments are mostly one number.
@@ -526,21 +532,26 @@ type batchRun struct {
 	hits    []int       // indexes of the run's hits in the batch, in order
 	formOf  []int       // the index of each hit's form, in the run's order
 	windows map[int]int // bucket: the number of windows of the run's hits in it
-	// The counters, each once: by counter their indexes, what the run
-	// knows of each, and their keys, written one after the other in
-	// keyBytes as they are added, and made strings at once (see names).
-	index    map[counterID]int
+	// The client keys of the hits, each once, and by key their indexes.
+	clients  []runClient
+	byClient map[string]int
+	// The counters, each once: what the run knows of each, and their
+	// keys, written one after the other in keyBytes as they are added,
+	// and made strings at once (see names).
 	counters []batchCounter
 	keyBytes []byte
 	keys     []string
+	// The windows' parts of the counters' keys (see appendWindowPart),
+	// each formatted once in winBytes: a run's counters have a few
+	// windows between them.
+	winParts []windowPart
+	winBytes []byte
 	// The TATs of the hits' rates, each once, and by key their indexes.
 	tats     []string
 	tatIndex map[string]int
 	// The forms of the hits: a form is a key's windows as one hit sends
-	// them, which its next hits mostly share. lastForm holds each key's
-	// latest form.
-	forms    []batchForm
-	lastForm map[string]int
+	// them, which its next hits mostly share.
+	forms []batchForm
 	// formWindows holds the forms' windows, each form's a part of it:
 	// one allocation for a run's forms instead of one each.
 	formWindows []formWindow
@@ -553,11 +564,20 @@ type batchRun struct {
 	lastExp int64  // the latest expiry of a current counter
 }
 
-// counterID names a counter of a run, whose namespace is the run's.
-type counterID struct {
-	bucket          int
+// runClient is what a run knows of one client key: its latest form, and
+// its counters, a chain through batchCounter.nextOfClient that starts at
+// counters (-1 for none). A key's counters are few (two per window size),
+// and only its own forms look for them.
+type runClient struct {
+	form     int
+	counters int
+}
+
+// windowPart is the part of the counters' keys of one window (see
+// appendWindowPart), held in the run's winBytes at at:end.
+type windowPart struct {
 	sizeMs, startMs int64
-	key             string
+	at, end         int
 }
 
 // batchForm is the form of a run's hits of one key with the same windows
@@ -624,7 +644,11 @@ type batchCounter struct {
 	bucket int
 	// keyAt and keyEnd delimit its key in the run's keyBytes.
 	keyAt, keyEnd int
-	expMs         int64 // its expiry, if it is a current counter
+	// Its window's size and start, in milliseconds, and the next counter
+	// of its client key in the run (-1 for none): see runClient.
+	sizeMs, windowMs int64
+	nextOfClient     int
+	expMs            int64 // its expiry, if it is a current counter
 	// current is set when the counter is some window's current counter:
 	// its count changes in the run, so it is always read.
 	current bool
@@ -657,9 +681,9 @@ const maxPooledCounters = 1024
 // if it is new.
 func newBatchRun(n int) *batchRun {
 	r := batchRuns.Get().(*batchRun)
-	if r.index == nil {
+	if r.byClient == nil {
 		*r = batchRun{
-			windows: make(map[int]int), index: make(map[counterID]int, 4*n), lastForm: make(map[string]int, n),
+			windows: make(map[int]int), byClient: make(map[string]int, n), clients: make([]runClient, 0, n),
 			keys: make([]string, 0, 4*n), counters: make([]batchCounter, 0, 4*n), forms: make([]batchForm, 0, n),
 			hits: make([]int, 0, n), formOf: make([]int, 0, n), weights: make([]byte, 0, 24*n),
 			formWindows: make([]formWindow, 0, 2*n),
@@ -676,8 +700,7 @@ func (r *batchRun) free() {
 		return
 	}
 	clear(r.windows)
-	clear(r.index)
-	clear(r.lastForm)
+	clear(r.byClient)
 	clear(r.tatIndex)
 	clear(r.keys) // let go of what the slices point to
 	clear(r.counters)
@@ -685,26 +708,46 @@ func (r *batchRun) free() {
 	clear(r.forms)
 	clear(r.formWindows)
 	*r = batchRun{
-		windows: r.windows, index: r.index, lastForm: r.lastForm, tatIndex: r.tatIndex,
+		windows: r.windows, byClient: r.byClient, clients: r.clients[:0], tatIndex: r.tatIndex,
 		hits: r.hits[:0], formOf: r.formOf[:0], keys: r.keys[:0], counters: r.counters[:0],
 		tats: r.tats[:0], forms: r.forms[:0], weights: r.weights[:0], keyBytes: r.keyBytes[:0],
-		formWindows: r.formWindows[:0],
+		formWindows: r.formWindows[:0], winParts: r.winParts[:0], winBytes: r.winBytes[:0],
 	}
 	batchRuns.Put(r)
 }
 
-// counter returns the index of a counter of bucket k, adding it if new.
-func (r *batchRun) counter(l *layout, k int, sizeMs, startMs int64, nsp, key string) int {
-	id := counterID{k, sizeMs, startMs, key}
-	j, ok := r.index[id]
-	if !ok {
-		j = len(r.counters)
-		r.index[id] = j
-		at := len(r.keyBytes)
-		r.keyBytes = l.appendCounterKey(r.keyBytes, k, sizeMs, startMs, nsp, key)
-		r.counters = append(r.counters, batchCounter{bucket: k, startMs: startMs + sizeMs, keyAt: at, keyEnd: len(r.keyBytes)})
+// counter returns the index of the counter of a window of client x, of
+// bucket k, adding it if new.
+func (r *batchRun) counter(l *layout, k, x int, sizeMs, startMs int64, nsp, key string) int {
+	client := &r.clients[x]
+	for j := client.counters; j >= 0; j = r.counters[j].nextOfClient {
+		if c := &r.counters[j]; c.sizeMs == sizeMs && c.windowMs == startMs {
+			return j
+		}
 	}
+	j := len(r.counters)
+	at := len(r.keyBytes)
+	r.keyBytes = l.appendCounterKeyOf(r.keyBytes, k, r.windowPart(sizeMs, startMs), nsp, key)
+	r.counters = append(r.counters, batchCounter{
+		bucket: k, startMs: startMs + sizeMs, keyAt: at, keyEnd: len(r.keyBytes),
+		sizeMs: sizeMs, windowMs: startMs, nextOfClient: client.counters,
+	})
+	client.counters = j
 	return j
+}
+
+// windowPart returns the part of the keys of a window's counters (see
+// appendWindowPart), formatted once per run.
+func (r *batchRun) windowPart(sizeMs, startMs int64) []byte {
+	for _, w := range r.winParts {
+		if w.sizeMs == sizeMs && w.startMs == startMs {
+			return r.winBytes[w.at:w.end]
+		}
+	}
+	at := len(r.winBytes)
+	r.winBytes = appendWindowPart(r.winBytes, sizeMs, startMs)
+	r.winParts = append(r.winParts, windowPart{sizeMs, startMs, at, len(r.winBytes)})
+	return r.winBytes[at:]
 }
 
 // names fills r.keys, the counters' keys in order, from keyBytes: one
@@ -742,8 +785,14 @@ func (r *batchRun) add(l *layout, i, k int, nsp string, h *strategy.HitRequest) 
 // form returns the index of the form of h, of bucket k: its key's latest
 // form if h matches it, or a new one.
 func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) int {
-	if f, ok := r.lastForm[h.Key]; ok && r.forms[f].matches(h) {
-		return f
+	x, ok := r.byClient[h.Key]
+	if ok && r.forms[r.clients[x].form].matches(h) {
+		return r.clients[x].form
+	}
+	if !ok {
+		x = len(r.clients)
+		r.clients = append(r.clients, runClient{counters: -1})
+		r.byClient[h.Key] = x
 	}
 	// A form's windows are a part of formWindows that it alone uses: a
 	// later form that outgrows the array moves on to a new one, and the
@@ -768,8 +817,8 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 	for w := range h.Windows {
 		win := &h.Windows[w]
 		sizeMs, startMs := int64(win.Size/time.Millisecond), win.Start/int64(time.Millisecond)
-		cur := r.counter(l, k, sizeMs, startMs, nsp, h.Key)
-		prev := r.counter(l, k, sizeMs, startMs-sizeMs, nsp, h.Key)
+		cur := r.counter(l, k, x, sizeMs, startMs, nsp, h.Key)
+		prev := r.counter(l, k, x, sizeMs, startMs-sizeMs, nsp, h.Key)
 		c := &r.counters[cur]
 		c.current, c.expMs = true, expireAtMs(sizeMs, startMs)
 		r.lastExp = max(r.lastExp, c.expMs)
@@ -780,7 +829,7 @@ func (r *batchRun) form(l *layout, k int, nsp string, h *strategy.HitRequest) in
 	}
 	f := len(r.forms)
 	r.forms = append(r.forms, form)
-	r.lastForm[h.Key] = f
+	r.clients[x].form = f
 	return f
 }
 
@@ -848,7 +897,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		switch {
 		case c.current:
 			c1++
-		case s.prevs != nil:
+		case s.prevs != nil && !settling(c.startMs, nowMs, boolWeight(c.weighted)):
 			if e, ok := s.prevs.get(c.bucket, r.keys[j]); ok && e.usablePrev(c.startMs, nowMs, boolWeight(c.weighted)) {
 				if v, err := strconv.ParseFloat(e.prev, 64); err == nil { // else read it
 					c.sent, c.sentVal, c.sentAt = e.prev, v, e.readAt

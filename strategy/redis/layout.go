@@ -82,13 +82,23 @@ func (l *layout) counterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, 
 
 // appendCounterKey appends the key of one counter (see counterKey) to buf.
 func (l *layout) appendCounterKey(buf []byte, bucket int, sizeMs, startMs int64, nsp, key string) []byte {
-	buf = append(buf, l.tags[bucket]...)
+	buf = appendWindowPart(append(buf, l.tags[bucket]...), sizeMs, startMs)
+	return append(append(buf, nsp...), key...)
+}
+
+// appendWindowPart appends the part of a counter's key that names its
+// window, "<size ms>:<start ms>:", which the counters of one window share.
+func appendWindowPart(buf []byte, sizeMs, startMs int64) []byte {
 	buf = strconv.AppendInt(buf, sizeMs, 10)
 	buf = append(buf, ':')
 	buf = strconv.AppendInt(buf, startMs, 10)
-	buf = append(buf, ':')
-	buf = append(buf, nsp...)
-	return append(buf, key...)
+	return append(buf, ':')
+}
+
+// appendCounterKeyOf appends the key of a counter of bucket whose window's
+// part (see appendWindowPart) is win.
+func (l *layout) appendCounterKeyOf(buf []byte, bucket int, win []byte, nsp, key string) []byte {
+	return append(append(append(append(buf, l.tags[bucket]...), win...), nsp...), key...)
 }
 
 // dedupeKey returns the key of the marker that records that group n of a

@@ -137,3 +137,13 @@ func (e *prevEntry) usablePrev(startMs, nowMs int64, weight float64) bool {
 	return e.readAt != 0 && nowMs-e.readAt < prevRefresh.Milliseconds() && nowMs >= e.readAt &&
 		(weight == 0 || e.readAt >= startMs+prevSettle.Milliseconds())
 }
+
+// settling reports whether, at nowMs, the previous window of a window that
+// started at startMs (Unix milliseconds) ended too recently for any read
+// of its count to be usable (see usablePrev), so that there is no entry
+// to look for: its count has weight in the rate, and no read is
+// prevSettle older than its end yet. The previous windows of windows
+// shorter than prevSettle are always settling.
+func settling(startMs, nowMs int64, weight float64) bool {
+	return weight != 0 && nowMs < startMs+prevSettle.Milliseconds()
+}
