@@ -174,7 +174,8 @@
 //	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
 //	      round trip is out (two, for a store without HitBatch), with
 //	      those queued while it yields once, else waits and goes with
-//	      the others in the next, when one ends
+//	      the others in the next, when one ends (with those that queue
+//	      until its sender runs)
 //	      ──► store.HitBatch (one round trip; the store decides each hit,
 //	          a rate first, its turn given back when a limit rejects)
 //	      ok      ──► health.succeeded ──► zone.Observe (store + on its way),

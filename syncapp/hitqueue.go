@@ -57,10 +57,11 @@ var errStalled = fmt.Errorf("%w: the store answers nothing while hits wait", str
 // it.
 //
 // The goroutine whose round trip ends takes the next batch off the queue
-// and hands it to the batch's first hit, whose goroutine sends it and
-// hands the results out; a hit that finds room sends its own, with the
-// hits that queue while it yields once to the goroutines that are ready.
-// So a round trip is always run by a request that waits for it.
+// and hands it to the batch's first hit, whose goroutine, once it runs,
+// adds the hits that queued meanwhile, sends it and hands the results out;
+// a hit that finds room sends its own, with the hits that queue while it
+// yields once to the goroutines that are ready. So a round trip is always
+// run by a request that waits for it.
 type hitQueue struct {
 	store     strategy.BatchHitter
 	namespace string
@@ -199,8 +200,15 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 		}
 		<-h.done
 	}
-	if h.lead != nil {
-		q.send(ctx, h, h.lead)
+	if batch := h.lead; batch != nil {
+		// The hits that queued since the batch was taken go too: on a
+		// busy node, this goroutine runs some time after it is handed
+		// the batch, and they would wait for the next round trip. (32
+		// connections over 32 keys: 14 hits a round trip instead of 12.)
+		q.mu.Lock()
+		batch = q.take(batch)
+		q.mu.Unlock()
+		q.send(ctx, h, batch)
 	}
 	return h.result()
 }
