@@ -562,6 +562,10 @@ type batchRun struct {
 	fast    bool
 	weights []byte // the hits' weights, formatted, each followed by a space
 	lastExp int64  // the latest expiry of a current counter
+	// Scratch space of command, kept from batch to batch with the run.
+	ints  []int
+	arena []byte
+	exps  []int64
 }
 
 // runClient is what a run knows of one client key: its latest form, and
@@ -712,6 +716,7 @@ func (r *batchRun) free() {
 		hits: r.hits[:0], formOf: r.formOf[:0], keys: r.keys[:0], counters: r.counters[:0],
 		tats: r.tats[:0], forms: r.forms[:0], weights: r.weights[:0], keyBytes: r.keyBytes[:0],
 		formWindows: r.formWindows[:0], winParts: r.winParts[:0], winBytes: r.winBytes[:0],
+		ints: r.ints[:0], arena: r.arena[:0], exps: r.exps[:0],
 	}
 	batchRuns.Put(r)
 }
@@ -919,7 +924,14 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		c.script = next[kind]
 		next[kind]++
 	}
-	byScript := make([]int, len(r.counters)+1)
+	// Scratch space that the run keeps from batch to batch: its numbers
+	// (byScript, uses) in ints, the packed arguments in arena, one after
+	// the other, each capped so that the next cannot write into it. The
+	// command refers to arena, which may move as it grows: what it
+	// referred to stays as it was.
+	r.ints = slices.Grow(r.ints[:0], len(r.counters)+1+c1+1)[:len(r.counters)+1+c1+1]
+	byScript, uses := r.ints[:len(r.counters)+1], r.ints[len(r.counters)+1:]
+	a := r.arena[:0]
 	for j := range r.counters {
 		byScript[r.counters[j].script] = j
 	}
@@ -945,11 +957,10 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	// The current counters' expiries, each once, and each counter's
 	// expiry's number. The fast way needs each current counter in one
 	// window of one form (see batchSource).
-	var exps []int64
-	counters := make([]byte, 0, 2*c1)
+	exps := r.exps[:0]
 	fast := r.fast
 	if fast {
-		uses := make([]int, c1+1)
+		clear(uses)
 		for f := range r.forms {
 			for _, fw := range r.forms[f].windows {
 				for _, j := range [2]int{fw.cur, fw.prev} {
@@ -961,6 +972,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			}
 		}
 	}
+	at := len(a)
 	for x := 1; x <= c1; x++ {
 		c := &r.counters[byScript[x]]
 		e := slices.Index(exps, c.expMs)
@@ -968,8 +980,10 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			e = len(exps)
 			exps = append(exps, c.expMs)
 		}
-		counters = appendUint16s(counters, e+1)
+		a = appendUint16s(a, e+1)
 	}
+	counters := a[at:len(a):len(a)]
+	r.exps = exps
 	for e := range exps {
 		cmd = append(cmd, &exps[e]) // a pointer, as appendKey's: without an allocation
 	}
@@ -977,7 +991,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	// The shapes, and the forms packed with their shapes' numbers.
 	var shapes []int // the first form of each shape
 	maxWeights := make([][]float64, 0, 1)
-	packed := make([]byte, 0, len(r.forms)*(6+4*len(r.forms[0].windows))+2*len(r.hits))
+	at = len(a)
 	for f := range r.forms {
 		form := &r.forms[f]
 		shape := slices.IndexFunc(shapes, func(g int) bool { return sameShape(form, &r.forms[g]) })
@@ -989,47 +1003,52 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		for w := range form.windows {
 			maxWeights[shape][w] = max(maxWeights[shape][w], form.windows[w].maxWeight)
 		}
-		packed = appendUint16s(packed, shape+1, form.rate, form.hits)
+		a = appendUint16s(a, shape+1, form.rate, form.hits)
 		for w := range form.windows {
 			fw := &form.windows[w]
-			packed = appendUint16s(packed, r.counters[fw.cur].script, r.counters[fw.prev].script)
+			a = appendUint16s(a, r.counters[fw.cur].script, r.counters[fw.prev].script)
 		}
 	}
-	forms := len(packed)
-	header := appendUint16s(make([]byte, 0, 12+6*len(shapes)),
-		len(markers), len(r.tats), c1, len(exps), len(shapes), oneIf(fast))
-	var values []byte // the shapes' increments and weights, formatted
-	for shape, f := range shapes {
+	packedForms := a[at:len(a):len(a)]
+	at = len(a)
+	for _, f := range r.formOf {
+		a = appendUint16s(a, f+1)
+	}
+	packedHits := a[at:len(a):len(a)]
+	at = len(a)
+	a = appendUint16s(a, len(markers), len(r.tats), c1, len(exps), len(shapes), oneIf(fast))
+	for _, f := range shapes {
 		form := &r.forms[f]
-		header = appendUint16s(header, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
+		a = appendUint16s(a, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
+	}
+	cmd[head] = a[at:len(a):len(a)]
+	for shape, f := range shapes { // the shapes' increments and weights, formatted
+		form := &r.forms[f]
 		if form.rate > 0 {
 			cmd = append(cmd, form.inc, form.tol)
 		}
 		for w := range form.windows {
 			fw := &form.windows[w]
-			at := len(values)
-			values = appendScriptValue(values, fw.value)
-			inc := values[at:len(values):len(values)]
-			at = len(values)
-			values = appendScriptValue(values, maxWeights[shape][w])
-			cmd = append(cmd, inc, scriptLimit(fw.max), values[at:len(values):len(values)])
+			at = len(a)
+			a = appendScriptValue(a, fw.value)
+			inc := a[at:len(a):len(a)]
+			at = len(a)
+			a = appendScriptValue(a, maxWeights[shape][w])
+			cmd = append(cmd, inc, scriptLimit(fw.max), a[at:len(a):len(a)])
 		}
 	}
-	for _, f := range r.formOf {
-		packed = appendUint16s(packed, f+1)
-	}
-	cmd[head] = header
-	cmd = append(cmd, counters, packed[:forms:forms], packed[forms:], r.weights)
-	counts := make([]byte, 0, 6*sent)
+	cmd = append(cmd, counters, packedForms, packedHits, r.weights)
+	at = len(a)
 	for x := nread + 1; x <= len(r.counters); x++ {
-		counts = appendCount(counts, r.counters[byScript[x]].sentVal)
+		a = appendCount(a, r.counters[byScript[x]].sentVal)
 	}
-	cmd = append(cmd, counts)
+	cmd = append(cmd, a[at:len(a):len(a)])
 	for x := nread + 1; x <= len(r.counters); x++ {
 		if c := &r.counters[byScript[x]]; !packableCount(c.sentVal) {
 			cmd = append(cmd, c.sent)
 		}
 	}
+	r.arena = a // grown, for the next batch
 	return cmd, nil
 }
 
