@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,16 @@ type queuedHit struct {
 	// lead, when set, is the batch this hit's goroutine must send.
 	lead []*queuedHit
 }
+
+// tripBuffers are the requests and results of a round trip, which
+// tripBufs recycles: a busy node sends thousands of round trips a second,
+// of a few kilobytes each.
+type tripBuffers struct {
+	reqs    []strategy.HitRequest
+	results []strategy.HitResult
+}
+
+var tripBufs = sync.Pool{New: func() any { return new(tripBuffers) }}
 
 // queuedHits recycles queued hits, with their channels: a busy node queues
 // thousands of hits a second. A hit goes back once its goroutine has its
@@ -216,9 +227,11 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 // send runs one round trip for batch, which holds own, the caller's hit,
 // hands the results out, and passes the round trip on to the next batch.
 func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit) {
-	reqs, results := make([]strategy.HitRequest, len(batch)), make([]strategy.HitResult, len(batch))
+	buf := tripBufs.Get().(*tripBuffers)
+	reqs := slices.Grow(buf.reqs[:0], len(batch))[:len(batch)]
+	results := slices.Grow(buf.results[:0], len(batch))[:len(batch)]
 	for i, h := range batch {
-		reqs[i] = h.req
+		reqs[i], results[i] = h.req, strategy.HitResult{}
 	}
 	id := newBatchID()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hitTimeout)
@@ -238,6 +251,10 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 			h.retry = retry
 		}
 	}
+	clear(reqs) // let go of what they point to
+	clear(results)
+	buf.reqs, buf.results = reqs, results
+	tripBufs.Put(buf)
 	for _, h := range batch {
 		if h != own {
 			h.done <- struct{}{} // the last use of h here: its goroutine may free it
