@@ -2,7 +2,8 @@
 # Counts the instructions redis-server runs per synchronous hit for
 # batches of 10 hits with two limits (strategy/redis's
 # BenchmarkBatchInstructions): of 1, 32 and 1,000 keys, far from their
-# limits and over them. The server runs under valgrind's callgrind, so the
+# limits and over them, and batches of 12 hits over 32 keys shaped as
+# the speed harness's 32-key route sends them. The server runs under valgrind's callgrind, so the
 # counts do not move with the machine's load: two versions of the batch
 # script compare in one run of each, where CPU time needs many.
 #

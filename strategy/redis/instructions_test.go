@@ -27,7 +27,8 @@ import (
 // count does not move with the machine's load: the same batches cost the
 // same, to a percent, so two versions of the script compare in one run
 // of each. Each case sends b.N batches of 10 hits with two limits, of 1,
-// 32 or 1,000 keys, far from their limits or over them (a limit of 1),
+// 32 or 1,000 keys, far from their limits or over them (a limit of 1), or
+// of 12 hits over 32 keys as the speed harness sends them (keys=32/harness),
 // after a push that gives each key's previous windows a count of its own
 // and warm-up batches that make the current counters and fill the store's
 // memory of previous counts; callgrind's counts are zeroed before and
@@ -63,8 +64,8 @@ func BenchmarkBatchInstructions(b *testing.B) {
 	// so that no current counter expires in Redis while callgrind runs.
 	cases = append(cases, shape{"keys=32/harness", 32, 12, []time.Duration{time.Second, time.Minute}, 1e15, 10 * time.Second})
 	for _, c := range cases {
-		name, keys, size, limit := c.name, c.keys, c.size, c.limit
-		b.Run(name, func(b *testing.B) {
+		keys, size := c.keys, c.size
+		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()
 			// The store's clock stands still, so that the previous counts
 			// it remembers stay usable however slowly callgrind runs
@@ -75,9 +76,9 @@ func BenchmarkBatchInstructions(b *testing.B) {
 			s.now = func() time.Time { return time.Unix(0, now) }
 			var windows []strategy.WindowHit
 			for _, w := range c.windows {
-				windows = append(windows, strategy.WindowHit{Size: w, Start: window.Start(now, w), Value: 1, Max: limit, Weight: 0.5})
+				windows = append(windows, strategy.WindowHit{Size: w, Start: window.Start(now, w), Value: 1, Max: c.limit, Weight: 0.5})
 			}
-			ns := fmt.Sprintf("instructions-%s-%d", name, now)
+			ns := fmt.Sprintf("instructions-%s-%d", c.name, now)
 			hits, results := make([]strategy.HitRequest, size), make([]strategy.HitResult, size)
 			next := 0
 			batch := func(id string) {
