@@ -228,6 +228,7 @@ func (a *App) Start() error {
 	}
 	for name, ns := range a.namespaces {
 		ns.health.useStore(ns.store)
+		ns.health.onStore(ns.storeHealth)
 		ns.health.shareOnFailure(ns.shareOnFailure())
 		ns.runner.track()
 		a.loops[name].attach(ns.runner)

@@ -100,6 +100,9 @@
 //	            namespace's unsynced weight, the fleet's size while the
 //	            store is down, 1 otherwise, set by each change of the
 //	            store's state after it, from the state it then reads.
+//	storeHealth.mu (the pooled store's) the healths of the namespaces
+//	            on the store, which each failure and success reaches:
+//	            held only to copy them, never while calling them.
 //	partHealth.mu (health's) the parts of a store made of parts (a Redis
 //	            Cluster's) that failed since they last worked; how many
 //	            are is an atomic, so requests look a key's part up only
@@ -155,7 +158,8 @@
 //	  periodic ──► periodicHits.hit ──► window zone: count, decide
 //	    a resting node (its runs had nothing to fetch, and skip the
 //	    feed): periodicHits.wake first ──► store.GetCountersNear, the
-//	    marks alone, one read for the requests that come meanwhile
+//	    marks alone, one read for the requests that come meanwhile,
+//	    held stalled (health.stalled) past stallAfter
 //	    a key the store's feed marked near a limit, which the runs do not
 //	    fetch (periodicHits.blind): periodicHits.refresh first
 //	    rejected, a key the runs no longer fetch: periodicHits.refresh
@@ -218,7 +222,10 @@
 //	    store.SetBans of those, store.GetBans)
 //	  on_store_failure share: fleetMembers.attend ──► store.Attend,
 //	    every second or sync_rate, the fleet's size
-//	  nothing asked and the store failing ──► store.Ping
+//	  nothing asked and the store failing ──► store.Ping; nothing asked
+//	    with on_store_failure share or deny ──► store.Ping within stallAfter
+//	  a failure or a success ──► health ──► storeHealth: every namespace
+//	    on the store knows it (health.tellStore)
 //	  requests admitted locally still running ──► slotHolder.adopt
 //	  health.failedRun / health.succeeded ──► the loop's next delay:
 //	    while failing, a probe 250 ms after the failure, then up to 1 s apart

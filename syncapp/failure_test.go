@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/ratesync/caddy-ratelimit/internal/poll"
+	"github.com/ratesync/caddy-ratelimit/internal/redistest"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -211,4 +212,62 @@ func TestShareOnFailureConcurrency(t *testing.T) {
 	if n := acquireAll(); n != 6 {
 		t.Fatalf("with the store back: %d requests of a key at once, want 6", n)
 	}
+}
+
+// TestStoreFailureReachesEveryNamespaceOnIt has one namespace find the
+// store gone (its synchronous hits stall) while another, on the same
+// store, is idle with on_store_failure deny and runs once an hour: the
+// idle one refuses at once, with no call of its own, and admits again
+// once the first finds the store back.
+func TestStoreFailureReachesEveryNamespaceOnIt(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := fmt.Sprintf(`{"namespaces": {
+		"busy": {"sync_rate": "0", "window_sizes": ["1h"], "strategy": {"module": "redis", "addresses": [%[1]q]}},
+		"idle": {"sync_rate": "1h", "on_store_failure": "deny", "window_sizes": ["1h"], "strategy": {"module": "redis", "addresses": [%[1]q]}}}}`, srv.Addr)
+	n := start(t, caddy.NewUsagePool(), cfg)
+	busy, idle := n.ns("busy"), n.ns("idle")
+	warmUp(t, busy)
+	if refused, _ := idle.Refuses("k"); refused {
+		t.Fatal("the idle namespace refuses with the store up")
+	}
+	srv.Pause()
+	defer srv.Resume()
+	ctx := context.Background()
+	out := make([]window.Sample, 1)
+	for !busy.health.down() {
+		busy.Hit(ctx, "k", []Limit{{Size: time.Hour, Max: 100}}, 1, false, false, out)
+	}
+	if refused, wait := idle.Refuses("k"); !refused || wait != denyRetryAfter {
+		t.Fatalf("the idle namespace, once the busy one found the store stalled: refused %v, retry after %v; want refused, %v", refused, wait, denyRetryAfter)
+	}
+	srv.Resume()
+	poll.Until(t, 10*time.Second, "the busy namespace to find the store back", func() bool { return !busy.health.down() })
+	if refused, _ := idle.Refuses("k"); refused {
+		t.Fatal("the idle namespace still refuses once the busy one found the store back")
+	}
+}
+
+// TestIdleDenyNamespaceProbesTheStore pauses the store of a namespace with
+// on_store_failure deny that receives no request: its runs, which have
+// nothing to send, ask the store within the stall bound, so that it
+// refuses from its first request after the failure.
+func TestIdleDenyNamespaceProbesTheStore(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := fmt.Sprintf(`{"namespaces": {"api": {"sync_rate": "100ms", "on_store_failure": "deny", "window_sizes": ["1h"],
+		"strategy": {"module": "redis", "addresses": [%q]}}}}`, srv.Addr)
+	ns := start(t, caddy.NewUsagePool(), cfg).ns("api")
+	poll.Until(t, 10*time.Second, "a run with nothing to send", ns.periodic.near.restingNow)
+	srv.Pause()
+	defer srv.Resume()
+	paused := time.Now()
+	poll.Until(t, 10*time.Second, "the idle namespace to refuse", func() bool {
+		refused, _ := ns.Refuses("k")
+		return refused
+	})
+	t.Logf("refused %v after the store's pause", time.Since(paused))
+	srv.Resume()
+	poll.Until(t, 10*time.Second, "the namespace to admit again", func() bool {
+		refused, _ := ns.Refuses("k")
+		return !refused
+	})
 }

@@ -64,6 +64,64 @@ type health struct {
 
 	// parts are the parts of a store made of parts that failed.
 	parts partHealth
+
+	// store is the pooled store's health, which every namespace on the
+	// store shares: the config attached last's (nil for a local one).
+	store atomic.Pointer[storeHealth]
+}
+
+// storeHealth joins the healths of the namespaces that use one pooled
+// store: a failure or a success that one of them sees, every other knows
+// at once, so that a namespace with no call of its own (an idle one)
+// applies its on_store_failure policy as soon as the store is known to
+// fail. Its lock is a leaf: held only to read or change the members.
+type storeHealth struct {
+	mu      sync.Mutex
+	members map[*health]struct{}
+}
+
+// others returns the members but h.
+func (s *storeHealth) others(h *health) []*health {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var hs []*health
+	for m := range s.members {
+		if m != h {
+			hs = append(hs, m)
+		}
+	}
+	return hs
+}
+
+// onStore makes h a member of s (nil: of none), and no longer of the
+// store it was a member of.
+func (h *health) onStore(s *storeHealth) {
+	old := h.store.Swap(s)
+	if old == s {
+		return
+	}
+	if old != nil {
+		old.mu.Lock()
+		delete(old.members, h)
+		old.mu.Unlock()
+	}
+	if s != nil {
+		s.mu.Lock()
+		if s.members == nil {
+			s.members = make(map[*health]struct{})
+		}
+		s.members[h] = struct{}{}
+		s.mu.Unlock()
+	}
+}
+
+// tellStore has every other namespace on h's store learn what h learned.
+func (h *health) tellStore(learn func(*health)) {
+	if s := h.store.Load(); s != nil {
+		for _, o := range s.others(h) {
+			learn(o)
+		}
+	}
 }
 
 func newHealth(name string, logger *zap.Logger) *health {
@@ -154,6 +212,7 @@ func (h *health) markDown() {
 	if !h.failing.Swap(true) {
 		h.share.apply(h.anyDown)
 		signal(h.probe)
+		h.tellStore((*health).markDown)
 	}
 }
 
@@ -164,18 +223,24 @@ func (h *health) down() bool { return h.failing.Load() }
 // succeeded records that the store worked. The first success after
 // failures is signalled, and logged if their failure was.
 func (h *health) succeeded() {
-	if !h.failing.Load() {
-		return
+	if h.failing.Load() && h.up() {
+		h.tellStore((*health).succeeded)
 	}
+}
+
+// up is succeeded for h alone, and reports whether h was down.
+func (h *health) up() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.failing.Swap(false) {
-		h.share.apply(h.anyDown)
-		if h.parts.downCount() == 0 { // else the last part back recovers
-			h.recoveredLocked()
-		}
-	}
 	h.runFailures = 0
+	if !h.failing.Swap(false) {
+		return false
+	}
+	h.share.apply(h.anyDown)
+	if h.parts.downCount() == 0 { // else the last part back recovers
+		h.recoveredLocked()
+	}
+	return true
 }
 
 // recover records that the last part of the store that failed works

@@ -8,10 +8,23 @@ import (
 )
 
 // inflight sums, per counter, the diffs taken from the zone and not yet in
-// the store. A synchronous answer takes the store's counts, which lack
-// them until the push that carries them lands, so it adds them back.
+// the store. An answer of the store lacks them until the push that
+// carries them lands, so the reader adds them back.
+//
+// A read of the store may be answered before a push lands and looked at
+// after the push left inflight: its counts then lack the push's diffs,
+// and inflight no longer has them. The epoch tells the reader: it grows
+// each time diffs leave inflight, and a reader that saw it change since
+// it sent its read only lets the counts it holds rise
+// (window.Namespace.ObserveAtLeast).
 type inflight struct {
-	p atomic.Pointer[map[counterID]float64]
+	p atomic.Pointer[inflightSums]
+}
+
+// inflightSums is one state of inflight.
+type inflightSums struct {
+	m     map[counterID]float64
+	epoch uint64
 }
 
 // counterID names one counter of a namespace.
@@ -38,18 +51,34 @@ func (f *inflight) set(retries []strategy.Batch, batches ...*strategy.Batch) {
 			add(*b)
 		}
 	}
-	if len(m) == 0 {
-		f.p.Store(nil)
-		return
+	old := f.p.Load()
+	next := &inflightSums{m: m}
+	if old != nil {
+		next.epoch = old.epoch
+		for id, v := range old.m {
+			if m[id] < v {
+				next.epoch++ // some of it landed (or was dropped)
+				break
+			}
+		}
 	}
-	f.p.Store(&m)
+	if len(m) == 0 {
+		next.m = nil
+	}
+	f.p.Store(next)
 }
 
-// load returns the sums recorded, nil if none. The caller must not change
-// them.
-func (f *inflight) load() map[counterID]float64 {
-	if m := f.p.Load(); m != nil {
-		return *m
+// load returns the sums recorded (nil if none), which the caller must not
+// change, and the epoch they belong to.
+func (f *inflight) load() (map[counterID]float64, uint64) {
+	if s := f.p.Load(); s != nil {
+		return s.m, s.epoch
 	}
-	return nil
+	return nil, 0
+}
+
+// epoch returns the current epoch.
+func (f *inflight) epoch() uint64 {
+	_, e := f.load()
+	return e
 }

@@ -54,6 +54,7 @@ type Namespace struct {
 
 	// The store, unless the namespace is local, shared through the pool.
 	store       strategy.Store
+	storeHealth *storeHealth // the store's, shared by the namespaces on it
 	storeModule string
 	slotter     strategy.Slotter // the store, when it can hold concurrency slots
 	banner      strategy.Banner  // the store, when it can hold bans

@@ -57,7 +57,6 @@ type flight struct {
 	retries []strategy.Batch
 	failed  []strategy.Batch
 	batch   *strategy.Batch
-	tracked bool
 }
 
 // lockTake starts a run's take of the zone's diffs: views wait until load
@@ -65,9 +64,9 @@ type flight struct {
 func (o *outbox) lockTake() { o.taking.Lock() }
 
 // load ends the take that lockTake started with the diffs taken, and
-// returns what the run pushes. With track (the namespace answers hits
-// from the store) inflight records all of it.
-func (o *outbox) load(diffs []window.Diff, track bool) flight {
+// returns what the run pushes, which inflight records: the store's
+// answers to this node's reads lack it until it lands.
+func (o *outbox) load(diffs []window.Diff) flight {
 	defer o.taking.Unlock()
 	fl := flight{retries: o.retries.take()}
 	o.flying.Store(int64(len(diffs) + diffsIn(fl.retries)))
@@ -77,10 +76,7 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 	o.mu.Lock()
 	fl.failed = o.failed
 	o.mu.Unlock()
-	if track || len(fl.retries) > 0 {
-		fl.tracked = true
-		o.inflight.set(slices.Concat(fl.retries, fl.failed), fl.batch)
-	}
+	o.inflight.set(slices.Concat(fl.retries, fl.failed), fl.batch)
 	return fl
 }
 
@@ -100,14 +96,12 @@ func (o *outbox) load(diffs []window.Diff, track bool) flight {
 // pushed. err is then a strategy.PartialError of every part that failed.
 func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h *health) (restore []window.Diff, contacted bool, err error) {
 	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batches or the zone
-	if fl.tracked {
-		defer func() {
-			o.mu.Lock()
-			failed := o.failed
-			o.mu.Unlock()
-			o.inflight.set(slices.Concat(o.retries.queued(), failed))
-		}()
-	}
+	defer func() {
+		o.mu.Lock()
+		failed := o.failed
+		o.mu.Unlock()
+		o.inflight.set(slices.Concat(o.retries.queued(), failed))
+	}()
 	var newDiffs []window.Diff
 	if fl.batch != nil {
 		newDiffs = fl.batch.Diffs
@@ -285,9 +279,9 @@ func (o *outbox) retry(b strategy.Batch) { o.retries.add(b) }
 // dropKey takes key's diffs out of the failed batch and out of the hits
 // queued for a retry, so that they are not pushed after a reset. A batch
 // keeps its ID: a store that applied it skips it whole, one that did not
-// applies the rest. With track, inflight no longer counts them either.
-// The caller holds the run lock.
-func (o *outbox) dropKey(key string, track bool) {
+// applies the rest. Nor does inflight count them any more. The caller
+// holds the run lock.
+func (o *outbox) dropKey(key string) {
 	o.mu.Lock()
 	var kept []strategy.Batch
 	for _, b := range o.failed {
@@ -298,9 +292,7 @@ func (o *outbox) dropKey(key string, track bool) {
 	o.failed = kept
 	o.mu.Unlock()
 	o.retries.dropKey(key)
-	if track {
-		o.inflight.set(slices.Concat(o.retries.queued(), kept))
-	}
+	o.inflight.set(slices.Concat(o.retries.queued(), kept))
 }
 
 // withoutKey returns diffs without those of key, in a new slice when it
@@ -343,14 +335,24 @@ func (o *outbox) empty() bool {
 // view is in it.
 func (o *outbox) view() unstoredView {
 	o.taking.RLock()
-	return unstoredView{taking: &o.taking, m: o.inflight.load()}
+	m, epoch := o.inflight.load()
+	return unstoredView{taking: &o.taking, m: m, epoch: epoch}
 }
+
+// epoch returns the epoch of the diffs on their way (see inflight): a
+// reader of the store takes it before it sends its read.
+func (o *outbox) epoch() uint64 { return o.inflight.epoch() }
 
 // unstoredView is a read of the diffs on their way to the store.
 type unstoredView struct {
 	taking *sync.RWMutex
 	m      map[counterID]float64
+	epoch  uint64
 }
+
+// landedSince reports whether diffs left the outbox since epoch (see
+// inflight): a read of the store sent at epoch may lack them.
+func (v unstoredView) landedSince(epoch uint64) bool { return v.epoch != epoch }
 
 // of returns the diffs of one counter on their way to the store.
 func (v unstoredView) of(key string, size time.Duration, start int64) float64 {

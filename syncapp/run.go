@@ -45,10 +45,6 @@ type runner struct {
 	storeKey    poolKey
 	storeModule string
 	banner      strategy.Banner // the store, when it can hold bans
-	// answers says that the store answers the namespace's hits (sync_rate
-	// 0, sync_above): the outbox then tracks all that is on its way, which
-	// the answers add to the store's counts.
-	answers bool
 	// bansUsed says that a handler of this config bans in the namespace:
 	// its runs then read the store's bans. It belongs to the config, so a
 	// reload that drops the last ban handler stops the reads.
@@ -66,6 +62,9 @@ type runner struct {
 	// share: the runs attend it to learn the fleet's size into members.
 	roster  strategy.Roster
 	members *fleetMembers
+	// watched says that the namespace's on_store_failure is share or
+	// deny: a run with nothing to send pings the store.
+	watched bool
 
 	lock    runLock
 	outbox  *outbox
@@ -103,10 +102,18 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 		asked, err = r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
 		contacted, err = contacted || asked, r.partly(err)
 	}
-	if err == nil && !contacted && r.health.down() {
+	switch {
+	case err != nil || contacted:
+	case r.health.down():
 		// Requests skip the store until a run finds it back; this one
 		// had nothing else to ask it.
 		contacted, err = r.ping(ctx)
+	case r.watched:
+		// Its policy must start once the store fails, requests or not:
+		// an idle run asks the store, within the stall bound.
+		pctx, cancel := context.WithTimeout(ctx, stallAfter)
+		contacted, err = r.ping(pctx)
+		cancel()
 	}
 	if p := r.health.parted(); err == nil && p != nil && r.health.partsDown() > 0 {
 		// So do the keys of the parts that failed.
@@ -292,7 +299,7 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	}
 	r.outbox.lockTake()
 	diffs, keys := r.counters.Take()
-	fl := r.outbox.load(r.storable(diffs), r.answers)
+	fl := r.outbox.load(r.storable(diffs))
 	if fl.batch != nil && r.feed != nil {
 		fl.batch.Near = r.nearShare
 	}
@@ -314,7 +321,7 @@ func (r *runner) probe(ctx context.Context) (asked bool, err error) {
 		return r.ping(ctx)
 	}
 	r.outbox.lockTake()
-	fl := r.outbox.load(nil, r.answers)
+	fl := r.outbox.load(nil)
 	restore, asked, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
@@ -421,7 +428,7 @@ func (r *runner) reset(ctx context.Context, key string) error {
 	// the lift must not put the ban back after it.
 	r.bans.lift(key)
 	held := r.counters.Reset(key)
-	r.outbox.dropKey(key, r.answers)
+	r.outbox.dropKey(key)
 	sizes := r.sizes.with(held, true)
 	if err := r.store.Reset(ctx, r.name, key, sizes, time.Unix(0, r.counters.Now())); err != nil {
 		return fmt.Errorf("resetting a key of namespace %q: reset on this node, but in the %s store maybe not (reset again): %w",

@@ -118,16 +118,23 @@ func (p *periodicHits) blind(ctx context.Context, key string) bool {
 // wake reads the marks a resting node has not read (see nearKeys), with
 // the requests that find it resting meanwhile. It reads nothing while the
 // store is failing; a failure leaves the node resting, and its requests
-// decided on its own counts, as without a feed.
+// decided on its own counts, as without a feed. The read has the stall
+// bound of the hit queue's round trips: a store that has not answered
+// within stallAfter is held stalled, and the requests go on without it.
 func (p *periodicHits) wake(ctx context.Context) {
 	if p.feed == nil || !p.health.ok() {
 		return
 	}
 	p.near.wake(ctx, func() {
-		ctx, cancel := context.WithTimeout(ctx, hitTimeout)
+		// Not the first request's own context: the others wait for it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stallAfter)
 		defer cancel()
 		now := time.Unix(0, p.counters.Now())
 		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known(), nil)
+		if ctx.Err() != nil {
+			p.health.stalled()
+			return
+		}
 		if err != nil {
 			p.health.fail(err, 0)
 			return
@@ -164,12 +171,19 @@ func (p *periodicHits) refresh(ctx context.Context, key string) {
 func (p *periodicHits) fetchOne(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, hitTimeout)
 	defer cancel()
+	epoch := p.outbox.epoch()
 	counts, err := p.store.GetCounters(ctx, p.name, []string{key}, p.sizes.list(), time.Unix(0, p.counters.Now()))
 	if err != nil {
 		p.health.fail(err, 0)
 		return false
 	}
 	v := p.outbox.view()
+	if v.landedSince(epoch) {
+		// The counts may lack a push that landed meanwhile: the node's
+		// own are kept, and the next run fetches the key.
+		v.close()
+		return true
+	}
 	for i, c := range counts {
 		counts[i].Value += v.of(c.Key, c.Size, c.Start)
 	}

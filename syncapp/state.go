@@ -69,6 +69,7 @@ func (s *fleetState) syncInterval() (time.Duration, bool) {
 // names the namespace is gone (that config's cleanup already pushed what
 // was pending).
 func (s *fleetState) Destruct() error {
+	s.health.onStore(nil)
 	s.slots.close()
 	s.loop.close()
 	return nil
@@ -107,7 +108,6 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		storeKey:    storeKey,
 		storeModule: n.storeModule,
 		banner:      n.banner,
-		answers:     n.store != nil && (n.mode == Synchronous || n.syncAbove > 0),
 		lock:        s.runs,
 		outbox:      s.outbox,
 		fetched:     s.fetched,
@@ -119,6 +119,7 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 		nearShare:   nearShare(n.syncAbove),
 		roster:      roster,
 		members:     s.members,
+		watched:     n.onFailure != FailAllow,
 	}
 
 	// Any namespace whose store takes synchronous hits has a road to it:

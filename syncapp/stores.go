@@ -16,7 +16,8 @@ import (
 // stores of the namespaces attached to it (loop.attach and
 // loop.releaseStores). The last reference closes the store's connections.
 type pooledStore struct {
-	store strategy.Store
+	store  strategy.Store
+	health storeHealth // what every namespace on it knows of it
 }
 
 // Destruct closes the store when nothing uses it any more.
@@ -55,7 +56,7 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 		return poolKey{}, fmt.Errorf("strategy %s: opening the store: %w", id.Name(), err)
 	}
 	a.acquired = append(a.acquired, key)
-	ns.store = v.(*pooledStore).store
+	ns.store, ns.storeHealth = v.(*pooledStore).store, &v.(*pooledStore).health
 	ns.storeModule = id.Name()
 	ns.sizes = &windowSizes{namespace: ns.name, store: id.Name(), valid: st.ValidateWindow}
 	ns.slotter, _ = ns.store.(strategy.Slotter)

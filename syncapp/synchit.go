@@ -65,6 +65,7 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 	}
 	// No timeout of its own: a round trip ends within hitTimeout, a hit
 	// waits for at most the one ahead of it, and a stall sends it local.
+	epoch := r.outbox.epoch()
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
 	switch err := res.Err; {
 	case err == nil:
@@ -87,7 +88,7 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 	}
 	r.health.succeededFor(key)
 	r.giveBack(key, windows, unsynced, res.Rejected, undo)
-	r.observe(key, windows, res.Counts, out)
+	r.observe(key, windows, res.Counts, epoch, out)
 	return res.Rejected, storeAnswer{windows: windows, counts: res.Counts, rejected: res.Rejected, undo: undo}, true
 }
 
@@ -154,6 +155,7 @@ func (r *storeRoad) hitNear(ctx context.Context, key string, limits []Limit, val
 func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo bool, out []window.Sample, rs *RateSample) (rateOK bool, rejected int, ok bool) {
 	req := strategy.RateRequestOf(rate.Window, rate.N, rate.Burst, cost)
 	windows := syncWindows(limits, value, fixed, r.counters.Now())
+	epoch := r.outbox.epoch()
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
 	switch err := res.Err; {
 	case err == nil:
@@ -177,7 +179,7 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 		return rateOK, rejected, true
 	}
 	r.health.succeededFor(key)
-	r.observe(key, windows, res.Counts, out)
+	r.observe(key, windows, res.Counts, epoch, out)
 	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
 	r.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
 	return res.Rate.OK, res.Rejected, true
@@ -195,6 +197,7 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 	for i, size := range sizes {
 		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Max: math.Inf(1)}
 	}
+	epoch := r.outbox.epoch()
 	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows})
 	switch err := res.Err; {
 	case err == nil:
@@ -211,7 +214,7 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 	r.health.succeededFor(key)
 	out := make([]window.Sample, len(windows))
 	if observe {
-		r.observe(key, windows, res.Counts, out)
+		r.observe(key, windows, res.Counts, epoch, out)
 		return out, true
 	}
 	v := r.outbox.view()
@@ -259,17 +262,22 @@ func (r *storeRoad) retry(retry *batchRetry, diffs []window.Diff, turn *strategy
 }
 
 // observe sets key's windows in the zone to the counts the store
-// answered, and out to their states.
-func (r *storeRoad) observe(key string, windows []strategy.WindowHit, counts []strategy.WindowCounts, out []window.Sample) {
+// answered, and out to their states. epoch is the outbox's (see inflight)
+// when the hit was sent: if diffs landed since, the counts only rise.
+func (r *storeRoad) observe(key string, windows []strategy.WindowHit, counts []strategy.WindowCounts, epoch uint64, out []window.Sample) {
 	// Diffs on their way to the store are not in its counts yet; no run
 	// takes the zone's diffs while the view is open, so none is counted
 	// both in the view and in the zone the counts are observed into.
 	v := r.outbox.view()
 	defer v.close()
+	observe := r.counters.Observe
+	if v.landedSince(epoch) {
+		observe = r.counters.ObserveAtLeast
+	}
 	for i, w := range windows {
 		cur := counts[i].Current + v.of(key, w.Size, w.Start)
 		prev := counts[i].Previous + v.of(key, w.Size, w.Start-int64(w.Size))
-		out[i] = r.counters.Observe(key, w.Size, w.Start, cur, prev)
+		out[i] = observe(key, w.Size, w.Start, cur, prev)
 	}
 }
 

@@ -205,16 +205,27 @@ func (z *Zone) lockAll() func(yield func(*shard) bool) {
 // to the store's if the store later fails. It returns the key's state now:
 // the store's counts plus any diff this node could not push yet.
 func (n *Namespace) Observe(key string, size time.Duration, start int64, current, previous float64) Sample {
+	return n.observe(key, size, start, current, previous, false)
+}
+
+// ObserveAtLeast is Observe for an answer that may predate a push of this
+// node's diffs which landed before the caller could see it on its way:
+// the counts only rise, so that the node never forgets its own hits.
+func (n *Namespace) ObserveAtLeast(key string, size time.Duration, start int64, current, previous float64) Sample {
+	return n.observe(key, size, start, current, previous, true)
+}
+
+func (n *Namespace) observe(key string, size time.Duration, start int64, current, previous float64, atLeast bool) Sample {
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	e := s.at(i)
 	c := s.countsFor(e, int64(size), true)
 	k := Index(start, size)
 	c.advance(k)
-	if cl := c.cellAt(k); cl != nil {
+	if cl := c.cellAt(k); cl != nil && (!atLeast || current > cl.synced) {
 		cl.synced = current
 	}
-	if cl := c.cellAt(k - 1); cl != nil {
+	if cl := c.cellAt(k - 1); cl != nil && (!atLeast || previous > cl.synced) {
 		cl.synced = previous
 	}
 	n.mark(s, i, e, false)
