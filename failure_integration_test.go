@@ -75,7 +75,9 @@ func TestDenyWhileTheStoreIsAway(t *testing.T) {
 // TestDenyOnAnIdleNamespace runs two namespaces on one Redis: share, which
 // takes requests, and deny, which takes none until the store has been
 // paused for a while (a namespace that took requests just before the
-// failure is not idle: it learns from its own runs, within their timeout). The deny namespace knows of the failure without a
+// failure is not idle: it learns from its own runs, within their timeout).
+// The namespaces' names are the test's own: a name another test's config
+// used may still hold that config's pooled state. The deny namespace knows of the failure without a
 // request (its idle runs ask the store, and what one namespace learns of
 // the store every other on it knows): its first requests after the
 // failure are refused, each with Retry-After.
@@ -83,14 +85,14 @@ func TestDenyOnAnIdleNamespace(t *testing.T) {
 	srv := redistest.Start(t)
 	tester := loadWithOptions(t, fmt.Sprintf(`
 		rate_limit {
-			namespace shared {
+			namespace idle_share_busy {
 				sync_rate 100ms
 				on_store_failure share
 				strategy redis {
 					addresses %[1]s
 				}
 			}
-			namespace guarded {
+			namespace idle_deny {
 				sync_rate 100ms
 				on_store_failure deny
 				strategy redis {
@@ -101,14 +103,14 @@ func TestDenyOnAnIdleNamespace(t *testing.T) {
 	http://localhost:9080 {
 		route /share {
 			rate_limit {
-				namespace shared
+				namespace idle_share_busy
 				key {http.request.header.X-Key}
 				limit 30 1m
 			}
 		}
 		route /deny {
 			rate_limit {
-				namespace guarded
+				namespace idle_deny
 				key {http.request.header.X-Key}
 				limit 30 1m
 			}
@@ -121,7 +123,7 @@ func TestDenyOnAnIdleNamespace(t *testing.T) {
 			t.Fatalf("/share with the store up: status %d, want 200", resp.StatusCode)
 		}
 	}
-	if err := syncNamespace("shared"); err != nil {
+	if err := syncNamespace("idle_share_busy"); err != nil {
 		t.Fatalf("the store up: %v", err)
 	}
 	srv.Pause()

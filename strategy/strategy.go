@@ -162,6 +162,15 @@ type BatchHitter interface {
 	HitBatch(ctx context.Context, namespace, id string, hits []HitRequest, results []HitResult)
 }
 
+// HitAsBatch is Hit for a BatchHitter: the hit as a batch of one, so that
+// the store decides every hit with one piece of code. Its errors are
+// worded as HitBatch words those of hits[0].
+func HitAsBatch(ctx context.Context, b BatchHitter, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error) {
+	var res [1]HitResult
+	b.HitBatch(ctx, namespace, id, []HitRequest{{Key: key, Windows: windows, Undo: undo}}, res[:])
+	return res[0].Counts, res[0].Rejected, res[0].Err
+}
+
 // HitRequest is one hit of a HitBatch: the key, windows and undo of a Hit.
 type HitRequest struct {
 	// Key is the client key.

@@ -19,8 +19,8 @@ import (
 // server does not hold it.
 //
 // It applies a batch of synchronous hits of one slot (of any slots on a
-// standalone server) in order, each deciding as hitSource would if the
-// hits ran one after the other, at the cost of one read and one write per
+// standalone server) in order, each deciding as if the hits ran one after
+// the other, at the cost of one read and one write per
 // counter, however many hits share it: one MGET reads every counter whose
 // count the caller did not send, the hits are decided in Lua on running
 // counts, and each counter that changed is written once at the end, with
@@ -404,7 +404,7 @@ var batchScript = goredis.NewScript(batchSource)
 // key with two windows far from their limits costs Redis four commands
 // (the EVALSHA, the marker's SET NX and an INCRBY per counter), one near
 // them seven (an MGET and a write per counter, after an INCRBY taken
-// back), whatever n. A batch of one hit is sent as Hit sends it.
+// back), whatever n. A single Hit is a batch of one.
 //
 // A non-empty id names the batch. Each script run sets, for every bucket
 // of its hits, the markers of groups 0 to ceil(w/256)-1 of the bucket
@@ -434,10 +434,6 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	}
 	if err := s.checkOpen(); err != nil {
 		errs.FailBatch(results, namespace, good, err)
-		return
-	}
-	if len(good) == 1 && hits[good[0]].Rate == nil && hits[good[0]].Slot == nil {
-		errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hitInPart)
 		return
 	}
 	// The slots' runs go in the pipeline after the hits'.

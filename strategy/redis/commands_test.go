@@ -97,35 +97,34 @@ func TestCommandsPerSyncHit(t *testing.T) {
 		before  func(key string) // before each counted hit
 		want    map[string]int
 	}{
-		// The case the sync app sends: EVALSHA; SET NX of the marker;
-		// INCRBYFLOAT of the current counter, which keeps its expiry and
-		// returns the count. The previous count is the one the store
-		// remembers, sent with the hit: no read.
-		{"one window, with an ID", same, unique, hour, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1}},
-		{"one window, no ID", same, none, hour, false, nil, map[string]int{"evalsha": 1, "incrbyfloat": 1}},
+		// A hit is a batch of one (see HitBatch). Far from its limit:
+		// EVALSHA; SET NX of the marker; INCRBY of the current counter,
+		// which keeps its expiry and returns the count. The previous
+		// count is the one the store remembers, sent with the hit: no
+		// read.
+		{"one window, with an ID", same, unique, hour, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrby": 1}},
+		{"one window, no ID", same, none, hour, false, nil, map[string]int{"evalsha": 1, "incrby": 1}},
 		// A key the store knows nothing of (a new key, or the first hit of
 		// a window, or the first in two seconds after a window starts)
-		// reads its counters with one MGET first, and makes a new counter
-		// with SET NX PXAT: the marker, the MGET and the counter's SET.
-		{"one window, with an ID, new key", fresh, unique, hour, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 2}},
-		// A counter that an incrementing hit makes gets its expiry with
-		// PEXPIREAT: rare, as the store reads first for a key new to it.
-		{"one window, with an ID, new counter, previous count remembered", fresh, unique, hour, false, remembered, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1, "pexpireat": 1}},
-		// Each further window adds the INCRBYFLOAT of its current counter.
-		{"three windows, with an ID", same, unique, three, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 3}},
+		// reads its previous counter with one MGET first; the INCRBY that
+		// makes the new counter is followed by its PEXPIREAT.
+		{"one window, with an ID, new key", fresh, unique, hour, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrby": 1, "pexpireat": 1}},
+		{"one window, with an ID, new counter, previous count remembered", fresh, unique, hour, false, remembered, map[string]int{"evalsha": 1, "set": 1, "incrby": 1, "pexpireat": 1}},
+		// Each further window adds the INCRBY of its current counter.
+		{"three windows, with an ID", same, unique, three, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrby": 3}},
 		// A sliding window of a second never has a previous count two
-		// seconds old: the MGET reads it, and the current counters with it.
-		{"three windows, one of a second, with an ID", same, unique, withSecond, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrbyfloat": 3}},
+		// seconds old: the MGET reads it.
+		{"three windows, one of a second, with an ID", same, unique, withSecond, false, nil, map[string]int{"evalsha": 1, "mget": 1, "set": 1, "incrby": 3}},
 		// A hit whose ID was applied reads the current counter.
 		{"an ID sent again", same, repeated, hour, false, nil, map[string]int{"evalsha": 1, "set": 1, "mget": 1}},
-		// Rejected with the penalty: it counts, as any hit.
-		{"rejected, with an ID", same, unique, full, false, nil, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 1}},
-		// Rejected and undone, as the last reply foresaw: the current
-		// count is read, and no counter written.
-		{"rejected and undone, with an ID", same, unique, full, true, nil, map[string]int{"evalsha": 1, "set": 1, "mget": 1}},
-		{"rejected and undone, no ID", same, none, full, true, nil, map[string]int{"evalsha": 1, "mget": 1}},
-		// Rejected and undone, unforeseen: the increment and its undo.
-		{"rejected and undone, unforeseen, with an ID", limited, unique, atLimit, true, unforeseen, map[string]int{"evalsha": 1, "set": 1, "incrbyfloat": 2}},
+		// Over its limit: the INCRBY is taken back, the counters read and
+		// the hit decided on them; with the penalty, the count is
+		// written with SET KEEPTTL.
+		{"rejected, with an ID", same, unique, full, false, nil, map[string]int{"evalsha": 1, "set": 2, "mget": 1, "incrby": 2}},
+		// Rejected and undone: the INCRBY and its undo, and no write.
+		{"rejected and undone, with an ID", same, unique, full, true, nil, map[string]int{"evalsha": 1, "set": 1, "mget": 1, "incrby": 2}},
+		{"rejected and undone, no ID", same, none, full, true, nil, map[string]int{"evalsha": 1, "mget": 1, "incrby": 2}},
+		{"rejected and undone, unforeseen, with an ID", limited, unique, atLimit, true, unforeseen, map[string]int{"evalsha": 1, "set": 1, "mget": 1, "incrby": 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := r.Hit(ctx, "cmds", tc.key(-1), tc.id(-1), tc.windows, tc.undo); err != nil {
@@ -328,7 +327,7 @@ func TestCommandsPerNewKeyPushCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := map[string]int{"evalsha": 10, "set": 10, "incrbyfloat": 10}; !maps.Equal(calls(), want) {
+	if want := map[string]int{"evalsha": 10, "set": 10, "incrby": 10}; !maps.Equal(calls(), want) {
 		t.Errorf("10 hits on a Cluster ran %v, want %v", calls(), want)
 	}
 }

@@ -18,10 +18,9 @@ import (
 var errs = strategy.Errors{Store: "redis"}
 
 // Store is a store of window counters in Redis, opened from Redis
-// settings (see the package documentation for its keys and costs). It
-// implements strategy.BatchHitter (so strategy.Hitter), strategy.Slotter,
-// strategy.Banner and strategy.NearFeed, and is
-// safe for concurrent use. It dials when first used, not before; Close
+// settings (see the package documentation for the capabilities it
+// implements, and docs/stores.md for its keys). It is safe for
+// concurrent use. It dials when first used, not before; Close
 // closes its client.
 type Store struct {
 	client goredis.UniversalClient
