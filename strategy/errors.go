@@ -1,7 +1,6 @@
 package strategy
 
 import (
-	"context"
 	"fmt"
 	"strings"
 )
@@ -128,32 +127,6 @@ func (e Errors) FailBatch(results []HitResult, namespace string, hits []int, err
 		e.HitBatch(&err, namespace, i)
 		results[i] = HitResult{Rejected: -1, Err: err}
 	}
-}
-
-// HitOne answers hits[i], the one good hit of a BatchHitter.HitBatch
-// (see CheckBatch), with hit, the store's Hit of checked input: a batch of
-// one hit is sent as a Hit, with the batch's id.
-func (e Errors) HitOne(ctx context.Context, namespace, id string, hits []HitRequest, results []HitResult, i int,
-	hit func(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error)) {
-	h := &hits[i]
-	counts, rejected, err := hit(ctx, namespace, h.Key, id, h.Windows, h.Undo)
-	if err != nil {
-		e.FailBatch(results, namespace, []int{i}, err)
-		return
-	}
-	results[i] = HitResult{Counts: counts, Rejected: rejected}
-}
-
-// CheckedHit is a store's Hitter.Hit around hit, the store's Hit of
-// checked input: it refuses input that CheckHit refuses before anything
-// is sent, calls hit with the rest, and wraps the error as Hit does.
-func (e Errors) CheckedHit(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool,
-	hit func(ctx context.Context, namespace, key, id string, windows []WindowHit, undo bool) ([]WindowCounts, int, error)) (_ []WindowCounts, _ int, err error) {
-	defer e.Hit(&err, namespace)
-	if err := CheckHit(id, windows); err != nil {
-		return nil, -1, err
-	}
-	return hit(ctx, namespace, key, id, windows, undo)
 }
 
 // AcquireSlot wraps the error of Slotter.AcquireSlot.

@@ -44,14 +44,8 @@ import (
 // wraps strategy.ErrNotSent when the call surely never reached the server.
 func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
 	good := errs.CheckBatch(namespace, id, hits, results)
-	switch len(good) {
-	case 0:
+	if len(good) == 0 {
 		return
-	case 1:
-		if h := &hits[good[0]]; h.Rate == nil && h.Slot == nil {
-			errs.HitOne(ctx, namespace, id, hits, results, good[0], s.hit)
-			return
-		}
 	}
 	counted, slots := strategy.SplitSlots(hits, good)
 	if err := s.hitBatch(ctx, namespace, id, hits, counted, slots, results); err != nil {

@@ -340,80 +340,13 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 	return s.sent(err)
 }
 
-// Hit applies one synchronous hit to the windows of a key and decides it,
-// atomically, in one call of the table's hit function: one round trip
-// (plus, once per pooled connection, one to prepare the call). See
-// strategy.Hitter for the contract and hitFunctionSQL for how: in the
-// order given, each window's current count is incremented by its Value,
-// unless an earlier window rejected the hit, and the first window whose
-// rate, current + previous*Weight, exceeds its Max rejects it
-// (math.Inf(1) never does, math.Inf(-1) always does); with undo, the
-// increments of a rejected hit are taken back in the same transaction.
-//
-// A non-empty id names the hit and shares its record with a batch of the
-// same ID and namespace, so the two are applied at most once between them.
-// A hit whose ID was applied before increments and undoes nothing: it
-// decides on the counts as they are, as a hit whose every Value is 0 would.
-// The record lives as long as the hit's counters, but at least a minute
-// and at most two, as in Redis.
-//
-// It takes 1 to 16 windows, each of a size that is a positive whole number
-// of milliseconds and a start that is a multiple of it, with a finite
-// Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
-// most 256 bytes; other input is refused, before anything is sent, with
-// an error that wraps strategy.ErrRejected.
-//
-// The hit is sent at most once: pgx never resends a query. An error wraps
-// strategy.ErrNotSent when the hit surely never reached the server (no
-// connection could be made or had, or the store is closed); any other
-// error leaves the caller not knowing whether it was applied, which a
-// batch of the hit's ID settles.
+// Hit applies one synchronous hit as a batch of one (see HitBatch, and
+// strategy.Hitter for the contract and the hit ID rule).
 func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
-	return errs.CheckedHit(ctx, namespace, key, id, windows, undo, s.hit)
+	return strategy.HitAsBatch(ctx, s, namespace, key, id, windows, undo)
 }
 
-// hit is Hit of checked input, with errors that do not name the namespace.
-func (s *Store) hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
-	n := len(windows)
-	sizes := make([]int64, n)
-	starts := make([]int64, n)
-	values := make([]float64, n)
-	maxes := make([]float64, n)
-	weights := make([]float64, n)
-	last := int64(math.MinInt64)
-	for i, w := range windows {
-		sizes[i], starts[i] = int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
-		values[i], maxes[i], weights[i] = w.Value, w.Max, w.Weight
-		last = max(last, expiresAtMs(sizes[i], starts[i]))
-	}
-	idArg, idExpires := s.hitID(id, last)
-
-	conn, err := s.acquire(ctx)
-	if err != nil {
-		return nil, -1, err
-	}
-	defer conn.Release()
-	var (
-		rej        int32
-		cur, prevs []float64
-	)
-	err = conn.QueryRow(ctx, s.sql.hit,
-		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), idArg, idExpires, undo,
-		sizes, starts, values, maxes, weights).Scan(&rej, &cur, &prevs)
-	if err != nil {
-		return nil, -1, s.sent(err)
-	}
-	if len(cur) != n || len(prevs) != n || rej < -1 || int(rej) >= n {
-		return nil, -1, fmt.Errorf("the hit function returned %d and %d counts and window %d, for %d windows", len(cur), len(prevs), rej, n)
-	}
-	counts := make([]strategy.WindowCounts, n)
-	for i := range counts {
-		counts[i] = strategy.WindowCounts{Current: cur[i], Previous: prevs[i]}
-	}
-	return counts, int(rej), nil
-}
-
-// hitID returns the ID argument of the hit functions, stored, or nil (NULL)
+// hitID returns the ID argument of the batch function, stored, or nil (NULL)
 // for no ID, and when its record expires: as long as the latest of the
 // counters, which expires at last (Unix milliseconds), but at least
 // strategy.MinHitIDLife and at most strategy.MaxHitIDLife from now.
@@ -427,7 +360,7 @@ func (s *Store) hitID(id string, last int64) ([]byte, int64) {
 
 // expiresAtMs returns when a counter of a window expires, in Unix
 // milliseconds: once it can no longer be the previous window, plus a
-// margin. pushSQL and the hit function compute the same in SQL.
+// margin. pushSQL and the batch function compute the same in SQL.
 func expiresAtMs(sizeMs, startMs int64) int64 {
 	return startMs + 2*sizeMs + expiryMarginMs
 }

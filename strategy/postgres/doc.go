@@ -33,10 +33,9 @@
 //	<table>_ids (namespace bytea, id bytea, expires_at bigint,
 //	             PRIMARY KEY (namespace, id))
 //	<table>_ids_exp ON <table>_ids (expires_at)
-//	FUNCTION <table>_hit(...)
 //
-// and the first batch of synchronous hits creates FUNCTION
-// <table>_hits(...) (see Batches of synchronous hits) the same way, apart,
+// and the first synchronous hit creates FUNCTION <table>_hits(...) (see
+// Batches of synchronous hits) the same way, apart,
 // so that a role that may not create objects keeps its counters when it
 // upgrades. A function whose body is not this version's is replaced,
 // which needs the right to; a role without it uses the function a DBA
@@ -83,21 +82,11 @@
 //
 // # Synchronous hits
 //
-// Hit is one call of the PL/pgSQL function <table>_hit: one round trip
-// per hit, whatever the number of windows (up to 16). The function does
-// what the Redis hit script does, in one transaction: with an ID, it
-// first records it in <table>_ids, the table that batches use, so that a
-// hit and a batch of the same ID and namespace are applied at most once
-// between them; an ID already there means that the hit only reads, and
-// decides on the counts as they are. Then, window by window in the order
-// given, it upserts the hit into the current counter (which locks it, so
-// concurrent hits of a key take turns) until a window rejects, reads the
-// previous counter, and the first window whose rate, current + previous *
-// weight, exceeds its limit rejects the hit (a limit of +Inf never does,
-// -Inf always does); the windows after it are only read. With undo
-// (disable_penalty), it takes the rejected hit's increments back before
-// it commits, so no other client ever sees them. A hit's ID record lives
-// as long as its counters, but at least one minute and at most two.
+// Hit is a batch of one (see Batches of synchronous hits): a hit with an
+// ID records it in <table>_ids, the table that pushes use, so that a hit
+// and a batch of diffs of the same ID and namespace are applied at most
+// once between them. A hit's ID record lives as long as its counters, but
+// at least one minute and at most two.
 //
 // pgx never resends a query, so a hit is sent at most once. Errors wrap
 // strategy.ErrNotSent when the request surely never reached the server:
@@ -112,8 +101,8 @@
 //
 // HitBatch is one call of the PL/pgSQL function <table>_hits: one round
 // trip for a batch of hits of any keys of a namespace, applied atomically
-// and in order, each deciding as the hit function would if the hits were
-// sent one after the other. The client lists the batch's counters once
+// and in order, each deciding as if the hits were sent one after the
+// other. The client lists the batch's counters once
 // each, sorted by key, size and start as pushes sort theirs, and the
 // hits' windows refer to them by index. The function records the batch's
 // ID in <table>_ids, the record that pushes and hits use, so that a batch
@@ -126,11 +115,11 @@
 // take shared rows in one order; one query reads every counter by its
 // primary key; the hits are decided on running counts in arrays (a
 // rejected hit with undo has the counts it found restored); and one upsert
-// writes the final count of each counter that changed. So the hits of a
-// key cost one read and two writes per counter per batch, where one by one
-// each hit writes each of its windows. A batch whose ID was applied before
-// only reads, and decides each hit on the counts as they are. A batch of
-// one hit is sent as Hit sends it, and needs no new function.
+// writes the final count of each counter that changed (a counter made by
+// the lock that no hit incremented is deleted). So the hits of a key cost
+// one read and two writes per counter per batch. A batch whose ID was
+// applied before only reads, and decides each hit on the counts as they
+// are.
 //
 // # Concurrency slots
 //

@@ -80,10 +80,11 @@ type Postgres struct {
 	// identifier (letters, digits and underscores, not starting with a
 	// digit, at most 55 bytes), optionally qualified by a schema
 	// (schema.table). As in SQL, letters are folded to lower case. The
-	// table <table>_ids, which remembers applied batch and hit IDs, and the
-	// function <table>_hit are created next to it, and so are, when
-	// max_concurrent first takes a slot, the table <table>_slots and the
-	// functions <table>_acquire, <table>_renew and <table>_release.
+	// table <table>_ids, which remembers applied batch and hit IDs, is
+	// created next to it, the function <table>_hits when the first
+	// synchronous hit is sent, and, when max_concurrent first takes a
+	// slot, the table <table>_slots and the functions <table>_acquire,
+	// <table>_renew and <table>_release.
 	// Default: rate_limit_counters.
 	Table string `json:"table,omitempty"`
 
@@ -253,7 +254,7 @@ func checkTable(table string) error {
 // names are the quoted names of the store's objects in the database, and
 // the keys of its advisory locks.
 type names struct {
-	counters, ids, hit, hits               string // qualified and quoted
+	counters, ids, hits                    string // qualified and quoted
 	slots, acquire, renew, release         string // the same, for concurrency slots
 	bans, banVersions, setBans             string // the same, for bans
 	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
@@ -278,7 +279,6 @@ func newNames(table string) *names {
 	return &names{
 		counters:       qualified(base),
 		ids:            qualified(base + "_ids"),
-		hit:            qualified(base + "_hit"),
 		hits:           qualified(base + "_hits"),
 		slots:          qualified(base + "_slots"),
 		acquire:        qualified(base + "_acquire"),

@@ -16,7 +16,6 @@ type statements struct {
 	pushRates     string
 	fetch         string
 	reset         string
-	hit           string
 	batchSchema   string
 	hitBatch      string
 	acquire       string
@@ -42,7 +41,6 @@ func newStatements(n *names) *statements {
 	r := strings.NewReplacer(
 		"{counters}", n.counters,
 		"{ids}", n.ids,
-		"{hit}", n.hit,
 		"{hits}", n.hits,
 		"{rates}", n.qualified(n.base+"_rates"),
 		"{fleet}", n.qualified(n.base+"_fleet"),
@@ -63,9 +61,7 @@ func newStatements(n *names) *statements {
 		"{margin}", fmt.Sprint(expiryMarginMs),
 	)
 	return &statements{
-		// The body goes in twice: to compare with the function's, and to
-		// create it.
-		schema: strings.ReplaceAll(r.Replace(schemaSQL), "{hit_body}", r.Replace(hitBodySQL)),
+		schema: r.Replace(schemaSQL),
 		slotSchema: strings.NewReplacer(
 			"{acquire_body}", r.Replace(acquireBodySQL),
 			"{renew_body}", r.Replace(renewBodySQL),
@@ -75,7 +71,6 @@ func newStatements(n *names) *statements {
 		pushRates:     r.Replace(pushRatesSQL),
 		fetch:         r.Replace(fetchSQL),
 		reset:         r.Replace(resetSQL),
-		hit:           r.Replace(hitSQL),
 		batchSchema:   strings.ReplaceAll(r.Replace(batchSchemaSQL), "{hits_body}", r.Replace(hitsBodySQL)),
 		hitBatch:      r.Replace(hitBatchSQL),
 		acquire:       r.Replace(acquireSQL),
@@ -99,9 +94,7 @@ func newStatements(n *names) *statements {
 // checks for each object before it creates it, so that once they exist it
 // takes no lock on the tables: CREATE ... IF NOT EXISTS would lock a table
 // that exists (CREATE INDEX takes a share lock on it), and deadlock with
-// pushes under way. It replaces the hit function only when its body is
-// not this one, so that a role that does not own the objects (a DBA made
-// them) can use them as they are.
+// pushes under way.
 //
 // Counters: one row per (namespace, key, window size, window start), in
 // milliseconds, keyed by all four, with its value and when it expires
@@ -113,8 +106,6 @@ func newStatements(n *names) *statements {
 //
 // IDs: one row per batch or hit ID applied, per namespace, until it
 // expires.
-//
-// The hit function applies one synchronous hit (see hitBodySQL).
 const schemaSQL = `
 SELECT pg_advisory_xact_lock({schema_lock});
 DO $do$
@@ -143,15 +134,6 @@ BEGIN
 	END IF;
 	IF to_regclass('{ids_exp_ref}') IS NULL THEN
 		CREATE INDEX {ids_exp} ON {ids} (expires_at);
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{hit}(bytea, bytea, bytea, bigint, boolean,
-		bigint[], bigint[], double precision[], double precision[], double precision[])') AND prosrc = $body${hit_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {hit}(
-			p_namespace bytea, p_key bytea, p_id bytea, p_id_expires bigint, p_undo boolean,
-			p_sizes bigint[], p_starts bigint[], p_values double precision[],
-			p_maxes double precision[], p_weights double precision[],
-			OUT rejected integer, OUT currents double precision[], OUT previouses double precision[])
-		LANGUAGE plpgsql AS $fn${hit_body}$fn$;
 	END IF;
 END
 $do$;
@@ -207,89 +189,12 @@ END
 $do$;
 `
 
-// hitBodySQL is the body of the function that applies one synchronous hit
-// to up to 16 windows of one (namespace, key), atomically, as the Redis hit
-// script does, in the rate limiter's order (Kong's).
-//
-// With an ID (p_id not NULL), it first records the ID, as a batch of that
-// ID and namespace does; if the ID was there already (the same hit sent
-// twice, or its diffs pushed as a batch first), it applies nothing: it
-// reads the counts and decides on them as they are, and undoes nothing.
-//
-// Then, window by window in the order given, while no window has rejected
-// the hit, it adds the window's value to its current counter (an upsert,
-// which also locks the row until the hit ends, so that concurrent hits of
-// a key take turns); once one has, or for a value of 0, it only reads. It
-// reads the previous counter, and the first window whose rate, current +
-// previous * weight, exceeds its limit rejects the hit: a limit of
-// +Infinity never does, one of -Infinity always does. With p_undo, the
-// increments of a rejected hit are taken back before the function returns,
-// in the same transaction, so no other client ever sees them. A missing
-// counter counts 0.
-//
-// It returns the 0-based index of the window that rejected the hit, or -1,
-// and each window's current and previous counts, in order.
-const hitBodySQL = `
-#variable_conflict use_column
-DECLARE
-	n integer := cardinality(p_sizes);
-	apply boolean := true;
-	rej integer := 0;
-	c double precision;
-	p double precision;
-	m double precision;
-BEGIN
-	IF p_id IS NOT NULL THEN
-		INSERT INTO {ids} (namespace, id, expires_at) VALUES (p_namespace, p_id, p_id_expires)
-		ON CONFLICT DO NOTHING;
-		apply := FOUND;
-	END IF;
-	currents := array_fill(0::double precision, ARRAY[n]);
-	previouses := array_fill(0::double precision, ARRAY[n]);
-	FOR i IN 1..n LOOP
-		c := NULL;
-		IF apply AND rej = 0 AND p_values[i] <> 0 THEN
-			INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
-			VALUES (p_namespace, p_key, p_sizes[i], p_starts[i], p_values[i], p_starts[i] + 2 * p_sizes[i] + {margin})
-			ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value
-			RETURNING t.value INTO c;
-		ELSE
-			SELECT t.value INTO c FROM {counters} t
-			WHERE t.namespace = p_namespace AND t.key = p_key AND t.size_ms = p_sizes[i] AND t.start_ms = p_starts[i];
-		END IF;
-		p := NULL;
-		SELECT t.value INTO p FROM {counters} t
-		WHERE t.namespace = p_namespace AND t.key = p_key AND t.size_ms = p_sizes[i] AND t.start_ms = p_starts[i] - p_sizes[i];
-		c := coalesce(c, 0);
-		p := coalesce(p, 0);
-		currents[i] := c;
-		previouses[i] := p;
-		m := p_maxes[i];
-		IF rej = 0 AND m <> 'Infinity' AND (m = '-Infinity' OR c + p * p_weights[i] > m) THEN
-			rej := i;
-		END IF;
-	END LOOP;
-	IF apply AND p_undo AND rej > 0 THEN
-		-- Every window up to the one that rejected was incremented.
-		FOR i IN 1..rej LOOP
-			IF p_values[i] <> 0 THEN
-				UPDATE {counters} t SET value = t.value - p_values[i]
-				WHERE t.namespace = p_namespace AND t.key = p_key AND t.size_ms = p_sizes[i] AND t.start_ms = p_starts[i]
-				RETURNING t.value INTO c;
-				currents[i] := c;
-			END IF;
-		END LOOP;
-	END IF;
-	rejected := rej - 1;
-END
-`
-
 // batchSchemaSQL creates the function that applies a batch of
 // synchronous hits (see hitsBodySQL), when missing or not this one, as
 // slotSchemaSQL does for slots, under the same lock. It is apart from
-// schemaSQL, and run by the first HitBatch call only, so that a deployment
-// whose role may not create objects keeps its counters and its single
-// hits working when it upgrades, until its DBA creates this too.
+// schemaSQL, and run by the first synchronous hit only, so that a
+// deployment whose role may not create objects keeps its counters working
+// when it upgrades, until its DBA creates this too.
 const batchSchemaSQL = `
 SELECT pg_advisory_xact_lock({schema_lock});
 DO $do$
@@ -316,7 +221,7 @@ $do$;
 
 // hitsBodySQL is the body of the function that applies a batch of
 // synchronous hits of one namespace, atomically and in order, each
-// deciding as the hit function would if the hits were sent one after the
+// deciding as if the hits were sent one after the
 // other, at the cost of two writes and a read per counter, however many
 // hits share it.
 //
@@ -337,7 +242,9 @@ $do$;
 // then one query reads every counter, each by its primary key; the hits
 // are decided on running counts in the arrays, in Kong's order (a rejected
 // hit with undo has the counts it found restored at once); and one upsert
-// writes the final count of every counter that changed.
+// writes the final count of every counter that changed. A counter the
+// first upsert made that no hit incremented is deleted, so that a window
+// after the one that rejected is never made.
 //
 // Hits with a rate (see strategy.RateBatcher) are decided by the server's
 // clock, once their keys' TAT rows (p_rkeys and p_rwins, each once, in
@@ -374,6 +281,9 @@ DECLARE
 	ri integer;
 	due bigint;
 	admit boolean;
+	made_keys bytea[];
+	made_sizes bigint[];
+	made_starts bigint[];
 BEGIN
 	IF p_id IS NOT NULL THEN
 		INSERT INTO {ids} (namespace, id, expires_at) VALUES (p_namespace, p_id, p_id_expires)
@@ -381,12 +291,18 @@ BEGIN
 		apply := FOUND;
 	END IF;
 	IF apply THEN
-		INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
-		SELECT p_namespace, p_ckeys[j], p_csizes[j], p_cstarts[j], 0, p_cstarts[j] + 2 * p_csizes[j] + {margin}
-		FROM generate_subscripts(p_csizes, 1) AS j
-		WHERE p_cwrite[j]
-		ORDER BY j
-		ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value;
+		WITH locked AS (
+			INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
+			SELECT p_namespace, p_ckeys[j], p_csizes[j], p_cstarts[j], 0, p_cstarts[j] + 2 * p_csizes[j] + {margin}
+			FROM generate_subscripts(p_csizes, 1) AS j
+			WHERE p_cwrite[j]
+			ORDER BY j
+			ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value
+			RETURNING t.key, t.size_ms, t.start_ms, t.xmax = 0 AS made
+		)
+		SELECT array_agg(key) FILTER (WHERE made), array_agg(size_ms) FILTER (WHERE made),
+			array_agg(start_ms) FILTER (WHERE made)
+		INTO made_keys, made_sizes, made_starts FROM locked;
 	END IF;
 	IF cardinality(p_rkeys) > 0 THEN
 		INSERT INTO {rates} AS t (namespace, key, window_ms, tat_us)
@@ -472,6 +388,14 @@ BEGIN
 		WHERE delta[j] <> 0
 		ORDER BY j
 		ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = excluded.value;
+		-- A counter made to be locked that no hit incremented (a window
+		-- after the one that rejected) is not kept: no hit made it.
+		IF made_keys IS NOT NULL AND EXISTS (SELECT FROM generate_subscripts(p_csizes, 1) AS j WHERE p_cwrite[j] AND delta[j] = 0) THEN
+			DELETE FROM {counters} t
+			USING unnest(made_keys, made_sizes, made_starts) AS k(key, size_ms, start_ms)
+			WHERE t.namespace = p_namespace AND t.key = k.key AND t.size_ms = k.size_ms
+				AND t.start_ms = k.start_ms AND t.value = 0;
+		END IF;
 	END IF;
 END
 `
@@ -669,9 +593,6 @@ SELECT $1, $2, w.size_ms, w.start_ms, 0, w.start_ms + 2 * w.size_ms + {margin}
 FROM unnest($3::bigint[], $4::bigint[]) AS w(size_ms, start_ms)
 ORDER BY w.size_ms, w.start_ms
 ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = 0`
-
-// hitSQL calls the hit function.
-const hitSQL = `SELECT rejected, currents, previouses FROM {hit}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
 
 // hitBatchSQL calls the batch hit function.
 const hitBatchSQL = `SELECT rejected, currents, previouses, rate_ok, rate_tats, now_us

@@ -41,8 +41,8 @@ var errs = strategy.Errors{Store: "postgres"}
 // own), and is safe for concurrent use.
 //
 // It connects when first used, not before: the first call makes the
-// connection pool, starts the purge goroutine, and creates the tables and
-// the hit function if they are missing. Close undoes it.
+// connection pool, starts the purge goroutine, and creates the tables if
+// they are missing. Close undoes it.
 type Store struct {
 	config *pgxpool.Config
 	names  *names

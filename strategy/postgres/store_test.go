@@ -112,8 +112,8 @@ func TestConcurrentFirstUse(t *testing.T) {
 			t.Errorf("round %d: count %v, want 3", round, v)
 		}
 	}
-	if n := count(t, srv, "SELECT count(*) FROM pg_proc WHERE proname LIKE 'first_use_%_hit'"); n != 3 {
-		t.Errorf("%d hit functions, want 3", n)
+	if n := count(t, srv, "SELECT count(*) FROM pg_proc WHERE proname LIKE 'first_use_%_hits'"); n != 3 {
+		t.Errorf("%d batch hit functions, want 3", n)
 	}
 }
 
@@ -607,7 +607,7 @@ func TestSchemaRecreated(t *testing.T) {
 	}
 	conn := srv.Conn(t, testDB)
 	if _, err := conn.Exec(ctxT(t), `DROP TABLE rate_limit_counters, rate_limit_counters_ids;
-		DROP FUNCTION rate_limit_counters_hit`); err != nil {
+		DROP FUNCTION rate_limit_counters_hits`); err != nil {
 		t.Fatal(err)
 	}
 	if err := hit(); err == nil {
@@ -627,7 +627,8 @@ func TestSchemaRecreated(t *testing.T) {
 func TestRoleWithoutCreateRights(t *testing.T) {
 	srv, dsn := startServer(t)
 	owner := open(t, &Postgres{DSN: dsn})
-	if _, err := owner.GetCounters(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, time.Now()); err != nil {
+	if _, _, err := owner.Hit(ctxT(t), "ns", "made-by-the-dba", "", []strategy.WindowHit{
+		{Size: time.Hour, Start: window.Start(time.Now().UnixNano(), time.Hour), Value: 1, Max: 10}}, false); err != nil {
 		t.Fatal(err)
 	}
 	appDSN := appRole(t, srv, dsn)
