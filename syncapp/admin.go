@@ -11,12 +11,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -93,7 +93,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 // would create and provision an app of its own in a config that has none,
 // from the admin's goroutine, unsynchronized with the config.
 var running struct {
-	mu   sync.Mutex
+	mu   lockorder.Mutex[runningLock]
 	apps []*App
 }
 

@@ -6,12 +6,12 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -62,7 +62,7 @@ type banTable struct {
 	// held is len(until), read without the lock by bannedUntil.
 	held atomic.Int64
 
-	mu sync.RWMutex
+	mu lockorder.RWMutex[banTableLock]
 	// until maps each banned key to the end of its ban, in Unix
 	// nanoseconds.
 	until map[string]int64

@@ -3,7 +3,8 @@ package syncapp
 import (
 	"context"
 	"fmt"
-	"sync"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 // Acquire takes a place for one request of key among at most max in
@@ -67,7 +68,7 @@ func (n *Namespace) LimitsConcurrencyAcrossNodes() bool { return n.slotter != ni
 // inFlight counts the requests in flight per key on this node. It holds a
 // key only while the key has requests in flight.
 type inFlight struct {
-	mu sync.Mutex
+	mu lockorder.Mutex[inFlightLock]
 	n  map[string]int
 }
 

@@ -82,10 +82,8 @@
 //	            namespace whose store is a strategy.NearFeed); a request
 //	            reads the marks only when some key is marked (an atomic
 //	            count). Whether the runs skip the feed (a node with nothing
-//	            to fetch rests) is an atomic.
-//	nearKeys.wakeMu the read of the feed that the requests finding the node
-//	            resting share (nearKeys.wake): held only to start or join
-//	            it, never across the read.
+//	            to fetch rests) is an atomic; the requests that find it
+//	            resting share one read of the feed (a singleflight.Group).
 //	banTable.mu the bans this node knows of, those to push, the store's version.
 //	slotHolder.mu   concurrency slots held in stores, renewed and released
 //	            off the request's path by its own goroutine, and those of
@@ -130,22 +128,23 @@
 //	running.mu  the started apps, newest last, for the admin API.
 //
 // Locks are taken in this order, and no other lock is taken while holding
-// one of the later ones: runLock, then outbox.taking, then the zone's shard
-// locks or outbox.mu and retryQueue.mu. A view (outbox.taking, shared)
-// is held while the zone observes what the store answered, so outbox.taking
-// comes before the shard locks there too. More orders: hitQueue.mu, then
-// health.mu (the stall check marks the store stalled under the queue's
-// lock, so that the hits that leave find it down); health.mu, then
+// one of the later ones: runLock (held across a whole run, with any lock
+// taken under it), then outbox.taking, then the zone's shard locks or
+// outbox.mu and retryQueue.mu. A view (outbox.taking, shared) is held
+// while the zone observes what the store answered, so outbox.taking comes
+// before the shard locks there too. More orders: health.mu, then
 // failureShare.mu (a success applies the policy under health's lock);
-// zoneHolder.mu, then
-// every shard lock of its zone (a capacity change resizes the zone);
-// runLock, then loop.mu (the loop lets go of stores between runs); the
-// pool's lock, then loop.mu, outbox.mu, retryQueue.mu and banTable.mu
-// (the metrics' collector holds the pool's read lock while it reads each
-// fleet state: loop.current, the pending diffs, the bans), so the loop
-// takes and gives back its references to stores without loop.mu. Every
-// other lock is a leaf: held only for its own fields, never across a
-// store's round trip.
+// zoneHolder.mu, then each shard lock of its zone (a capacity change
+// resizes the zone); the pool's lock (Caddy's), then loop.mu, outbox.mu,
+// retryQueue.mu and banTable.mu (the metrics' collector holds the pool's
+// read lock while it reads each fleet state: loop.current, the pending
+// diffs, the bans), so the loop takes and gives back its references to
+// stores without loop.mu. Every other lock is a leaf: held only for its
+// own fields, never across a store's round trip, nor while logging.
+//
+// Each lock is a lockorder one, of a class (locks.go), which declares
+// this order: a build with the lockorder tag checks every lock taken
+// against it, and scripts/test.sh runs the package's tests so.
 //
 // # One request and one run
 //
@@ -174,19 +173,21 @@
 //	    the next run mark the key (storeAnswer ──►
 //	    periodicHits.decidedAtStore ──► nearKeys.ask)
 //	  sync_rate 0 (Hit: storeRoad.hit; HitRate: storeRoad.rateHit):
-//	    health.down? ──yes──► window zone
-//	    storeRoad ──► outbox.view ──► hitQueue: sent at once when no
+//	    health.downFor? ──yes──► window zone
+//	    storeRoad ──► outbox.epoch ──► hitQueue.do: sent at once when no
 //	      round trip is out (two, for a store without HitBatch), with
 //	      those queued while it yields once, else waits and goes with
 //	      the others in the next, when one ends (with those that queue
 //	      until its sender runs)
 //	      ──► store.HitBatch (one round trip; the store decides each hit,
 //	          a rate first, its turn given back when a limit rejects)
-//	      ok      ──► health.succeeded ──► zone.Observe (store + on its way),
-//	              and for a rate zone.ObserveRate (the store's TAT)
+//	      ok      ──► health.succeededFor ──► storeRoad.observe:
+//	              outbox.view ──► zone.Observe (store + on its way; only
+//	              rising, zone.ObserveAtLeast, when a push landed since
+//	              the epoch), and for a rate zone.ObserveRate (the TAT)
 //	      stalled (no answer 250 ms while hits wait) ──► health.stalled
 //	              ──► the waiting hits: window zone
-//	      failed  ──► health.failed ──► zone counts it ──► batchRetry
+//	      failed  ──► health.fail ──► zone counts it ──► batchRetry
 //	              (its increments, and its rate's turn if the zone
 //	              admitted it) ──► (last hit of the round trip) outbox.retry
 //	  Peek (a concurrency rejection's Retry-After) at sync_rate 0:
@@ -194,7 +195,7 @@
 //	    zone's TAT, without a round trip
 //
 //	request: Namespace.Acquire(key) with max_concurrent and a store
-//	  health.down? ──yes──► inFlight (and slotHolder.admitLocal)
+//	  health.downFor? ──yes──► inFlight (and slotHolder.admitLocal)
 //	  slotHolder.acquire ──► storeRoad.takeSlot: a hit of the hit queue,
 //	    as above, that takes a slot (or store.AcquireSlot, when the store
 //	    takes no slots in its round trips) ──► slotHolder: held, renewed

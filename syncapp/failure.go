@@ -6,10 +6,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -116,7 +116,7 @@ type shareOnFailure struct {
 // counters of the config attached while the store is down, and
 // unweighs them when it is back or another config takes over.
 type failureShare struct {
-	mu     sync.Mutex // one application at a time, each of the state it reads
+	mu     lockorder.Mutex[failureShareLock] // one application at a time, each of the state it reads
 	policy *shareOnFailure
 }
 

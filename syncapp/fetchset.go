@@ -1,8 +1,9 @@
 package syncapp
 
 import (
-	"sync"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 // fetchSpan is how long after its last request a key stays fetched, at
@@ -27,7 +28,7 @@ func fetchRuns(interval time.Duration) int64 {
 // keep a key that a node sees less often than every two runs up to date
 // between its requests.
 type fetchSet struct {
-	mu sync.RWMutex
+	mu lockorder.RWMutex[fetchSetLock]
 	// touched maps each key to the number of fetches made when a run last
 	// found it touched; fetches counts the fetches made.
 	touched map[string]int64

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 const (
@@ -47,7 +48,7 @@ type health struct {
 	recovered chan struct{}
 	probe     chan struct{}
 
-	mu          sync.Mutex
+	mu          lockorder.Mutex[healthLock]
 	runFailures int // consecutive failed runs: they space runs out
 	failures    int // failed runs and hits since the store last worked
 	lastLog     time.Time
@@ -76,7 +77,7 @@ type health struct {
 // applies its on_store_failure policy as soon as the store is known to
 // fail. Its lock is a leaf: held only to read or change the members.
 type storeHealth struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex[storeHealthLock]
 	members map[*health]struct{}
 }
 
@@ -176,19 +177,21 @@ func (h *health) countFailure(err error) bool {
 func (h *health) logFailure(err error, logInterval time.Duration, msg string, fields ...zap.Field) {
 	now := h.now()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.failures++
 	h.unlogged++
 	if now.Sub(h.lastLog) < max(h.logEvery, logInterval) {
+		h.mu.Unlock()
 		return
 	}
-	h.logger.Error(msg, append([]zap.Field{
-		zap.String("namespace", h.name),
-		zap.Int("failures_since_last_log", h.unlogged),
-		zap.Error(err)}, fields...)...)
+	unlogged := h.unlogged
 	h.lastLog = now
 	h.unlogged = 0
 	h.logged = true
+	h.mu.Unlock()
+	h.logger.Error(msg, append([]zap.Field{
+		zap.String("namespace", h.name),
+		zap.Int("failures_since_last_log", unlogged),
+		zap.Error(err)}, fields...)...)
 }
 
 // isTimeout reports whether err is the store not answering in time: a
@@ -231,15 +234,18 @@ func (h *health) succeeded() {
 // up is succeeded for h alone, and reports whether h was down.
 func (h *health) up() bool {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.runFailures = 0
 	if !h.failing.Swap(false) {
+		h.mu.Unlock()
 		return false
 	}
 	h.share.apply(h.anyDown)
+	logged := -1
 	if h.parts.downCount() == 0 { // else the last part back recovers
-		h.recoveredLocked()
+		logged = h.recoveredLocked()
 	}
+	h.mu.Unlock()
+	h.logRecovery(logged)
 	return true
 }
 
@@ -247,21 +253,33 @@ func (h *health) up() bool {
 // again, the whole store working (see partHealth).
 func (h *health) recover() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	logged := -1
 	if !h.failing.Load() {
-		h.recoveredLocked()
+		logged = h.recoveredLocked()
 	}
+	h.mu.Unlock()
+	h.logRecovery(logged)
 }
 
-// recoveredLocked logs that the store is back, if its failure was, and
-// signals it. The caller holds h.mu.
-func (h *health) recoveredLocked() {
+// recoveredLocked signals that the store is back, and returns the number
+// of failures to log it with, or -1 when its failure was not logged. The
+// caller holds h.mu, and logs (logRecovery) once it let go of it.
+func (h *health) recoveredLocked() (logged int) {
+	logged = -1
 	if h.logged {
-		h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", h.failures))
-		h.logged = false
+		logged, h.logged = h.failures, false
 	}
 	h.failures = 0
 	signal(h.recovered)
+	return logged
+}
+
+// logRecovery logs that the store is back after failures, unless
+// failures is -1.
+func (h *health) logRecovery(failures int) {
+	if failures >= 0 {
+		h.logger.Info("store reachable again", zap.String("namespace", h.name), zap.Int("failures", failures))
+	}
 }
 
 // shareOnFailure makes p the share policy the store's failures apply

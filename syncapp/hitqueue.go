@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -74,7 +75,7 @@ type hitQueue struct {
 	// answered is when a round trip last came back (Unix nanoseconds).
 	answered atomic.Int64
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[hitQueueLock]
 	queued []*queuedHit
 	trips  int // round trips in flight; > 0 whenever hits are queued
 	// stall is closed, and replaced, when the store stalls: the hits
@@ -304,19 +305,22 @@ func (q *hitQueue) watchFrom(since time.Time) {
 // otherwise the store is stalled, and the hits waiting leave the queue.
 func (q *hitQueue) checkStall(since int64) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if len(q.queued) == 0 {
 		q.watching = false
+		q.mu.Unlock()
 		return
 	}
 	if answered := q.answered.Load(); answered > since {
 		q.watchFrom(time.Unix(0, answered))
+		q.mu.Unlock()
 		return
 	}
 	q.watching = false
+	stall := q.stall
+	q.stall = make(chan struct{}) // the hits queued from now wait for the next check
+	q.mu.Unlock()
 	q.health.stalled() // first, so that the hits that leave find the store down
-	close(q.stall)
-	q.stall = make(chan struct{})
+	close(stall)
 }
 
 // batchRetry gathers the increments of the hits of one round trip that
@@ -326,7 +330,7 @@ func (q *hitQueue) checkStall(since int64) {
 // applied the round trip. One batch, because the store records the ID
 // once per part of its data, not once per hit.
 type batchRetry struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex[batchRetryLock]
 	batch   strategy.Batch
 	pending int // hits still to add theirs
 }

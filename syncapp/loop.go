@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 // loop is a namespace's sync timer and its reload hand-off, pooled with
@@ -30,7 +31,7 @@ type loop struct {
 	health *health // failures space runs out; a recovery runs at once
 	runs   runLock
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[loopLock]
 	attached []*runner
 	// held are the pool keys of the stores the loop holds a reference to:
 	// those of the attached runners, and of runners detached since the
@@ -155,9 +156,12 @@ func (l *loop) loop() {
 	stop := l.worker.stopping()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		<-stop
-		cancel() // abandon a run in flight
+	go func() { // ends with this call of loop, or a panic's would pile up
+		select {
+		case <-stop:
+			cancel() // abandon a run in flight
+		case <-ctx.Done():
+		}
 	}()
 	var due time.Time // when the next run is due; zero once one ran
 	for {

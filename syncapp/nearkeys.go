@@ -1,11 +1,12 @@
 package syncapp
 
 import (
-	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -30,7 +31,7 @@ import (
 // the requests that come meanwhile wait for that read: one round trip
 // per node and wake, not per request or key.
 type nearKeys struct {
-	mu      sync.RWMutex
+	mu      lockorder.RWMutex[nearKeysLock]
 	until   map[string]int64 // Unix nanoseconds
 	version int64
 	// held is len(until), read without the lock: a request asks the map
@@ -39,14 +40,13 @@ type nearKeys struct {
 	// asked holds the marks this node's synchronous hits asked for (ask),
 	// by key, until a run makes them (takeAsked).
 	asked map[string]int64
-	// resting is set while the runs skip the feed (rest); waking is
-	// closed when the read of the requests that found it so ends (wake).
+	// resting is set while the runs skip the feed (rest); waking is the
+	// read of the requests that find it so (wake).
 	resting atomic.Bool
 	// clock is the zone whose clock the marks' ends are read by, the
 	// windows' (the config's that uses the namespace last).
 	clock  atomic.Pointer[window.Zone]
-	wakeMu sync.Mutex
-	waking chan struct{}
+	waking singleflight.Group
 }
 
 // maxAsked is the most marks a node asks for between two runs: past it,
@@ -66,32 +66,18 @@ func (n *nearKeys) restingNow() bool { return n.resting.Load() }
 
 // wake has read bring a resting node up to date, once for all the
 // requests that find it resting at the same time: the first calls read,
-// the others wait for it, or for ctx. A read that fails leaves the node
-// resting.
-func (n *nearKeys) wake(ctx context.Context, read func()) {
-	n.wakeMu.Lock()
+// on its own goroutine, and the others wait for it (read is bounded: see
+// periodicHits.wake). A read that fails leaves the node resting.
+func (n *nearKeys) wake(read func()) {
 	if !n.resting.Load() {
-		n.wakeMu.Unlock()
 		return
 	}
-	if done := n.waking; done != nil {
-		n.wakeMu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
+	n.waking.Do("", func() (any, error) {
+		if n.resting.Load() { // not woken by the read that just ended
+			read()
 		}
-		return
-	}
-	done := make(chan struct{})
-	n.waking = done
-	n.wakeMu.Unlock()
-	defer func() {
-		n.wakeMu.Lock()
-		n.waking = nil
-		n.wakeMu.Unlock()
-		close(done)
-	}()
-	read()
+		return nil, nil
+	})
 }
 
 // ask has the next run mark key until until (Unix nanoseconds), unless a

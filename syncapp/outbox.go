@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -34,7 +34,7 @@ type outbox struct {
 	// taking is held by a run from taking the zone's diffs until inflight
 	// has them, and shared by the reads of inflight (view): a diff is
 	// then always in the zone, in inflight, or in the store.
-	taking   sync.RWMutex
+	taking   lockorder.RWMutex[takingLock]
 	inflight inflight
 
 	retries retryQueue
@@ -43,7 +43,7 @@ type outbox struct {
 	// them, or back in the outbox.
 	flying atomic.Int64
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[outboxLock]
 	failed []strategy.Batch // batches whose push failed, retried under their IDs
 }
 
@@ -345,7 +345,7 @@ func (o *outbox) epoch() uint64 { return o.inflight.epoch() }
 
 // unstoredView is a read of the diffs on their way to the store.
 type unstoredView struct {
-	taking *sync.RWMutex
+	taking *lockorder.RWMutex[takingLock]
 	m      map[counterID]float64
 	epoch  uint64
 }

@@ -2,12 +2,12 @@ package syncapp
 
 import (
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -25,7 +25,7 @@ type partHealth struct {
 	// only while some are.
 	count atomic.Int32
 
-	mu   sync.Mutex
+	mu   lockorder.Mutex[partHealthLock]
 	down map[int]struct{}
 }
 

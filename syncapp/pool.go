@@ -1,12 +1,12 @@
 package syncapp
 
 import (
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -33,7 +33,7 @@ type zoneHolder struct {
 	name string
 	zone *window.Zone
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[zoneHolderLock]
 	claims map[*App]int // max_keys by started config
 
 	sweeper worker

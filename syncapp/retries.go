@@ -2,8 +2,8 @@ package syncapp
 
 import (
 	"slices"
-	"sync"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -15,7 +15,7 @@ const maxRetries = 10_000
 // been applied, each to be pushed as a batch of the hit's own ID, which
 // the store skips if it applied the hit (the hit ID rule).
 type retryQueue struct {
-	mu    sync.Mutex
+	mu    lockorder.Mutex[retryQueueLock]
 	items []strategy.Batch
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -518,6 +519,7 @@ func newRunLock() runLock { return make(runLock, 1) }
 func (l runLock) lock(ctx context.Context, namespace string) error {
 	select {
 	case l <- struct{}{}:
+		lockorder.Held[runLockClass]()
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for a sync run of namespace %q: %w", namespace, ctx.Err())
@@ -528,10 +530,14 @@ func (l runLock) lock(ctx context.Context, namespace string) error {
 func (l runLock) tryLock() bool {
 	select {
 	case l <- struct{}{}:
+		lockorder.Held[runLockClass]()
 		return true
 	default:
 		return false
 	}
 }
 
-func (l runLock) unlock() { <-l }
+func (l runLock) unlock() {
+	lockorder.Released[runLockClass]()
+	<-l
+}

@@ -3,9 +3,9 @@ package syncapp
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -18,7 +18,7 @@ type windowSizes struct {
 	store     string                    // the store's module, for errors
 	valid     func(time.Duration) error // the store's check, or nil
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[windowSizesLock]
 	sizes []time.Duration
 }
 

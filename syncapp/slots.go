@@ -5,15 +5,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -64,7 +65,7 @@ type slotHolder struct {
 	logger *zap.Logger
 	health *health
 
-	mu         sync.Mutex
+	mu         lockorder.Mutex[slotHolderLock]
 	held       map[heldSlot]struct{}
 	unreleased map[heldSlot]unreleased
 	// local are the slots of requests admitted on this node while the
@@ -172,13 +173,10 @@ func (h *slotHolder) hasLocal() bool {
 // wait (the keys of a store's parts that are down).
 func (h *slotHolder) adopt(ctx context.Context, skip func(key string) bool) error {
 	h.mu.Lock()
-	local := make([]heldSlot, 0, len(h.local))
-	for s := range h.local {
-		if !skip(s.slot.Key) {
-			local = append(local, s)
-		}
-	}
+	local := slices.Collect(maps.Keys(h.local))
 	h.mu.Unlock()
+	// skip takes the health's locks: never under h.mu.
+	local = slices.DeleteFunc(local, func(s heldSlot) bool { return skip(s.slot.Key) })
 	for _, s := range local {
 		_, _, err := s.store.AcquireSlot(ctx, s.namespace, s.slot.Key, s.slot.ID, math.MaxInt32, slotLease)
 		h.mu.Lock()

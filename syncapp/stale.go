@@ -125,7 +125,7 @@ func (p *periodicHits) wake(ctx context.Context) {
 	if p.feed == nil || !p.health.ok() {
 		return
 	}
-	p.near.wake(ctx, func() {
+	p.near.wake(func() {
 		// Not the first request's own context: the others wait for it.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stallAfter)
 		defer cancel()

@@ -317,15 +317,25 @@ func TestDocNamesEveryLock(t *testing.T) {
 				return true
 			}
 			for _, field := range st.Fields.List {
-				// A pointer to a mutex is another type's lock, lent.
-				sel, ok := field.Type.(*ast.SelectorExpr)
+				// A pointer to a mutex is another type's lock, lent. A
+				// lock is a lockorder one, of a class, so that a build
+				// with the lockorder tag checks the order doc.go states.
+				typ := field.Type
+				if idx, ok := typ.(*ast.IndexExpr); ok {
+					typ = idx.X
+				}
+				sel, ok := typ.(*ast.SelectorExpr)
 				if !ok || sel.Sel.Name != "Mutex" && sel.Sel.Name != "RWMutex" {
 					continue
 				}
 				for _, id := range field.Names {
 					found++
-					if lock := spec.Name.Name + "." + id.Name; !bytes.Contains(doc, []byte(lock)) {
+					lock := spec.Name.Name + "." + id.Name
+					if !bytes.Contains(doc, []byte(lock)) {
 						t.Errorf("%s: doc.go does not name the lock %s", fset.Position(id.Pos()), lock)
+					}
+					if pkg, _ := sel.X.(*ast.Ident); pkg == nil || pkg.Name != "lockorder" || typ == field.Type {
+						t.Errorf("%s: the lock %s is not a lockorder lock of a class: its order goes unchecked", fset.Position(id.Pos()), lock)
 					}
 				}
 			}

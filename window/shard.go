@@ -2,7 +2,8 @@ package window
 
 import (
 	"math"
-	"sync"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 // Entries live in fixed-size chunks so that growing a shard never copies the
@@ -251,7 +252,7 @@ type orphan struct {
 // only sets a bit on its own entry, and the hand that looks for a victim
 // spares every entry whose bit is set once, clearing it.
 type shard struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex[shardLock]
 	retired bool   // replaced by a resize: look up the zone's shards again
 	table   []slot // linear probing
 	chunks  [][]entry

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
 
 const (
@@ -37,7 +39,7 @@ type Zone struct {
 	dropped   atomic.Uint64
 	orphaned  atomic.Int64 // diffs of keys that left the zone, in all namespaces
 
-	mu         sync.Mutex // guards names
+	mu         lockorder.Mutex[namesLock] // guards names
 	names      map[string]*Namespace
 	namespaces atomic.Pointer[[]*Namespace] // by ID, copied on write
 }
