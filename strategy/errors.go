@@ -87,11 +87,6 @@ func (e Errors) Reset(errp *error, namespace string) {
 	e.wrap(errp, "resetting a key of namespace %q", namespace)
 }
 
-// Hit wraps the error of Hitter.Hit.
-func (e Errors) Hit(errp *error, namespace string) {
-	e.wrap(errp, "hitting windows of namespace %q", namespace)
-}
-
 // HitBatch wraps the error of one hit, hits[i], of BatchHitter.HitBatch.
 func (e Errors) HitBatch(errp *error, namespace string, i int) {
 	e.wrap(errp, "hitting windows of namespace %q: hits[%d]", namespace, i)

@@ -131,12 +131,12 @@ func (p *periodicHits) wake(ctx context.Context) {
 		defer cancel()
 		now := time.Unix(0, p.counters.Now())
 		_, marks, version, err := p.feed.GetCountersNear(ctx, p.name, nil, p.sizes.list(), now, p.near.known(), nil)
-		if ctx.Err() != nil {
-			p.health.stalled()
-			return
-		}
 		if err != nil {
-			p.health.fail(err, 0)
+			if ctx.Err() != nil { // no answer within the bound
+				p.health.stalled()
+			} else {
+				p.health.fail(err, 0)
+			}
 			return
 		}
 		p.near.add(marks, version, p.counters.Zone().Capacity(), now)

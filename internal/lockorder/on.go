@@ -17,67 +17,59 @@ import (
 type Mutex[C any] struct{ m sync.Mutex }
 
 // Lock checks the order, then locks m.
-func (m *Mutex[C]) Lock() {
-	check(className[C]())
-	m.m.Lock()
-	take(className[C]())
-}
+func (m *Mutex[C]) Lock() { lock[C](m.m.Lock) }
 
 // TryLock checks the order, then tries to lock m.
 func (m *Mutex[C]) TryLock() bool {
-	check(className[C]())
+	class := className[C]()
+	check(class)
 	if !m.m.TryLock() {
 		return false
 	}
-	take(className[C]())
+	hold(class)
 	return true
 }
 
 // Unlock unlocks m.
-func (m *Mutex[C]) Unlock() {
-	give(className[C]())
-	m.m.Unlock()
-}
+func (m *Mutex[C]) Unlock() { unlock[C](m.m.Unlock) }
 
 // RWMutex is a sync.RWMutex of class C, whose order is checked.
 type RWMutex[C any] struct{ m sync.RWMutex }
 
 // Lock checks the order, then locks m.
-func (m *RWMutex[C]) Lock() {
-	check(className[C]())
-	m.m.Lock()
-	take(className[C]())
-}
+func (m *RWMutex[C]) Lock() { lock[C](m.m.Lock) }
 
 // Unlock unlocks m.
-func (m *RWMutex[C]) Unlock() {
-	give(className[C]())
-	m.m.Unlock()
-}
+func (m *RWMutex[C]) Unlock() { unlock[C](m.m.Unlock) }
 
 // RLock checks the order, then read-locks m.
-func (m *RWMutex[C]) RLock() {
-	check(className[C]())
-	m.m.RLock()
-	take(className[C]())
-}
+func (m *RWMutex[C]) RLock() { lock[C](m.m.RLock) }
 
 // RUnlock read-unlocks m.
-func (m *RWMutex[C]) RUnlock() {
-	give(className[C]())
-	m.m.RUnlock()
-}
+func (m *RWMutex[C]) RUnlock() { unlock[C](m.m.RUnlock) }
 
 // Held records that a lock of class C, which is not a Mutex or RWMutex
 // (a channel, say), is taken, once the order is checked.
-func Held[C any]() {
-	check(className[C]())
-	take(className[C]())
-}
+func Held[C any]() { lock[C](func() {}) }
 
 // Released records that a lock of class C that Held recorded is given
 // back.
-func Released[C any]() { give(className[C]()) }
+func Released[C any]() { unlock[C](func() {}) }
+
+// lock checks that a lock of class C may be taken, takes it with take,
+// and records it as held by the goroutine.
+func lock[C any](take func()) {
+	class := className[C]()
+	check(class)
+	take()
+	hold(class)
+}
+
+// unlock forgets a lock of class C, and gives it back with give.
+func unlock[C any](giveBack func()) {
+	give(className[C]())
+	giveBack()
+}
 
 // fail reports a lock taken out of order: it prints msg and the stack, and
 // ends the program, so that no recover (a worker's, say) hides it and no
@@ -120,8 +112,8 @@ func check(class string) {
 	s.Unlock()
 }
 
-// take records that the goroutine holds a lock of class.
-func take(class string) {
+// hold records that the goroutine holds a lock of class.
+func hold(class string) {
 	g := goid()
 	s := shardOf(g)
 	s.Lock()

@@ -147,46 +147,14 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 	return nil
 }
 
-// Hit applies one synchronous hit to the windows of a key and decides it,
-// atomically (see strategy.Hitter for the contract). In the order given,
-// each window's current count is incremented by its Value, unless an
-// earlier window rejected the hit, and the first window whose rate,
-// current + previous*Weight, exceeds its Max rejects it (math.Inf(1) never
-// does); with undo, the increments of a rejected hit are taken back before
-// Hit returns.
-//
-// A non-empty id names the hit and shares its marker with a batch of the
-// same ID and namespace, so the two are applied at most once between them.
-// A hit whose ID was applied before increments and undoes nothing: it
-// decides on the counts as they are, as a hit whose every Value is 0 would.
-// The marker lives as long as the hit's counters, but at least a minute
-// and at most two, as in Redis.
-//
-// It takes 1 to 16 windows, each of a size that is a positive whole number
-// of milliseconds and a start that is a multiple of it, with a finite
-// Value, a Weight in [0, 1] and a Max that is not NaN, and an id of at
-// most 256 bytes; other input is refused, before anything is applied, with
-// an error that wraps strategy.ErrRejected.
-func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) (_ []strategy.WindowCounts, _ int, err error) {
-	defer errs.Hit(&err, namespace)
-	if err := s.check(ctx); err != nil {
-		return nil, -1, err
-	}
-	if err := strategy.CheckHit(id, windows); err != nil {
-		return nil, -1, err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	apply := d.markHits(namespace, id, now, windows)
-	counts, rejected := d.hit(namespace, key, windows, undo, apply, now)
-	return counts, rejected, nil
+// Hit applies one synchronous hit as a batch of one (see HitBatch, and
+// strategy.Hitter for the contract and the hit ID rule).
+func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []strategy.WindowHit, undo bool) ([]strategy.WindowCounts, int, error) {
+	return strategy.HitAsBatch(ctx, s, namespace, key, id, windows, undo)
 }
 
 // HitBatch applies several synchronous hits, atomically, in the order
-// given, each as Hit would if they were sent one after the other (see
+// given, each deciding as if they were sent one after the other (see
 // strategy.BatchHitter), a hit with a rate deciding it first (see
 // strategy.RateBatcher) and a hit with a slot taking it (see
 // strategy.SlotBatcher). A non-empty id names the batch, and shares its
@@ -194,8 +162,8 @@ func (s *Store) Hit(ctx context.Context, namespace, key, id string, windows []st
 // are applied at most once between them; a batch whose ID was applied
 // before applies nothing and decides every hit on the counts as they are.
 // The marker lives as long as the latest counter of the batch's hits, but
-// at least a minute and at most two. A hit that Hit would refuse gets the
-// error in its result, and the others are applied all the same.
+// at least a minute and at most two. A bad hit (strategy.CheckHitRequest)
+// gets the error in its result, and the others are applied all the same.
 func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, results []strategy.HitResult) {
 	good := errs.CheckBatch(namespace, id, hits, results)
 	if len(good) == 0 {
