@@ -11,12 +11,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -92,31 +92,24 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 // changes after every app of the new config started, and its App method
 // would create and provision an app of its own in a config that has none,
 // from the admin's goroutine, unsynchronized with the config.
-var running struct {
-	mu   lockorder.Mutex[runningLock]
-	apps []*App
-}
+var running atomic.Pointer[[]*App]
 
 // register records a started app.
 func (a *App) register() {
-	running.mu.Lock()
-	defer running.mu.Unlock()
-	running.apps = append(running.apps, a)
+	update(&running, func(apps []*App) []*App { return append(apps, a) })
 }
 
 // unregister forgets a stopping app.
 func (a *App) unregister() {
-	running.mu.Lock()
-	defer running.mu.Unlock()
-	running.apps = slices.DeleteFunc(running.apps, func(o *App) bool { return o == a })
+	update(&running, func(apps []*App) []*App {
+		return slices.DeleteFunc(apps, func(o *App) bool { return o == a })
+	})
 }
 
 // runningApp returns the newest started app that has not stopped, or nil.
 func runningApp() *App {
-	running.mu.Lock()
-	defer running.mu.Unlock()
-	if n := len(running.apps); n > 0 {
-		return running.apps[n-1]
+	if p := running.Load(); p != nil && len(*p) > 0 {
+		return (*p)[len(*p)-1]
 	}
 	return nil
 }

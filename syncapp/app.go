@@ -227,7 +227,6 @@ func (a *App) Start() error {
 		zh.start(a.logger)
 	}
 	for name, ns := range a.namespaces {
-		ns.health.useStore(ns.store)
 		ns.health.onStore(ns.storeHealth)
 		ns.health.shareOnFailure(ns.shareOnFailure())
 		ns.runner.track()

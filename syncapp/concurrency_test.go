@@ -132,9 +132,9 @@ func TestFleetConcurrencyInTheHitQueue(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
 		ns := fleetNodes(t, s, 1)[0]
 		ctx := context.Background()
-		counted := &slotHits{BatchHitter: ns.road.hits.store}
+		counted := &slotHits{BatchHitter: ns.road.store.BatchHitter}
 		doubt := &inDoubt{BatchHitter: counted, applied: func(int64) bool { return true }}
-		ns.road.hits.store = doubt
+		ns.road.store.BatchHitter = doubt
 		release, ok := ns.Acquire(ctx, "k", 1)
 		if !ok {
 			t.Fatal("the first request of a key got no place")

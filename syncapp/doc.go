@@ -70,10 +70,10 @@
 //	  .taking   held by a run from zone.Take until the outbox records what it
 //	            took; shared by views, which synchronous hits read: a diff is
 //	            always in the zone, on its way, or in the store.
-//	  .mu       the batch whose push failed.
-//	  retryQueue.mu   synchronous hits that failed after they may have
-//	            been applied (their increments, and their rates' turns), to
-//	            push again under their round trip's ID.
+//	  .mu       the batches whose push failed, and the synchronous hits
+//	            that failed after they may have been applied (their
+//	            increments, and their rates' turns), to push again under
+//	            their round trip's ID.
 //	  inflight  the sum of what is on its way, per counter (atomic pointer).
 //	fetchSet.mu the keys a periodic run fetches, and the fetches made.
 //	nearKeys.mu the keys the store's feed marked near their limits, until
@@ -90,56 +90,55 @@
 //	            requests admitted locally, which a run takes in the store
 //	            once the store is back.
 //	inFlight.mu requests in flight per key on this node.
-//	health.mu   failures, backoff and the failure log's throttle; whether
-//	            hits skip the store is an atomic: from a failure or a stall
-//	            until a success. Requests never probe; the loop's runs do.
-//	failureShare.mu (health's) the share policy of the config attached
-//	            (on_store_failure share), and its application: the zone
-//	            namespace's unsynced weight, the fleet's size while the
-//	            store is down, 1 otherwise, set by each change of the
-//	            store's state after it, from the state it then reads.
-//	storeHealth.mu (the pooled store's) the healths of the namespaces
-//	            on the store, which each failure and success reaches:
-//	            held only to copy them, never while calling them.
-//	partHealth.mu (health's) the parts of a store made of parts (a Redis
-//	            Cluster's) that failed since they last worked; how many
-//	            are is an atomic, so requests look a key's part up only
-//	            while some are.
+//	health.mu   a namespace's failures, backoff and the failure log's
+//	            throttle.
+//	storeHealth.mu (the pooled store's) the parts of the store that failed
+//	            since they last worked, and the namespaces on the store,
+//	            which each change reaches: under it, each one's share
+//	            policy (on_store_failure share) weighs its zone
+//	            namespace's unsynced counts (an atomic) by the fleet's size
+//	            while the store or a part is down, by 1 otherwise. Whether
+//	            the whole store failed, and how many parts did, are
+//	            atomics: requests look a key's part up only while some are
+//	            down, and never probe; the loop's runs do.
 //	fleetMembers (atomics, no lock) this node's member ID, the fleet's
 //	            size the runs learned from the store's roster, and when.
-//	windowSizes.mu  (one per config's Namespace) the namespace's window
-//	            sizes, which its runs fetch and a reset clears.
+//	windowSizes (one per config's Namespace, an atomic pointer, no lock)
+//	            the namespace's window sizes, which its runs fetch and a
+//	            reset clears.
 //	runner      (one per config's Namespace, no lock of its own) the sync
 //	            runs with the config's store; whether they read the store's
 //	            bans is an atomic, set by the config's handlers.
 //	storeRoad   (one per config's Namespace, no lock of its own) the road
 //	            of what a request asks of the store (synchronous hits,
-//	            rates, slots, a stale key's read, a peek): its hit queue,
-//	            and what a refusal, a failure, a stall or a doubt does to
-//	            each.
+//	            rates, slots, a stale key's read, a peek): the store its
+//	            hits go to (tripStore), and what a refusal, a failure, a
+//	            stall or a doubt does to each (storeRoad.trip).
 //	periodicHits    (one per config's Namespace, no lock of its own) a
 //	            periodic namespace's second look at a stale key.
-//	hitQueue.mu the synchronous hits waiting for a round trip, the round
+//	hitQueue.mu (the fleet state's, so one round trip is out per
+//	            namespace, reloads included) the synchronous hits waiting
+//	            for a round trip, each with its config's store, the round
 //	            trips out, the stall check.
-//	batchRetry.mu   the increments of a failed round trip's hits.
+//	batchRetry  (atomics, no lock) the increments of a failed round trip's
+//	            hits, each in its own slot.
 //	loop.mu     the runners attached (the reload hand-off) and the store
 //	            references the loop holds.
 //	zoneHolder.mu   the capacities the configs that hold a zone want.
-//	running.mu  the started apps, newest last, for the admin API.
+//	running     (an atomic pointer, no lock) the started apps, newest
+//	            last, for the admin API.
 //
 // Locks are taken in this order, and no other lock is taken while holding
 // one of the later ones: runLock (held across a whole run, with any lock
 // taken under it), then outbox.taking, then the zone's shard locks or
-// outbox.mu and retryQueue.mu. A view (outbox.taking, shared) is held
-// while the zone observes what the store answered, so outbox.taking comes
-// before the shard locks there too. More orders: health.mu, then
-// failureShare.mu (a success applies the policy under health's lock);
-// zoneHolder.mu, then each shard lock of its zone (a capacity change
-// resizes the zone); the pool's lock (Caddy's), then loop.mu, outbox.mu,
-// retryQueue.mu and banTable.mu (the metrics' collector holds the pool's
-// read lock while it reads each fleet state: loop.current, the pending
-// diffs, the bans), so the loop takes and gives back its references to
-// stores without loop.mu. Every other lock is a leaf: held only for its
+// outbox.mu. A view (outbox.taking, shared) is held while the zone
+// observes what the store answered, so outbox.taking comes before the
+// shard locks there too. More orders: zoneHolder.mu, then each shard lock
+// of its zone (a capacity change resizes the zone); the pool's lock
+// (Caddy's), then loop.mu, outbox.mu and banTable.mu (the metrics'
+// collector holds the pool's read lock while it reads each fleet state:
+// loop.current, the pending diffs, the bans), so the loop takes and gives
+// back its references to stores without loop.mu. Every other lock is a leaf: held only for its
 // own fields, never across a store's round trip, nor while logging.
 //
 // Each lock is a lockorder one, of a class (locks.go), which declares
@@ -152,7 +151,7 @@
 //	  or local); HitIfRoom and HitRateIfRoom take the same roads. While
 //	  the store is down, on_store_failure deny has the handler refuse it
 //	  first (Namespace.Refuses), and share has the window zone weigh
-//	  this node's unsynced counts by the fleet's size (health.share)
+//	  this node's unsynced counts by the fleet's size (health.applyShare)
 //	  local ──► window zone: count, decide (a rate first, then the limits)
 //	  periodic ──► periodicHits.hit ──► window zone: count, decide
 //	    a resting node (its runs had nothing to fetch, and skip the
@@ -226,7 +225,7 @@
 //	  nothing asked and the store failing ──► store.Ping; nothing asked
 //	    with on_store_failure share or deny ──► store.Ping within stallAfter
 //	  a failure or a success ──► health ──► storeHealth: every namespace
-//	    on the store knows it (health.tellStore)
+//	    on the store knows it (storeHealth.change)
 //	  requests admitted locally still running ──► slotHolder.adopt
 //	  health.failedRun / health.succeeded ──► the loop's next delay:
 //	    while failing, a probe 250 ms after the failure, then up to 1 s apart

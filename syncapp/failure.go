@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
@@ -110,47 +109,6 @@ func (f *fleetMembers) size() int { return int(f.count.Load()) }
 type shareOnFailure struct {
 	counters *window.Namespace
 	members  *fleetMembers
-}
-
-// failureShare is the part of health that applies share: it weighs the
-// counters of the config attached while the store is down, and
-// unweighs them when it is back or another config takes over.
-type failureShare struct {
-	mu     lockorder.Mutex[failureShareLock] // one application at a time, each of the state it reads
-	policy *shareOnFailure
-}
-
-// set makes p the policy applied (nil: none), unweighing the counters
-// the previous one weighed, and applies it to the store's state now.
-func (s *failureShare) set(p *shareOnFailure, down bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old := s.policy; old != nil && (p == nil || old.counters != p.counters) {
-		old.counters.SetUnsyncedWeight(1)
-	}
-	s.policy = p
-	s.applyLocked(down)
-}
-
-// apply weighs or unweighs the counters by the store's state, read by the
-// caller after it changed it: of two changes racing, the one applied last
-// read the last state.
-func (s *failureShare) apply(down func() bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.applyLocked(down())
-}
-
-func (s *failureShare) applyLocked(down bool) {
-	p := s.policy
-	if p == nil {
-		return
-	}
-	m := 1
-	if down {
-		m = max(p.members.size(), 1) // a fleet never learned: as allow
-	}
-	p.counters.SetUnsyncedWeight(float64(m))
 }
 
 // shareOf returns the share of a concurrency limit one node of a fleet of

@@ -29,9 +29,9 @@ func TestRequestsSkipAFailedStoreUntilASuccess(t *testing.T) {
 	if h.down() {
 		t.Fatal("a new store is skipped")
 	}
-	h.failed(errors.New("store paused"), 0)
+	h.fail(errors.New("store paused"), 0)
 	select {
-	case <-h.probes():
+	case <-h.probe:
 	default:
 		t.Fatal("the loop was not told to probe the store that started failing")
 	}
@@ -41,9 +41,9 @@ func TestRequestsSkipAFailedStoreUntilASuccess(t *testing.T) {
 			t.Fatalf("a request tried the store %v after it failed", now.Sub(time.Unix(1_700_000_000, 0)))
 		}
 	}
-	h.failed(errors.New("store paused"), 0)
+	h.fail(errors.New("store paused"), 0)
 	select {
-	case <-h.probes():
+	case <-h.probe:
 		t.Fatal("the loop was told again to probe a store that was failing already")
 	default:
 	}
@@ -79,7 +79,7 @@ func TestFlappingStoreLogsOncePerInterval(t *testing.T) {
 	start := *now
 	for now.Sub(start) < 45*time.Second {
 		for range 4 { // down for 2 s: a few failures
-			h.failed(errors.New("connection refused"), 0)
+			h.fail(errors.New("connection refused"), 0)
 			*now = now.Add(500 * time.Millisecond)
 		}
 		h.succeeded()

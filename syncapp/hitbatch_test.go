@@ -93,8 +93,8 @@ func (r *replyLost) HitBatch(ctx context.Context, namespace, id string, hits []s
 func TestSynchronousBatchRetriedOnce(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
 		ns := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
-		lossy := &replyLost{BatchHitter: ns.road.hits.store}
-		ns.road.hits.store = lossy
+		lossy := &replyLost{BatchHitter: ns.road.store.BatchHitter}
+		ns.road.store.BatchHitter = lossy
 		ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
 		lossy.lose.Store(true)
 		const tries = 100
@@ -224,8 +224,8 @@ func (c *turnsCase) check(d *inDoubt) {
 func TestSynchronousRateRetriedOnce(t *testing.T) {
 	eachStore(t, func(t *testing.T, s fleetStore) {
 		ns := rateFleet(t, s)[0]
-		doubt := &inDoubt{BatchHitter: ns.road.hits.store}
-		ns.road.hits.store = doubt
+		doubt := &inDoubt{BatchHitter: ns.road.store.BatchHitter}
+		ns.road.store.BatchHitter = doubt
 		c := newTurnsCase(t, ns)
 		doubt.on.Store(true)
 		// Rounds of requests together: the first failure of a round holds
@@ -266,8 +266,8 @@ func TestRateInDoubtOutlivesAReload(t *testing.T) {
 					t.Fatal(err)
 				}
 				ns.Increment(context.Background(), "warm-up", time.Hour, 1) // connect first
-				doubt := &inDoubt{BatchHitter: ns.road.hits.store, applied: func(int64) bool { return applied }, onDoubt: s.down}
-				ns.road.hits.store = doubt
+				doubt := &inDoubt{BatchHitter: ns.road.store.BatchHitter, applied: func(int64) bool { return applied }, onDoubt: s.down}
+				ns.road.store.BatchHitter = doubt
 				c := newTurnsCase(t, ns)
 				doubt.on.Store(true)
 				c.requests(ns, 10)

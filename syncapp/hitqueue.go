@@ -64,12 +64,13 @@ var errStalled = fmt.Errorf("%w: the store answers nothing while hits wait", str
 // a hit that finds room sends its own, with the hits that queue while it
 // yields once to the goroutines that are ready. So a round trip is always
 // run by a request that waits for it.
+//
+// The queue is the namespace's fleet state's, so that while an old and a
+// new config overlap in a reload their hits share it; each hit goes to
+// its own config's store, and a round trip carries the hits of one.
 type hitQueue struct {
-	store     strategy.BatchHitter
 	namespace string
 	health    *health
-	maxBatch  int // maxBatchHits, or 1 for a store without HitBatch
-	maxTrips  int // batchTrips, or singleTrips for a store without HitBatch
 	sizes     prometheus.Observer
 
 	// answered is when a round trip last came back (Unix nanoseconds).
@@ -88,9 +89,10 @@ type hitQueue struct {
 // ended, its result and the retry that carries it if the round trip
 // failed after it may have been applied.
 type queuedHit struct {
+	store *tripStore
 	req   strategy.HitRequest
 	res   strategy.HitResult
-	retry *batchRetry
+	retry retrySlot
 	state atomic.Int32 // hitWaiting, hitTaken or hitLeft
 	// done receives one value when the hit's result is in, or when lead
 	// is set: only a taken hit gets one, and only once, so that the
@@ -117,21 +119,21 @@ var tripBufs = sync.Pool{New: func() any { return new(tripBuffers) }}
 var queuedHits = sync.Pool{New: func() any { return &queuedHit{done: make(chan struct{}, 1)} }}
 
 // newQueuedHit returns a waiting hit of req.
-func newQueuedHit(req strategy.HitRequest) *queuedHit {
+func newQueuedHit(store *tripStore, req strategy.HitRequest) *queuedHit {
 	h := queuedHits.Get().(*queuedHit)
-	h.req = req
+	h.store, h.req = store, req
 	h.state.Store(hitWaiting)
 	return h
 }
 
 // free gives h back to queuedHits, once its goroutine has its result.
 func (h *queuedHit) free() {
-	h.req, h.res, h.retry, h.lead = strategy.HitRequest{}, strategy.HitResult{}, nil, nil
+	h.store, h.req, h.res, h.retry, h.lead = nil, strategy.HitRequest{}, strategy.HitResult{}, retrySlot{}, nil
 	queuedHits.Put(h)
 }
 
 // result returns h's result and retry, and frees h.
-func (h *queuedHit) result() (strategy.HitResult, *batchRetry) {
+func (h *queuedHit) result() (strategy.HitResult, retrySlot) {
 	res, retry := h.res, h.retry
 	h.free()
 	return res, retry
@@ -146,21 +148,28 @@ const (
 	hitLeft
 )
 
-func newHitQueue(store strategy.Hitter, namespace string, h *health) *hitQueue {
-	q := &hitQueue{
+func newHitQueue(namespace string, h *health) *hitQueue {
+	return &hitQueue{
 		namespace: namespace,
 		health:    h,
 		stall:     make(chan struct{}),
-		maxBatch:  maxBatchHits,
-		maxTrips:  batchTrips,
 		sizes:     metrics.hitBatch.WithLabelValues(namespace),
 	}
-	if b, ok := store.(strategy.BatchHitter); ok {
-		q.store = b
-	} else {
-		q.store, q.maxBatch, q.maxTrips = oneHitAtATime{store}, 1, singleTrips
+}
+
+// tripStore is the store a config's synchronous hits go to, with how many
+// hits a round trip carries and how many round trips may be out at once.
+type tripStore struct {
+	strategy.BatchHitter
+	maxBatch int // maxBatchHits, or 1 for a store without HitBatch
+	maxTrips int // batchTrips, or singleTrips for a store without HitBatch
+}
+
+func newTripStore(s strategy.Hitter) *tripStore {
+	if b, ok := s.(strategy.BatchHitter); ok {
+		return &tripStore{b, maxBatchHits, batchTrips}
 	}
-	return q
+	return &tripStore{oneHitAtATime{s}, 1, singleTrips}
 }
 
 // do sends one hit and returns its result, and for a hit whose round trip
@@ -168,14 +177,14 @@ func newHitQueue(store strategy.Hitter, namespace string, h *health) *hitQueue {
 // increments it is counted with locally (see batchRetry). ctx bounds the
 // wait in the queue; a round trip, once it carries the hit, runs for up to
 // hitTimeout whatever ctx does, so that every hit of it learns its result.
-func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.HitResult, *batchRetry) {
+func (q *hitQueue) do(ctx context.Context, store *tripStore, req strategy.HitRequest) (strategy.HitResult, retrySlot) {
 	q.mu.Lock()
-	if q.trips < q.maxTrips { // nothing waits while there is room
+	if q.trips < store.maxTrips { // nothing waits while there is room
 		q.trips++
 		q.mu.Unlock()
-		h := newQueuedHit(req)
+		h := newQueuedHit(store, req)
 		batch := []*queuedHit{h}
-		if q.maxBatch > 1 {
+		if store.maxBatch > 1 {
 			// Let the goroutines that are ready run first, and take the
 			// hits they queue meanwhile: on a busy node, those of the
 			// requests that the last round trip answered, which would
@@ -191,7 +200,7 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 		q.send(ctx, h, batch)
 		return h.result()
 	}
-	h := newQueuedHit(req)
+	h := newQueuedHit(store, req)
 	q.queued = append(q.queued, h)
 	stall := q.stall
 	if !q.watching {
@@ -203,12 +212,12 @@ func (q *hitQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.Hi
 	case <-h.done:
 	case <-stall:
 		if h.state.CompareAndSwap(hitWaiting, hitLeft) {
-			return strategy.HitResult{Err: errStalled}, nil // h may still be queued: not freed
+			return strategy.HitResult{Err: errStalled}, retrySlot{} // h may still be queued: not freed
 		}
 		<-h.done
 	case <-ctx.Done():
 		if h.state.CompareAndSwap(hitWaiting, hitLeft) {
-			return strategy.HitResult{Err: fmt.Errorf("%w: %w", strategy.ErrNotSent, ctx.Err())}, nil
+			return strategy.HitResult{Err: fmt.Errorf("%w: %w", strategy.ErrNotSent, ctx.Err())}, retrySlot{}
 		}
 		<-h.done
 	}
@@ -236,7 +245,7 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 	}
 	id := newBatchID()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hitTimeout)
-	q.store.HitBatch(ctx, q.namespace, id, reqs, results)
+	own.store.HitBatch(ctx, q.namespace, id, reqs, results)
 	cancel()
 	q.answered.Store(time.Now().UnixNano())
 	q.sizes.Observe(float64(len(batch)))
@@ -246,11 +255,14 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 		h.res = results[i]
 		if err := h.res.Err; err != nil && !errors.Is(err, strategy.ErrNotSent) && !errors.Is(err, strategy.ErrRejected) {
 			if retry == nil {
-				retry = &batchRetry{batch: strategy.Batch{ID: id, Namespace: q.namespace}}
+				retry = &batchRetry{id: id, namespace: q.namespace}
 			}
-			retry.pending++
-			h.retry = retry
+			h.retry = retrySlot{retry, len(retry.hits)}
+			retry.hits = append(retry.hits, retryHit{})
 		}
+	}
+	if retry != nil {
+		retry.pending.Store(int32(len(retry.hits)))
 	}
 	clear(reqs) // let go of what they point to
 	clear(results)
@@ -265,17 +277,26 @@ func (q *hitQueue) send(ctx context.Context, own *queuedHit, batch []*queuedHit)
 }
 
 // take appends the hits waiting to batch, up to a batch, and takes them
-// off the queue. The caller holds q.mu.
+// off the queue: those of the store of the batch's first hit. The caller
+// holds q.mu.
 func (q *hitQueue) take(batch []*queuedHit) []*queuedHit {
-	n := 0
-	for ; n < len(q.queued) && len(batch) < q.maxBatch; n++ {
-		if h := q.queued[n]; h.state.CompareAndSwap(hitWaiting, hitTaken) {
+	var store *tripStore
+	if len(batch) > 0 {
+		store = batch[0].store
+	}
+	kept := q.queued[:0]
+	for _, h := range q.queued {
+		if store != nil && (h.store != store || len(batch) >= store.maxBatch) {
+			kept = append(kept, h) // left, it goes with the next take
+			continue
+		}
+		if h.state.CompareAndSwap(hitWaiting, hitTaken) {
 			batch = append(batch, h)
+			store = h.store
 		}
 	}
-	rest := copy(q.queued, q.queued[n:])
-	clear(q.queued[rest:])
-	q.queued = q.queued[:rest]
+	clear(q.queued[len(kept):])
+	q.queued = kept
 	return batch
 }
 
@@ -325,28 +346,51 @@ func (q *hitQueue) checkStall(since int64) {
 
 // batchRetry gathers the increments of the hits of one round trip that
 // failed after it may have been applied: each hit, counted locally, adds
-// the increments it made, and the last one queues them in the outbox as
-// one batch under the round trip's ID, which the store skips if it
-// applied the round trip. One batch, because the store records the ID
-// once per part of its data, not once per hit.
+// the increments it made in its own slot, and the last one queues them in
+// the outbox as one batch under the round trip's ID, which the store
+// skips if it applied the round trip. One batch, because the store
+// records the ID once per part of its data, not once per hit.
 type batchRetry struct {
-	mu      lockorder.Mutex[batchRetryLock]
-	batch   strategy.Batch
-	pending int // hits still to add theirs
+	id, namespace string
+	hits          []retryHit   // one per hit in doubt, set up before they leave
+	pending       atomic.Int32 // hits still to add theirs
+}
+
+// retryHit is what one hit of a batchRetry added: its increments and its
+// rate's turn, if it took one.
+type retryHit struct {
+	diffs []window.Diff
+	rate  *strategy.RateDiff
+}
+
+// retrySlot is a hit's place in the retry of its round trip, when r is
+// not nil.
+type retrySlot struct {
+	r *batchRetry
+	i int
 }
 
 // add adds a hit's increments and its rate's turn, if it took one, and
 // returns the batch to retry once every hit of the round trip added its
 // own, or false.
-func (r *batchRetry) add(diffs []window.Diff, rate *strategy.RateDiff) (strategy.Batch, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.batch.Diffs = append(r.batch.Diffs, diffs...)
-	if rate != nil {
-		r.batch.Rates = append(r.batch.Rates, *rate)
+func (s retrySlot) add(diffs []window.Diff, rate *strategy.RateDiff) (strategy.Batch, bool) {
+	return s.r.add(s.i, retryHit{diffs, rate})
+}
+
+// add sets the hit of slot i, and returns the batch once it is the last.
+func (r *batchRetry) add(i int, h retryHit) (strategy.Batch, bool) {
+	r.hits[i] = h
+	if r.pending.Add(-1) != 0 {
+		return strategy.Batch{}, false
 	}
-	r.pending--
-	return r.batch, r.pending == 0
+	b := strategy.Batch{ID: r.id, Namespace: r.namespace}
+	for _, h := range r.hits {
+		b.Diffs = append(b.Diffs, h.diffs...)
+		if h.rate != nil {
+			b.Rates = append(b.Rates, *h.rate)
+		}
+	}
+	return b, true
 }
 
 // oneHitAtATime is a store without HitBatch, sent batches of one hit:

@@ -59,6 +59,21 @@ func (g *gatedBatchStore) HitBatch(ctx context.Context, namespace, id string, hi
 	}
 }
 
+// testQueue is a hit queue whose hits all go to one store.
+type testQueue struct {
+	*hitQueue
+	store *tripStore
+}
+
+func newTestQueue(s strategy.Hitter, h *health) testQueue {
+	return testQueue{newHitQueue("api", h), newTripStore(s)}
+}
+
+// do sends one hit to the queue's store.
+func (q testQueue) do(ctx context.Context, req strategy.HitRequest) (strategy.HitResult, retrySlot) {
+	return q.hitQueue.do(ctx, q.store, req)
+}
+
 // queuedLen returns how many hits wait in q.
 func queuedLen(q *hitQueue) int {
 	q.mu.Lock()
@@ -74,7 +89,7 @@ func oneHit(key string) strategy.HitRequest {
 
 // hitsAsync sends n hits of key through q, each from its own goroutine,
 // and returns their results when all are in.
-func hitsAsync(q *hitQueue, n int, key string) <-chan []strategy.HitResult {
+func hitsAsync(q testQueue, n int, key string) <-chan []strategy.HitResult {
 	out := make(chan []strategy.HitResult, 1)
 	go func() {
 		results := make([]strategy.HitResult, n)
@@ -100,7 +115,7 @@ func neverStall(q *hitQueue) {
 // flight at most, with one hit of key that the test holds, sent alone as
 // no round trip was out. It returns the round trips and, once they are
 // answered, the results of their hits.
-func fillRoundTrips(t *testing.T, q *hitQueue, s *gatedBatchStore, key string) ([]gatedTrip, <-chan []strategy.HitResult) {
+func fillRoundTrips(t *testing.T, q testQueue, s *gatedBatchStore, key string) ([]gatedTrip, <-chan []strategy.HitResult) {
 	t.Helper()
 	alone := hitsAsync(q, 1, key)
 	first := <-s.trips
@@ -117,11 +132,11 @@ func fillRoundTrips(t *testing.T, q *hitQueue, s *gatedBatchStore, key string) (
 func TestHitQueueCoalescesWhileARoundTripIsOut(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
-	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
-	neverStall(q) // the test holds round trips open as long as it needs
+	q := newTestQueue(s, newHealth("api", zap.NewNop()))
+	neverStall(q.hitQueue) // the test holds round trips open as long as it needs
 	out, alone := fillRoundTrips(t, q, s, "k")
 	waiting := hitsAsync(q, 50, "k")
-	poll.Until(t, 10*time.Second, "50 hits to queue", func() bool { return queuedLen(q) >= 50 })
+	poll.Until(t, 10*time.Second, "50 hits to queue", func() bool { return queuedLen(q.hitQueue) >= 50 })
 	select {
 	case trip := <-s.trips:
 		t.Fatalf("%d hits went in a second round trip while one was out", len(trip.hits))
@@ -171,11 +186,11 @@ func (s singleHitter) Hit(ctx context.Context, namespace, key, id string, window
 func TestHitQueueOfSingleHitsKeepsTwoRoundTripsOut(t *testing.T) {
 	initMetrics()
 	g := newGatedBatches(t)
-	q := newHitQueue(singleHitter{g, g}, "api", newHealth("api", zap.NewNop()))
-	neverStall(q)
+	q := newTestQueue(singleHitter{g, g}, newHealth("api", zap.NewNop()))
+	neverStall(q.hitQueue)
 	results := hitsAsync(q, 3, "k")
 	first, second := <-g.trips, <-g.trips
-	poll.Until(t, 10*time.Second, "a third hit to queue", func() bool { return queuedLen(q) == 1 })
+	poll.Until(t, 10*time.Second, "a third hit to queue", func() bool { return queuedLen(q.hitQueue) == 1 })
 	select {
 	case trip := <-g.trips:
 		t.Fatalf("a third round trip of %d hits went while two were out", len(trip.hits))
@@ -205,7 +220,7 @@ func TestHitQueueStallSendsWaitingHitsLocal(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
 	h := newHealth("api", zap.NewNop())
-	q := newHitQueue(s, "api", h)
+	q := newTestQueue(s, h)
 	out, inFlight := fillRoundTrips(t, q, s, "k")
 	waiting := <-hitsAsync(q, 30, "k") // returns once the stall is seen
 	for _, r := range waiting {
@@ -236,11 +251,11 @@ func TestHitQueueStallSendsWaitingHitsLocal(t *testing.T) {
 func TestHitQueueNoStallWhileAnswersCome(t *testing.T) {
 	initMetrics()
 	h := newHealth("api", zap.NewNop())
-	q := newHitQueue(newGatedBatches(t), "api", h)
+	q := newTestQueue(newGatedBatches(t), h)
 	since := time.Now().UnixNano()
 	q.answered.Store(since + 1)
 	q.mu.Lock()
-	q.queued = append(q.queued, newQueuedHit(strategy.HitRequest{}))
+	q.queued = append(q.queued, newQueuedHit(nil, strategy.HitRequest{}))
 	q.watching = true
 	stall := q.stall
 	q.mu.Unlock()
@@ -261,12 +276,12 @@ func TestHitQueueNoStallWhileAnswersCome(t *testing.T) {
 func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
 	initMetrics()
 	s := newGatedBatches(t)
-	q := newHitQueue(s, "api", newHealth("api", zap.NewNop()))
-	neverStall(q) // the test holds round trips open as long as it needs
+	q := newTestQueue(s, newHealth("api", zap.NewNop()))
+	neverStall(q.hitQueue) // the test holds round trips open as long as it needs
 	out, first := fillRoundTrips(t, q, s, "a")
 	type answer struct {
 		res   strategy.HitResult
-		retry *batchRetry
+		retry retrySlot
 	}
 	answers := make(chan answer, 3)
 	for _, k := range []string{"x", "y", "z"} {
@@ -275,19 +290,19 @@ func TestBatchRetryGathersTheRoundTrip(t *testing.T) {
 			answers <- answer{res, retry}
 		}()
 	}
-	poll.Until(t, 10*time.Second, "3 hits to queue", func() bool { return queuedLen(q) >= 3 })
+	poll.Until(t, 10*time.Second, "3 hits to queue", func() bool { return queuedLen(q.hitQueue) >= 3 })
 	out[0].answer <- nil
 	(<-s.trips).answer <- errors.New("i/o timeout") // may have been applied
-	var retry *batchRetry
+	var slots []retrySlot
 	for range 3 {
 		a := <-answers
-		if a.retry == nil || (retry != nil && a.retry != retry) {
+		if a.retry.r == nil || (slots != nil && a.retry.r != slots[0].r) {
 			t.Fatal("the hits of a failed round trip do not share one retry")
 		}
-		retry = a.retry
+		slots = append(slots, a.retry)
 	}
 	for i, k := range []string{"x", "y", "z"} {
-		b, last := retry.add([]window.Diff{{Key: k, Size: time.Hour, Value: 1}}, nil)
+		b, last := slots[i].add([]window.Diff{{Key: k, Size: time.Hour, Value: 1}}, nil)
 		if last != (i == 2) {
 			t.Fatalf("after %d of 3 hits added theirs, last is %v", i+1, last)
 		}

@@ -305,7 +305,7 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 			box.retry(strategy.Batch{ID: "failed-hit-1", Namespace: "api", Diffs: []window.Diff{diff("k", 1)}})
 			box.retry(strategy.Batch{ID: "failed-hit-2", Namespace: "api", Diffs: []window.Diff{diff("other", 5)}})
 			if syncRate == "0" {
-				box.inflight.set(slices.Concat(box.retries.queued(), box.failed))
+				box.inflight.set(box.pending())
 			}
 			ns.runner.lock.unlock()
 
@@ -325,7 +325,7 @@ func TestResetDropsTheKeyFromRetries(t *testing.T) {
 				if err := ns.runner.lock.lock(ctx, ns.name); err != nil {
 					t.Fatal(err)
 				}
-				pending, retries := box.failed, box.retries.queued()
+				pending, retries := box.failed, box.retries
 				ns.runner.lock.unlock()
 				if len(pending) != 1 || pending[0].ID != "failed-push" || !slices.Equal(pending[0].Diffs, []window.Diff{diff("other", 1)}) {
 					t.Fatalf("the failed batch after the reset: %+v, want failed-push with other's diff only", pending)
@@ -475,8 +475,8 @@ func TestPeekInSynchronousModeAsksTheStore(t *testing.T) {
 	s := memoryStore(t)
 	a := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
 	b := start(t, caddy.NewUsagePool(), s.config("0", "1h")).ns("api")
-	reads := &readCounter{BatchHitter: b.road.hits.store}
-	b.road.hits.store = reads
+	reads := &readCounter{BatchHitter: b.road.store.BatchHitter}
+	b.road.store.BatchHitter = reads
 	ctx := context.Background()
 	awayFromMinuteEnds()
 	limits := []Limit{{Size: time.Hour, Max: 4}}

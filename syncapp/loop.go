@@ -196,7 +196,7 @@ func (l *loop) loop() {
 			// Keys with diffs leave the zone faster than the runs take
 			// them: push now, unless the store is failing (then the
 			// zone drops the oldest past twice its capacity).
-			early = l.health.ok()
+			early = !l.health.down()
 		}
 		if timer != nil {
 			timer.Stop()

@@ -19,7 +19,7 @@ func TestReloadsDoNotPutRunsOff(t *testing.T) {
 	ns.health.mu.Lock()
 	ns.health.runFailures = 5
 	ns.health.mu.Unlock()
-	ns.health.failing.Store(true)
+	ns.health.store.Load().failing.Store(true)
 	woken := time.Now()
 	for ns.health.down() {
 		if time.Since(woken) > 20*time.Second {

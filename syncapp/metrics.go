@@ -136,7 +136,7 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			// sync interval: those of the newest config attached.
 			if interval, ok := o.syncInterval(); ok {
 				up := 0.0
-				if o.health.ok() {
+				if !o.health.down() {
 					up = 1
 				}
 				ch <- prometheus.MustNewConstMetric(storeUpDesc, prometheus.GaugeValue, up, o.name)

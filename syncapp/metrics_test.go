@@ -149,11 +149,11 @@ func TestStoreUpAndTimeouts(t *testing.T) {
 		t.Fatalf("%s = %v and %s = %v before any failure, want series", timeouts, timeoutsBefore, errs, errsBefore)
 	}
 
-	ns.health.failed(fmt.Errorf("hitting: %w", context.DeadlineExceeded), 0)
-	ns.health.failed(fmt.Errorf("reading: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), 0)
+	ns.health.fail(fmt.Errorf("hitting: %w", context.DeadlineExceeded), 0)
+	ns.health.fail(fmt.Errorf("reading: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), 0)
 	ns.health.stalled()
-	ns.health.failed(errors.New("connection refused"), 0) // a failure, not a timeout
-	ns.health.failed(context.Canceled, 0)                 // says nothing of the store
+	ns.health.fail(errors.New("connection refused"), 0) // a failure, not a timeout
+	ns.health.fail(context.Canceled, 0)                 // says nothing of the store
 	if got := gathered(t, reg, timeouts) - timeoutsBefore; got != 3 {
 		t.Errorf("%s rose by %v, want 3", timeouts, got)
 	}

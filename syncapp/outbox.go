@@ -20,8 +20,9 @@ import (
 // outbox holds what a namespace took from its zone for the store and the
 // store may not have yet: the batches whose push failed (pushed again
 // under their IDs: one, or on a store made of parts one per failure of
-// some of them, holding those parts' diffs), the synchronous hits that failed after they may have been applied
-// (pushed again under their own IDs), and the sum of all that is on its
+// some of them, holding those parts' diffs), the synchronous hits that
+// failed after they may have been applied (pushed again under their own
+// IDs), and the sum of all that is on its
 // way per counter, which synchronous answers add to the store's counts.
 // It is part of the namespace's fleetState, so it outlives reloads.
 //
@@ -37,15 +38,19 @@ type outbox struct {
 	taking   lockorder.RWMutex[takingLock]
 	inflight inflight
 
-	retries retryQueue
 	// flying counts the diffs and turns that a run took out of the zone
 	// and the retry queue and is pushing: pending until the store has
 	// them, or back in the outbox.
 	flying atomic.Int64
 
-	mu     lockorder.Mutex[outboxLock]
-	failed []strategy.Batch // batches whose push failed, retried under their IDs
+	mu      lockorder.Mutex[outboxLock]
+	failed  []strategy.Batch // batches whose push failed, retried under their IDs
+	retries []strategy.Batch // synchronous hits to push again under their own IDs
 }
+
+// maxRetries bounds the synchronous hits kept for a retry; past it the
+// oldest are dropped (they still count locally).
+const maxRetries = 10_000
 
 func newOutbox(name string, logger *zap.Logger) *outbox {
 	return &outbox{name: name, logger: logger}
@@ -68,14 +73,15 @@ func (o *outbox) lockTake() { o.taking.Lock() }
 // answers to this node's reads lack it until it lands.
 func (o *outbox) load(diffs []window.Diff) flight {
 	defer o.taking.Unlock()
-	fl := flight{retries: o.retries.take()}
+	var fl flight
+	o.mu.Lock()
+	fl.retries, o.retries = o.retries, nil
+	fl.failed = o.failed
+	o.mu.Unlock()
 	o.flying.Store(int64(len(diffs) + diffsIn(fl.retries)))
 	if len(diffs) > 0 {
 		fl.batch = &strategy.Batch{ID: newBatchID(), Namespace: o.name, Diffs: diffs}
 	}
-	o.mu.Lock()
-	fl.failed = o.failed
-	o.mu.Unlock()
 	o.inflight.set(slices.Concat(fl.retries, fl.failed), fl.batch)
 	return fl
 }
@@ -87,7 +93,7 @@ func (o *outbox) load(diffs []window.Diff) flight {
 // reached the store; then restore returns the new batch's diffs, for the
 // zone to take back. The caller holds the run lock.
 //
-// On a store made of parts (see partHealth), nothing is sent to the parts
+// On a store made of parts (see storeHealth), nothing is sent to the parts
 // that are down: their diffs wait, under their batches' IDs, or in the
 // zone for the new batch's, until a ping finds them back (runner.ping).
 // A push that failed for some parts keeps, under its ID, only those
@@ -96,12 +102,7 @@ func (o *outbox) load(diffs []window.Diff) flight {
 // pushed. err is then a strategy.PartialError of every part that failed.
 func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h *health) (restore []window.Diff, contacted bool, err error) {
 	defer o.flying.Store(0) // pushed, or back in the retry queue, the failed batches or the zone
-	defer func() {
-		o.mu.Lock()
-		failed := o.failed
-		o.mu.Unlock()
-		o.inflight.set(slices.Concat(o.retries.queued(), failed))
-	}()
+	defer func() { o.inflight.set(o.pending()) }()
 	var newDiffs []window.Diff
 	if fl.batch != nil {
 		newDiffs = fl.batch.Diffs
@@ -111,7 +112,7 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 	for i, r := range fl.retries {
 		rest, sent, err := parts.push(ctx, o, store, r)
 		if err != nil {
-			o.retries.putBack(append(kept, fl.retries[i:]...))
+			o.putBack(append(kept, fl.retries[i:]...))
 			return newDiffs, true, fmt.Errorf("retrying failed hits: %w", err)
 		}
 		if rest != nil {
@@ -119,7 +120,7 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 		}
 		contacted = contacted || sent
 	}
-	o.retries.putBack(kept)
+	o.putBack(kept)
 	kept = nil
 	for i, b := range fl.failed {
 		rest, sent, err := parts.push(ctx, o, store, b)
@@ -177,8 +178,7 @@ func (p *partsPush) held(key string) bool {
 	if len(p.failed) == 0 && p.h.partsDown() == 0 {
 		return false
 	}
-	part := p.h.partOf(key)
-	return p.failed[part] || p.h.partIsDown(part)
+	return p.failed[p.h.partOf(key)] || p.h.partDownFor(key)
 }
 
 // push pushes what of b is not held back, and returns, under b's ID, the
@@ -273,26 +273,53 @@ func (o *outbox) push(ctx context.Context, store strategy.Store, batch strategy.
 }
 
 // retry queues a synchronous hit that failed after it may have been
-// applied, for the next run to push under the hit's own ID.
-func (o *outbox) retry(b strategy.Batch) { o.retries.add(b) }
-
-// dropKey takes key's diffs out of the failed batch and out of the hits
-// queued for a retry, so that they are not pushed after a reset. A batch
-// keeps its ID: a store that applied it skips it whole, one that did not
-// applies the rest. Nor does inflight count them any more. The caller
-// holds the run lock.
-func (o *outbox) dropKey(key string) {
-	o.mu.Lock()
-	var kept []strategy.Batch
-	for _, b := range o.failed {
-		if b.Diffs = withoutKey(b.Diffs, key); len(b.Diffs)+len(b.Rates) > 0 {
-			kept = append(kept, b)
-		}
+// applied, for the next run to push under the hit's own ID; past
+// maxRetries the oldest are dropped.
+func (o *outbox) retry(b strategy.Batch) {
+	if len(b.Diffs)+len(b.Rates) > 0 {
+		o.putBack(nil, b)
 	}
-	o.failed = kept
+}
+
+// putBack queues hits to retry whose push failed, ahead of those queued
+// since, and then more.
+func (o *outbox) putBack(r []strategy.Batch, more ...strategy.Batch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.retries = slices.Concat(r, o.retries, more)
+	if n := len(o.retries); n > maxRetries {
+		o.retries = o.retries[n-maxRetries:]
+	}
+}
+
+// pending returns the hits to retry and the failed batches.
+func (o *outbox) pending() []strategy.Batch {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Concat(o.retries, o.failed)
+}
+
+// dropKey takes key's diffs and rates out of the failed batches and out
+// of the hits queued for a retry, so that they are not pushed after a
+// reset. A batch keeps its ID: a store that applied it skips it whole,
+// one that did not applies the rest. Nor does inflight count them any
+// more. The caller holds the run lock.
+func (o *outbox) dropKey(key string) {
+	drop := func(batches []strategy.Batch) []strategy.Batch {
+		var kept []strategy.Batch
+		for _, b := range batches {
+			b.Diffs = withoutKey(b.Diffs, key)
+			b.Rates = slices.DeleteFunc(slices.Clone(b.Rates), func(r strategy.RateDiff) bool { return r.Key == key })
+			if len(b.Diffs)+len(b.Rates) > 0 {
+				kept = append(kept, b)
+			}
+		}
+		return kept
+	}
+	o.mu.Lock()
+	o.failed, o.retries = drop(o.failed), drop(o.retries)
 	o.mu.Unlock()
-	o.retries.dropKey(key)
-	o.inflight.set(slices.Concat(o.retries.queued(), kept))
+	o.inflight.set(o.pending())
 }
 
 // withoutKey returns diffs without those of key, in a new slice when it
@@ -311,23 +338,24 @@ func withoutKey(diffs []window.Diff, key string) []window.Diff {
 }
 
 // diffs returns how many diffs (and rates' turns) wait in the outbox: of
-// the failed batch, of hits to retry, and of a push in flight.
-func (o *outbox) diffs() int {
-	o.mu.Lock()
-	n := 0
-	for _, b := range o.failed {
-		n += len(b.Diffs)
-	}
-	o.mu.Unlock()
-	return n + o.retries.diffs() + int(o.flying.Load())
-}
+// the failed batches, of hits to retry, and of a push in flight.
+func (o *outbox) diffs() int { return diffsIn(o.pending()) + int(o.flying.Load()) }
 
 // empty reports whether nothing waits in the outbox.
 func (o *outbox) empty() bool {
 	o.mu.Lock()
-	failed := len(o.failed)
-	o.mu.Unlock()
-	return failed == 0 && o.retries.len() == 0
+	defer o.mu.Unlock()
+	return len(o.failed)+len(o.retries) == 0
+}
+
+// diffsIn returns how many diffs batches hold, a rate's turn counting as
+// one.
+func diffsIn(batches []strategy.Batch) int {
+	n := 0
+	for _, b := range batches {
+		n += len(b.Diffs) + len(b.Rates)
+	}
+	return n
 }
 
 // view starts a read of the diffs on their way to the store. Until close,

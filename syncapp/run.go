@@ -165,7 +165,7 @@ func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time
 }
 
 // partly records err, when it is the failure of some parts of a store
-// made of parts (see partHealth), as theirs, and returns nil: the run
+// made of parts (see storeHealth), as theirs, and returns nil: the run
 // goes on with the other parts. Any other err it returns as is.
 func (r *runner) partly(err error) error {
 	if _, partial := strategy.FailedParts(err); !partial || r.health.parted() == nil {
@@ -352,7 +352,10 @@ func nearShare(syncAbove float64) float64 {
 // replica is promoted.
 func (r *runner) ping(ctx context.Context) (asked bool, err error) {
 	if p := r.health.parted(); p != nil {
-		all := allParts(p.Parts())
+		all := make([]int, p.Parts())
+		for i := range all {
+			all[i] = i
+		}
 		err := p.PingParts(ctx, all)
 		var pe *strategy.PartialError
 		if errors.As(err, &pe) && len(pe.Parts) == len(all) {

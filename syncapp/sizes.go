@@ -3,9 +3,9 @@ package syncapp
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
-	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -18,14 +18,13 @@ type windowSizes struct {
 	store     string                    // the store's module, for errors
 	valid     func(time.Duration) error // the store's check, or nil
 
-	mu    lockorder.Mutex[windowSizesLock]
-	sizes []time.Duration
+	// sizes holds the sizes, ascending; add replaces the slice, which is
+	// never changed once stored, so that runs read it without a lock.
+	sizes atomic.Pointer[[]time.Duration]
 }
 
 // add merges sizes in, refusing those the zone or the store cannot keep.
 func (w *windowSizes) add(sizes ...time.Duration) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for _, s := range sizes {
 		if err := window.ValidateSize(s); err != nil {
 			return err
@@ -35,19 +34,43 @@ func (w *windowSizes) add(sizes ...time.Duration) error {
 				return fmt.Errorf("window %v: namespace %q syncs with the %s store: %w", s, w.namespace, w.store, err)
 			}
 		}
-		if !slices.Contains(w.sizes, s) {
-			w.sizes = append(w.sizes, s)
-		}
 	}
-	slices.Sort(w.sizes)
+	update(&w.sizes, func(merged []time.Duration) []time.Duration {
+		for _, s := range sizes {
+			if !slices.Contains(merged, s) {
+				merged = append(merged, s)
+			}
+		}
+		slices.Sort(merged)
+		return merged
+	})
 	return nil
 }
 
-// list returns the sizes, ascending.
+// update replaces the slice p points to with what change makes of a copy
+// of it, retrying when another update came first: a slice read far more
+// often than changed, which its readers load without a lock and never
+// change.
+func update[T any](p *atomic.Pointer[[]T], change func([]T) []T) {
+	for {
+		old := p.Load()
+		var s []T
+		if old != nil {
+			s = slices.Clone(*old)
+		}
+		s = change(s)
+		if p.CompareAndSwap(old, &s) {
+			return
+		}
+	}
+}
+
+// list returns the sizes, ascending, in a slice of the caller's.
 func (w *windowSizes) list() []time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.sizes)
+	if p := w.sizes.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
 }
 
 // with returns the sizes and those of held that are not among them,

@@ -122,7 +122,7 @@ func (p *periodicHits) blind(ctx context.Context, key string) bool {
 // bound of the hit queue's round trips: a store that has not answered
 // within stallAfter is held stalled, and the requests go on without it.
 func (p *periodicHits) wake(ctx context.Context) {
-	if p.feed == nil || !p.health.ok() {
+	if p.feed == nil || p.health.down() {
 		return
 	}
 	p.near.wake(func() {

@@ -60,8 +60,8 @@ func TestResetReachesANodeThatForgotTheKey(t *testing.T) {
 			cfg := s.config("1h", "1h")
 			a := start(t, caddy.NewUsagePool(), cfg).ns("api")
 			b := start(t, caddy.NewUsagePool(), cfg).ns("api")
-			reads := &readCounter{BatchHitter: b.road.hits.store}
-			b.road.hits.store = reads
+			reads := &readCounter{BatchHitter: b.road.store.BatchHitter}
+			b.road.store.BatchHitter = reads
 			ctx := context.Background()
 			limits := []Limit{{Size: time.Hour, Max: 10}}
 			out := make([]window.Sample, 1)

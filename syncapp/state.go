@@ -26,6 +26,7 @@ type fleetState struct {
 	inFlight *inFlight     // requests in flight per key, on this node
 	near     *nearKeys     // the keys the store's feed marked near their limits
 	members  *fleetMembers // the fleet's size, learned through the store
+	hits     *hitQueue     // the round trips of synchronous hits
 	loop     *loop         // the timer and the reload hand-off
 }
 
@@ -43,6 +44,7 @@ func newFleetState(name string, logger *zap.Logger, pool *caddy.UsagePool) *flee
 		inFlight: new(inFlight),
 		near:     newNearKeys(),
 		members:  newFleetMembers(),
+		hits:     newHitQueue(name, h),
 		loop:     newLoop(name, logger, pool, h, runs),
 	}
 }
@@ -127,7 +129,7 @@ func (n *Namespace) use(s *fleetState, storeKey poolKey, logger *zap.Logger) {
 	// on it when the store can.
 	if h, ok := n.store.(strategy.Hitter); ok {
 		_, slots := n.store.(strategy.SlotBatcher)
-		n.road = &storeRoad{slots: slots, hits: newHitQueue(h, n.name, s.health), health: s.health, outbox: s.outbox, counters: n.counters}
+		n.road = &storeRoad{slots: slots, store: newTripStore(h), hits: s.hits, health: s.health, outbox: s.outbox, counters: n.counters}
 	}
 	n.periodic = &periodicHits{
 		name:     n.name,

@@ -17,7 +17,7 @@ import (
 // loop.releaseStores). The last reference closes the store's connections.
 type pooledStore struct {
 	store  strategy.Store
-	health storeHealth // what every namespace on it knows of it
+	health *storeHealth // what every namespace on it knows of it
 }
 
 // Destruct closes the store when nothing uses it any more.
@@ -50,13 +50,13 @@ func (a *App) openStore(ctx caddy.Context, ns *Namespace, cfg *NamespaceConfig) 
 		if err != nil {
 			return nil, err
 		}
-		return &pooledStore{store: s}, nil
+		return &pooledStore{store: s, health: newStoreHealth(s)}, nil
 	})
 	if err != nil {
 		return poolKey{}, fmt.Errorf("strategy %s: opening the store: %w", id.Name(), err)
 	}
 	a.acquired = append(a.acquired, key)
-	ns.store, ns.storeHealth = v.(*pooledStore).store, &v.(*pooledStore).health
+	ns.store, ns.storeHealth = v.(*pooledStore).store, v.(*pooledStore).health
 	ns.storeModule = id.Name()
 	ns.sizes = &windowSizes{namespace: ns.name, store: id.Name(), valid: st.ValidateWindow}
 	ns.slotter, _ = ns.store.(strategy.Slotter)

@@ -27,7 +27,7 @@ import (
 //     nothing above it, reaches only the runner attached when it calls
 //     back through current.
 //   - No expression reaches through two fields into another type's state
-//     (n.outbox.retries.items): each owner is changed through its methods.
+//     (n.runner.outbox.failed): each owner is changed through its methods.
 //
 // It reads the package's own source; imports are not resolved, so only
 // what the package declares is checked, which is all these rules are

@@ -15,16 +15,52 @@ import (
 // sync_rate 0) that go in the round trips of its hit queue, and what a
 // refusal, a failure, a stall or a doubt does to each. A config's
 // Namespace that has a store able to take synchronous hits holds one; the
-// hit queue is the config's, the health and the outbox the pooled fleet
-// state's, and the zone's counts are where the store's answers go.
+// hit queue, the health and the outbox are the pooled fleet state's, and the zone's counts are where the store's answers go.
 type storeRoad struct {
 	// slots says that the store takes concurrency slots in its round
 	// trips (strategy.SlotBatcher).
 	slots    bool
+	store    *tripStore
 	hits     *hitQueue
 	health   *health
 	outbox   *outbox
 	counters *window.Namespace
+}
+
+// tripEnd is how a request's round trip ended for it.
+type tripEnd int
+
+const (
+	// tripAnswered: the store decided.
+	tripAnswered tripEnd = iota
+	// tripUnsent: the request is decided locally, and nothing of it
+	// retried: the store refused its input, the store stalled (health
+	// knows), or the request surely never reached it.
+	tripUnsent
+	// tripInDoubt: the round trip failed after it may have been applied;
+	// what the request counts locally goes into its retry.
+	tripInDoubt
+)
+
+// trip sends req in a round trip of the hit queue, tells health what
+// the round trip said of the store, and returns the result, the retry
+// that carries the request if the round trip is in doubt, and how it
+// ended. No timeout of its own: a round trip ends within hitTimeout, a
+// hit waits for at most the one ahead of it, and a stall sends it local.
+func (r *storeRoad) trip(ctx context.Context, req strategy.HitRequest) (strategy.HitResult, retrySlot, tripEnd) {
+	res, retry := r.hits.do(ctx, r.store, req)
+	switch err := res.Err; {
+	case err == nil:
+		r.health.succeededFor(req.Key)
+		return res, retry, tripAnswered
+	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled):
+		return res, retry, tripUnsent
+	case errors.Is(err, strategy.ErrNotSent):
+		r.health.fail(err, 0)
+		return res, retry, tripUnsent
+	}
+	r.health.fail(res.Err, 0)
+	return res, retry, tripInDoubt
 }
 
 // hit is a synchronous Hit in one round trip to the store, which
@@ -63,30 +99,18 @@ func (r *storeRoad) hit(ctx context.Context, key string, limits []Limit, value f
 		}
 		v.close()
 	}
-	// No timeout of its own: a round trip ends within hitTimeout, a hit
-	// waits for at most the one ahead of it, and a stall sends it local.
 	epoch := r.outbox.epoch()
-	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
-	switch err := res.Err; {
-	case err == nil:
-	case errors.Is(err, strategy.ErrRejected): // the store is fine; the windows are not
+	res, retry, end := r.trip(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo})
+	switch end {
+	case tripUnsent:
 		r.giveBack(key, windows, unsynced, 0, true)
 		return 0, storeAnswer{}, false
-	case errors.Is(err, errStalled): // health knows
-		r.giveBack(key, windows, unsynced, 0, true)
-		return 0, storeAnswer{}, false
-	case errors.Is(err, strategy.ErrNotSent):
-		r.health.fail(err, 0)
-		r.giveBack(key, windows, unsynced, 0, true)
-		return 0, storeAnswer{}, false
-	default:
-		r.health.fail(err, 0)
+	case tripInDoubt:
 		rejected := r.counters.Hit(key, limits, value, fixed, undo, true, out)
 		r.retry(retry, hitDiffs(key, windows, rejected, undo), nil)
 		r.giveBack(key, windows, unsynced, rejected, undo)
 		return rejected, storeAnswer{doubt: true}, true
 	}
-	r.health.succeededFor(key)
 	r.giveBack(key, windows, unsynced, res.Rejected, undo)
 	r.observe(key, windows, res.Counts, epoch, out)
 	return res.Rejected, storeAnswer{windows: windows, counts: res.Counts, rejected: res.Rejected, undo: undo}, true
@@ -156,16 +180,11 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 	req := strategy.RateRequestOf(rate.Window, rate.N, rate.Burst, cost)
 	windows := syncWindows(limits, value, fixed, r.counters.Now())
 	epoch := r.outbox.epoch()
-	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
-	switch err := res.Err; {
-	case err == nil:
-	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
+	res, retry, end := r.trip(ctx, strategy.HitRequest{Key: key, Windows: windows, Undo: undo, Rate: &req})
+	switch end {
+	case tripUnsent:
 		return false, -1, false
-	case errors.Is(err, strategy.ErrNotSent):
-		r.health.fail(err, 0)
-		return false, -1, false
-	default:
-		r.health.fail(err, 0)
+	case tripInDoubt:
 		rateOK, rejected = r.counters.HitRate(key, rate, cost, limits, value, fixed, undo, true, out, rs)
 		var diffs []window.Diff
 		var turn *strategy.RateDiff
@@ -178,7 +197,6 @@ func (r *storeRoad) rateHit(ctx context.Context, key string, rate Rate, cost flo
 		r.retry(retry, diffs, turn)
 		return rateOK, rejected, true
 	}
-	r.health.succeededFor(key)
 	r.observe(key, windows, res.Counts, epoch, out)
 	*rs = RateSample{TAT: res.Rate.TAT, At: res.Rate.Now}
 	r.counters.ObserveRate(key, rate.Window, res.Rate.TAT)
@@ -198,20 +216,11 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 		windows[i] = strategy.WindowHit{Size: size, Start: window.Start(now, size), Max: math.Inf(1)}
 	}
 	epoch := r.outbox.epoch()
-	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Windows: windows})
-	switch err := res.Err; {
-	case err == nil:
-	case errors.Is(err, strategy.ErrRejected), errors.Is(err, errStalled): // the store is fine, or health knows
-		return nil, false
-	case errors.Is(err, strategy.ErrNotSent):
-		r.health.fail(err, 0)
-		return nil, false
-	default:
-		r.health.fail(err, 0)
+	res, retry, end := r.trip(ctx, strategy.HitRequest{Key: key, Windows: windows})
+	if end != tripAnswered {
 		r.retry(retry, nil, nil)
 		return nil, false
 	}
-	r.health.succeededFor(key)
 	out := make([]window.Sample, len(windows))
 	if observe {
 		r.observe(key, windows, res.Counts, epoch, out)
@@ -234,7 +243,7 @@ func (r *storeRoad) read(ctx context.Context, key string, sizes []time.Duration,
 // The error is the hit's: the caller handles it as AcquireSlot's, and
 // errStalled when the hit left the queue unsent.
 func (r *storeRoad) takeSlot(ctx context.Context, key string, slot strategy.SlotRequest) (bool, error) {
-	res, retry := r.hits.do(ctx, strategy.HitRequest{Key: key, Slot: &slot})
+	res, retry := r.hits.do(ctx, r.store, strategy.HitRequest{Key: key, Slot: &slot})
 	r.retry(retry, nil, nil) // a slot in doubt is released, not pushed
 	return res.Slot.OK, res.Err
 }
@@ -252,8 +261,8 @@ func (r *storeRoad) forSlots() *storeRoad {
 // retry of its round trip in doubt, if any (nothing for a read or a
 // slot: the retry waits for every hit the round trip carried), and
 // queues the retry in the outbox once the last hit added its own.
-func (r *storeRoad) retry(retry *batchRetry, diffs []window.Diff, turn *strategy.RateDiff) {
-	if retry == nil {
+func (r *storeRoad) retry(retry retrySlot, diffs []window.Diff, turn *strategy.RateDiff) {
+	if retry.r == nil {
 		return
 	}
 	if b, last := retry.add(diffs, turn); last {
