@@ -22,16 +22,10 @@ const (
 	// whose store takes batches has in flight at once: one. The hits
 	// that arrive while it is out wait, and go together in the next,
 	// which costs the store less per hit than two smaller round trips
-	// would (the speed harness, 32 connections over 32 keys: 75 round
-	// trips per 1,000 requests and 12 µs of Redis CPU per request,
-	// against 114 and 17 with a second round trip sent once 8 hits
-	// waited, at the same throughput); a hit waits for at most one round
-	// trip ahead of it. On a busy machine the next round trip's sender
-	// (the first hit waiting, woken when one ends: see next) runs some
-	// 250 µs after it is woken, while its round trip takes some 300;
-	// having the waker yield to it cut that to 9 µs, but the round trips
-	// got smaller (7 hits instead of 11), cost more CPU per request, and
-	// served no more.
+	// would; a hit waits for at most one round trip ahead of it. The
+	// next round trip's sender is not made to run sooner: that made round
+	// trips smaller and costlier, and served no more (docs/performance.md
+	// has the figures).
 	batchTrips = 1
 	// singleTrips is the same for a store that takes one hit at a time:
 	// two, so that a hit goes while another one's round trip is out.
@@ -189,9 +183,7 @@ func (q *hitQueue) do(ctx context.Context, store *tripStore, req strategy.HitReq
 			// hits they queue meanwhile: on a busy node, those of the
 			// requests that the last round trip answered, which would
 			// otherwise wait for this one to end. An idle node has none
-			// ready, and goes at once. (32 connections over 32 keys:
-			// round trips of one hit fell from 18 % of round trips to
-			// 7 %, and round trips from 86 to 79 per 1,000 requests.)
+			// ready, and goes at once.
 			runtime.Gosched()
 			q.mu.Lock()
 			batch = q.take(batch)
@@ -224,8 +216,7 @@ func (q *hitQueue) do(ctx context.Context, store *tripStore, req strategy.HitReq
 	if batch := h.lead; batch != nil {
 		// The hits that queued since the batch was taken go too: on a
 		// busy node, this goroutine runs some time after it is handed
-		// the batch, and they would wait for the next round trip. (32
-		// connections over 32 keys: 14 hits a round trip instead of 12.)
+		// the batch, and they would wait for the next round trip.
 		q.mu.Lock()
 		batch = q.take(batch)
 		q.mu.Unlock()
