@@ -171,6 +171,14 @@ func HitAsBatch(ctx context.Context, b BatchHitter, namespace, key, id string, w
 	return res[0].Counts, res[0].Rejected, res[0].Err
 }
 
+// RateAsBatch decides one request of key under a rate, alone, as a
+// batch of one named id, in a RateBatcher's HitBatch.
+func RateAsBatch(ctx context.Context, b BatchHitter, namespace, key, id string, r RateRequest) (RateReply, error) {
+	var res [1]HitResult
+	b.HitBatch(ctx, namespace, id, []HitRequest{{Key: key, Rate: &r}}, res[:])
+	return res[0].Rate, res[0].Err
+}
+
 // HitRequest is one hit of a HitBatch: the key, windows and undo of a Hit.
 type HitRequest struct {
 	// Key is the client key.

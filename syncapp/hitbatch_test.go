@@ -164,7 +164,7 @@ func (d *inDoubt) HitBatch(ctx context.Context, namespace, id string, hits []str
 // time.
 type turnsCase struct {
 	t      *testing.T
-	rater  strategy.Rater
+	rater  strategy.RateBatcher
 	ns     string
 	rate   Rate
 	began  time.Time
@@ -172,14 +172,14 @@ type turnsCase struct {
 }
 
 func newTurnsCase(t *testing.T, ns *Namespace) *turnsCase {
-	c := &turnsCase{t: t, rater: ns.store.(strategy.Rater), ns: ns.name, rate: Rate{N: 1, Window: time.Minute, Burst: 1000}}
+	c := &turnsCase{t: t, rater: ns.store.(strategy.RateBatcher), ns: ns.name, rate: Rate{N: 1, Window: time.Minute, Burst: 1000}}
 	c.began, c.before = time.Now(), c.tat()
 	return c
 }
 
 // tat reads key k's TAT in the store, without taking a turn.
 func (c *turnsCase) tat() int64 {
-	rep, err := c.rater.Rate(context.Background(), c.ns, "k", "", strategy.RateRequest{Window: c.rate.Window, Tolerance: time.Microsecond})
+	rep, err := strategy.RateAsBatch(context.Background(), c.rater, c.ns, "k", newBatchID(), strategy.RateRequest{Window: c.rate.Window, Tolerance: time.Microsecond})
 	if err != nil {
 		c.t.Fatal(err)
 	}

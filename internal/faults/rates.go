@@ -2,6 +2,8 @@ package faults
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -160,7 +162,7 @@ func downSpans(ss []SyncSample, end time.Time) []timeSpan {
 
 // openRater opens a store of the row's strategy, as the nodes were given
 // it, for the harness to read the TATs with.
-func openRater(config json.RawMessage) (strategy.Rater, error) {
+func openRater(config json.RawMessage) (strategy.RateBatcher, error) {
 	var m struct {
 		Module string `json:"module"`
 	}
@@ -188,18 +190,25 @@ func openRater(config json.RawMessage) (strategy.Rater, error) {
 	return nil, fmt.Errorf("no rates on a %q store", m.Module)
 }
 
+// readID returns a new batch ID for a read of a TAT.
+func readID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // readTurns reads how many turns the store's TAT of each key holds, with
 // a Rate that takes none (an increment of 0, a tolerance of 1µs: a TAT
 // ahead of now refuses it), asking again for a key that fails until the
 // deadline. Keys it could not read are left out, and the first error is
 // returned.
-func readTurns(ctx context.Context, rater strategy.Rater, keys []string, deadline time.Time) (map[string]int, error) {
+func readTurns(ctx context.Context, rater strategy.RateBatcher, keys []string, deadline time.Time) (map[string]int, error) {
 	req := strategy.RateRequest{Window: RateWindow, Tolerance: time.Microsecond}
 	turns := make(map[string]int, len(keys))
 	var first error
 	for _, key := range keys {
 		for {
-			rep, err := rater.Rate(ctx, Namespace, key, "", req)
+			rep, err := strategy.RateAsBatch(ctx, rater, Namespace, key, readID(), req)
 			if err == nil {
 				turns[key] = turnsOf(rep)
 				break

@@ -39,9 +39,9 @@
 // reader at the version reads nothing new and one behind exactly what was
 // marked since; that a retried batch marks once; that counts read with
 // the marks are GetCounters'; that a flood of marks is bounded; that
-// marks end and leave nothing; hostile keys and input checks; a Rater's rates (Rate, see gcra.go, skipped likewise): burst
-// then pace, concurrency, cost, exactly-once IDs, give-back, expiry and
-// input checks; and
+// marks end and leave nothing; hostile keys and input checks; a
+// RateBatcher's rates decided alone (see gcra.go, skipped likewise): burst
+// then pace, concurrency, cost, expiry and input checks; and
 // that calls on a closed store fail with strategy.ErrNotSent (Close).
 //
 // Benchmarks runs the stores' benchmarks (pushes, fetches, hits and slots) the
@@ -94,7 +94,7 @@ type Harness struct {
 	// Rates, if set, returns how many keys' rate states (TATs) the store
 	// holds for a namespace, after dropping those whose TAT has passed (a
 	// store that purges on a timer purges first). Without it, for a
-	// strategy.Rater, that test is skipped with a log line.
+	// strategy.RateBatcher, that test is skipped with a log line.
 	Rates func(t *testing.T, s strategy.Store, namespace string) int
 
 	// FailPart, if set, makes the part of a strategy.Parted store with
