@@ -436,7 +436,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		slotRuns []*slotRun
 		scripts  = make([]scriptRun, 0, 1)
 	)
-	for _, group := range s.slotGroups(namespace, hits, counted) {
+	s.eachSlot(namespace, hits, counted, func(group []int) {
 		r := newBatchRun(len(group))
 		for _, i := range group {
 			r.add(s.layout, i, bucketOf(namespace, hits[i].Key), nsp, &hits[i])
@@ -444,19 +444,19 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		cmd, err := r.command(s, id, nowMs)
 		if err != nil {
 			errs.FailBatch(results, namespace, r.hits, err)
-			continue
+			return
 		}
 		runs = append(runs, r)
 		scripts = append(scripts, scriptRun{script: batchScript, cmd: cmd})
-	}
-	for _, group := range s.slotGroups(namespace, hits, slots) {
+	})
+	s.eachSlot(namespace, hits, slots, func(group []int) {
 		r := new(slotRun)
 		for _, i := range group {
 			r.add(s.layout, i, bucketOf(namespace, hits[i].Key), nsp, hits[i].Key, *hits[i].Slot)
 		}
 		slotRuns = append(slotRuns, r)
 		scripts = append(scripts, r.script())
-	}
+	})
 	if len(scripts) == 0 {
 		return
 	}
@@ -488,15 +488,16 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	}
 }
 
-// slotGroups groups the hits of the given indexes by the Cluster slot of
-// their keys (one group on a standalone server), in the order of their
-// first hits.
-func (s *Store) slotGroups(namespace string, hits []strategy.HitRequest, indexes []int) [][]int {
+// eachSlot calls do with the indexes of the hits of each Cluster slot
+// that the given hits' keys fall in (with all of them on a standalone
+// server), in the order of their first hits.
+func (s *Store) eachSlot(namespace string, hits []strategy.HitRequest, indexes []int, do func(group []int)) {
 	switch {
 	case len(indexes) == 0:
-		return nil
+		return
 	case !s.cluster:
-		return [][]int{indexes}
+		do(indexes)
+		return
 	}
 	var groups [][]int
 	groupOf := make(map[int]int)
@@ -510,7 +511,9 @@ func (s *Store) slotGroups(namespace string, hits []strategy.HitRequest, indexes
 		}
 		groups[g] = append(groups[g], i)
 	}
-	return groups
+	for _, g := range groups {
+		do(g)
+	}
 }
 
 // batchRun is one script run of a HitBatch: hits of one slot, or of any
@@ -894,7 +897,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 	for e := range r.exps {
 		cmd = append(cmd, &r.exps[e]) // a pointer, as appendKey's: without an allocation
 	}
-	shapes, maxWeights := r.packForms(&p)
+	shapes := r.packForms(&p)
 	packedForms := p.cut()
 	for _, f := range r.formOf {
 		p.b = appendUint16s(p.b, f+1)
@@ -906,7 +909,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		p.b = appendUint16s(p.b, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
 	}
 	cmd[head] = p.cut()
-	for shape, f := range shapes { // the shapes' increments and weights, formatted
+	for _, f := range shapes { // the shapes' increments and weights, formatted
 		form := &r.forms[f]
 		if form.rate > 0 {
 			cmd = append(cmd, form.inc, form.tol)
@@ -914,7 +917,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		for w := range form.windows {
 			p.b = appendScriptValue(p.b, form.windows[w].value)
 			inc := p.cut()
-			p.b = appendScriptValue(p.b, maxWeights[shape][w])
+			p.b = appendScriptValue(p.b, form.windows[w].maxWeight)
 			cmd = append(cmd, inc, scriptLimit(form.windows[w].max), p.cut())
 		}
 	}
@@ -1047,20 +1050,19 @@ func (r *batchRun) onceEach(uses []int) bool {
 }
 
 // packForms packs the forms, each with its shape's number, and returns
-// the shapes, each by its first form, and the greatest weight that any
-// hit of each shape gives each window's previous count.
-func (r *batchRun) packForms(p *packer) (shapes []int, maxWeights [][]float64) {
-	maxWeights = make([][]float64, 0, 1)
+// the shapes, each by its first form, whose windows' maxWeight it makes
+// the greatest of the shape's forms'.
+func (r *batchRun) packForms(p *packer) (shapes []int) {
 	for f := range r.forms {
 		form := &r.forms[f]
 		shape := slices.IndexFunc(shapes, func(g int) bool { return sameShape(form, &r.forms[g]) })
 		if shape < 0 {
 			shape = len(shapes)
 			shapes = append(shapes, f)
-			maxWeights = append(maxWeights, make([]float64, len(form.windows)))
 		}
-		for w := range form.windows {
-			maxWeights[shape][w] = max(maxWeights[shape][w], form.windows[w].maxWeight)
+		first := r.forms[shapes[shape]].windows
+		for w := range first {
+			first[w].maxWeight = max(first[w].maxWeight, form.windows[w].maxWeight)
 		}
 		p.b = appendUint16s(p.b, shape+1, form.rate, form.hits)
 		for w := range form.windows {
@@ -1068,7 +1070,7 @@ func (r *batchRun) packForms(p *packer) (shapes []int, maxWeights [][]float64) {
 			p.b = appendUint16s(p.b, r.counters[fw.cur].script, r.counters[fw.prev].script)
 		}
 	}
-	return shapes, maxWeights
+	return shapes
 }
 
 // appendKey appends key to cmd, a script's command whose keys start at
