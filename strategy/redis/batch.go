@@ -1146,7 +1146,8 @@ func boolWeight(weighted bool) float64 {
 // rejecting one report their current counts restored. Nothing is added
 // when the hits did not apply.
 func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, nowMs int64) error {
-	val, now, tats, rejections, err := r.readReply(reply)
+	val, tats := make([]float64, len(r.counters)), make([]int64, len(r.tats))
+	now, rejections, err := r.readReply(reply, val, tats)
 	if err != nil {
 		return err
 	}
@@ -1205,12 +1206,12 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	return nil
 }
 
-// readReply reads the batch script's reply: each counter's count before
-// the hits (read, in the reply, or sent), the server's clock and the
-// TATs before the hits, in microseconds, and each hit's rejecting
-// window, nil when every hit was admitted at once.
-func (r *batchRun) readReply(reply []any) (val []float64, now int64, tats []int64, rejections []any, err error) {
-	val = make([]float64, len(r.counters))
+// readReply reads the batch script's reply: into val each counter's
+// count before the hits (read, in the reply, or sent), into tats the TATs
+// before the hits, and it returns the server's clock, in microseconds,
+// and each hit's rejecting window, nil when every hit was admitted at
+// once. (The caller makes val and tats: they stay on its stack.)
+func (r *batchRun) readReply(reply []any, val []float64, tats []int64) (now int64, rejections []any, err error) {
 	nread := 0
 	for j := range r.counters {
 		c := &r.counters[j]
@@ -1220,10 +1221,10 @@ func (r *batchRun) readReply(reply []any) (val []float64, now int64, tats []int6
 		}
 		nread++
 		if c.script >= len(reply) {
-			return nil, 0, nil, nil, fmt.Errorf("the batch script replied %d values, too few for its counters", len(reply))
+			return 0, nil, fmt.Errorf("the batch script replied %d values, too few for its counters", len(reply))
 		}
 		if val[j], err = replyCount(reply[c.script]); err != nil {
-			return nil, 0, nil, nil, fmt.Errorf("%s: %w", r.keys[j], err)
+			return 0, nil, fmt.Errorf("%s: %w", r.keys[j], err)
 		}
 	}
 	head := 1 + nread // the reply before the hits' rejecting windows
@@ -1231,24 +1232,23 @@ func (r *batchRun) readReply(reply []any) (val []float64, now int64, tats []int6
 		head += 1 + len(r.tats)
 	}
 	if len(reply) != head && len(reply) != head+len(r.hits) {
-		return nil, 0, nil, nil, fmt.Errorf("the batch script replied %d values, not %d or %d", len(reply), head, head+len(r.hits))
+		return 0, nil, fmt.Errorf("the batch script replied %d values, not %d or %d", len(reply), head, head+len(r.hits))
 	}
 	if len(reply) > head {
 		rejections = reply[head:]
 	}
-	tats = make([]int64, len(r.tats))
 	if len(tats) > 0 {
 		var ok bool
 		if now, ok = reply[1+nread].(int64); !ok || now <= 0 {
-			return nil, 0, nil, nil, fmt.Errorf("the batch script replied %v, not a time", reply[1+nread])
+			return 0, nil, fmt.Errorf("the batch script replied %v, not a time", reply[1+nread])
 		}
 		for x := range tats {
 			if tats[x], ok = reply[2+nread+x].(int64); !ok {
-				return nil, 0, nil, nil, fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nread+x])
+				return 0, nil, fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nread+x])
 			}
 		}
 	}
-	return val, now, tats, rejections, nil
+	return now, rejections, nil
 }
 
 // remember has the store remember, for each window only read as a
