@@ -6,15 +6,10 @@ import (
 	"strconv"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
-// setBansSource is the source of setBansScript, kept to send with EVAL
-// when a server does not hold the script.
-//
-// A namespace's bans are the sorted set KEYS[1]: member the key, score
+// setBansScript records bans. A namespace's bans are the sorted set KEYS[1]: member the key, score
 // the ban's end in Unix milliseconds; KEYS[2] holds their version. ARGV
 // holds pairs of a key and its ban's end, 0 to lift it. The script drops
 // the bans that ended (by the server's clock), sets each ban unless the
@@ -23,16 +18,15 @@ import (
 // (INCR, exact in 64 bits), or at version 0 a new epoch (see
 // strategy.BanEpoch), the server's time in milliseconds shifted by
 // strategy.BanEpochShift (a power of two times a number of 41 bits,
-// exact in Lua's numbers), so that no two states share one but for
+// exact in Lua's numbers; $banEpochFactor is 1 << BanEpochShift), so that no two states share one but for
 // epochs started and ended within one millisecond. The set expires a second
 // after its last ban ends, the version a second after the last ban it
 // held or lifted would have ended (PTTL keeps a later expiry), so a
 // namespace whose bans all ended holds nothing, and reads as version 0,
 // while one whose last ban was lifted keeps a version until then. It
 // replies 1 if anything changed.
-const setBansSource = `
-local t = redis.call('TIME')
-local nowMs = t[1] * 1000 + math.floor(t[2] / 1000)
+var setBansScript = newScript(serverNowSource + `
+local nowMs = math.floor(serverNow() / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowMs)
 local changed = 0
 local held = 0
@@ -60,7 +54,7 @@ if #last > 0 then
 end
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl == -2 then
-	redis.call('SET', KEYS[2], string.format('%.0f', nowMs * 1048576))
+	redis.call('SET', KEYS[2], string.format('%.0f', nowMs * $banEpochFactor))
 else
 	redis.call('INCR', KEYS[2])
 end
@@ -70,23 +64,13 @@ if ttl > 0 then
 end
 redis.call('PEXPIREAT', KEYS[2], exp)
 return 1
-`
+`)
 
-// setBansSource starts an epoch at the server's milliseconds times 1048576:
-// 1 << strategy.BanEpochShift, which these two constants check.
-const (
-	_ = uint(1048576 - 1<<strategy.BanEpochShift)
-	_ = uint(1<<strategy.BanEpochShift - 1048576)
-)
-
-// setBansScript is setBansSource, run by its SHA1 digest.
-var setBansScript = goredis.NewScript(setBansSource)
-
-// getBansSource is the source of getBansScript: it replies with the
-// version of the bans (KEYS[2], see setBansSource), and, unless it is
+// getBansScript replies with the version of the bans (KEYS[2], see
+// setBansScript), and, unless it is
 // ARGV[1], the key and end of every ban of KEYS[1] that ends after
 // ARGV[2] (Unix milliseconds).
-const getBansSource = `
+var getBansScript = newScript(`
 local v = redis.call('GET', KEYS[2]) or '0'
 if v == ARGV[1] then
 	return {v}
@@ -94,10 +78,7 @@ end
 local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES')
 table.insert(r, 1, v)
 return r
-`
-
-// getBansScript is getBansSource, run by its SHA1 digest.
-var getBansScript = goredis.NewScript(getBansSource)
+`)
 
 // SetBans records bans of a namespace (see strategy.Banner) with one
 // script run: one round trip. A namespace's bans are one sorted set and
@@ -125,16 +106,15 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		return nil
 	}
 	set, version := s.layout.bansKeys(namespace)
-	cmdArgs := make([]any, 0, 5+2*len(bans))
-	cmdArgs = append(cmdArgs, nil, nil, 2, set, version)
+	args := make([]any, 0, 2*len(bans))
 	for _, b := range bans {
 		var until int64
 		if !b.Until.IsZero() {
 			until = b.Until.UnixMilli()
 		}
-		cmdArgs = append(cmdArgs, b.Key, until)
+		args = append(args, b.Key, until)
 	}
-	if err := s.runOnce(ctx, setBansScript, setBansSource, cmdArgs, true).Err(); err != nil {
+	if err := s.runScript(ctx, newRun(setBansScript, []string{set, version}, args...), resendOnCluster).Err(); err != nil {
 		return s.partial(notSent(err), bucketOf(namespace, ""))
 	}
 	return nil
@@ -150,8 +130,8 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 		return nil, 0, err
 	}
 	set, version := s.layout.bansKeys(namespace)
-	cmdArgs := []any{nil, nil, 2, set, version, known, now.UnixMilli()}
-	reply, err := s.runOnce(ctx, getBansScript, getBansSource, cmdArgs, true).StringSlice()
+	run := newRun(getBansScript, []string{set, version}, known, now.UnixMilli())
+	reply, err := s.runScript(ctx, run, resendOnCluster).StringSlice()
 	if err != nil {
 		return nil, 0, s.partial(notSent(err), bucketOf(namespace, ""))
 	}

@@ -10,15 +10,10 @@ import (
 	"sync"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
-// batchSource is the source of batchScript, kept to send with EVAL when a
-// server does not hold it.
-//
-// It applies a batch of synchronous hits of one slot (of any slots on a
+// batchScript applies a batch of synchronous hits of one slot (of any slots on a
 // standalone server) in order, each deciding as if the hits ran one after
 // the other, at the cost of one read and one write per
 // counter, however many hits share it: one MGET reads every counter whose
@@ -104,7 +99,7 @@ import (
 // fast way, for each hit in order the 0-based index of the window that
 // rejected it or -1: what the caller needs to compute, in doubles as the
 // script does, every hit's counts and rates (see batchRun.answer).
-const batchSource = `
+var batchScript = newScript(tatSource + `
 -- Globals a batch reads often, as locals: each global costs a table
 -- lookup a read (two for a field of one).
 local byte, tonumber, type, rcall, rpcall = string.byte, tonumber, type, redis.call, redis.pcall
@@ -217,8 +212,7 @@ end
 local h = nread + 1
 local now = 0
 if nr > 0 then
-	local t = rcall('TIME')
-	now = t[1] * 1000000 + t[2]
+	now = serverNow()
 	h = h + 1
 	reply[h] = now
 	for r = 1, nr do
@@ -233,7 +227,7 @@ local x = p + 5
 for q = 1, #ss, 6 do
 	local a, b, c, d, e, g = byte(ss, q, q + 5)
 	local v
-	if a == 255 then
+	if a == $maxPackedCountByte then
 		v, x = tonumber(ARGV[x]), x + 1
 	else
 		v = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + g
@@ -266,7 +260,7 @@ if fast then
 			local cur, prev, inc, l = a * 256 + b, c * 256 + d, n * win.inc, win.lim
 			local is = istr[inc]
 			if not is then
-				is = inc < 9007199254740992 and string.format('%d', inc) or inc
+				is = inc < $maxExact and string.format('%d', inc) or inc
 				istr[inc] = is
 			end
 			local v = rpcall('INCRBY', KEYS[m + cur], is)
@@ -327,7 +321,7 @@ if not fast then
 		local nw, o, so, undo, rej, nsv = shape.nw, fo[x], shape.o, shape.undo, 0, 0
 		local ri, admit, due = fr[x], true, 0
 		if ri > 0 then
-			due = math.max(tat[ri], now) + shape.rinc
+			due = arrival(tat[ri], now, shape.rinc)
 			admit = due - now <= shape.rtol
 		end
 		for i = 1, nw do
@@ -362,7 +356,7 @@ if not fast then
 	end
 end
 local function whole(v)
-	return v ~= 0 and v % 1 == 0 and v < 9007199254740992 and v > -9007199254740992
+	return v ~= 0 and v % 1 == 0 and v < $maxExact and v > -$maxExact
 end
 for j = 1, fast and 0 or c1 do -- the fast way wrote them
 	local d = delta[j]
@@ -385,14 +379,11 @@ for j = 1, fast and 0 or c1 do -- the fast way wrote them
 end
 for r = 1, fast and 0 or nr do -- the fast way moves no TAT
 	if moved[r] then
-		rcall('SET', KEYS[m + nread + r], string.format('%.0f', tat[r]), 'PX', math.floor((tat[r] - now) / 1000) + 1)
+		storeTAT(KEYS[m + nread + r], tat[r], now)
 	end
 end
 return reply
-`
-
-// batchScript is batchSource, run by its SHA1 digest.
-var batchScript = goredis.NewScript(batchSource)
+`)
 
 // HitBatch applies several synchronous hits of a namespace, in order, each
 // deciding as Hit would if they were sent one after the other (see
@@ -436,76 +427,51 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		errs.FailBatch(results, namespace, good, err)
 		return
 	}
-	// The slots' runs go in the pipeline after the hits'.
+	// One run per slot of the counted hits, then one per slot of the
+	// slots', each in the order of their first hits.
 	counted, slots := strategy.SplitSlots(hits, good)
-
-	// One run per slot, in the order of their first hits.
-	nowMs := s.now().UnixMilli()
-	nsp := nsPart(namespace)
-	// Each run is sized for its hits: first the hits' buckets and how many
-	// fall in each slot.
-	ks, perSlot := make([]int, len(counted)), make(map[int]int)
-	for x, i := range counted {
-		ks[x] = bucketOf(namespace, hits[i].Key)
-		perSlot[s.slotOf(ks[x])]++
-	}
-	var runs []*batchRun
-	bySlot := make(map[int]*batchRun, len(perSlot))
-	for x, i := range counted {
-		slot := s.slotOf(ks[x])
-		r := bySlot[slot]
-		if r == nil {
-			r = newBatchRun(perSlot[slot])
-			bySlot[slot] = r
-			runs = append(runs, r)
+	nowMs, nsp := s.now().UnixMilli(), nsPart(namespace)
+	var (
+		runs     []*batchRun
+		slotRuns []*slotRun
+		scripts  = make([]scriptRun, 0, 1)
+	)
+	s.eachSlot(namespace, hits, counted, func(group []int) {
+		r := newBatchRun(len(group))
+		for _, i := range group {
+			r.add(s.layout, i, bucketOf(namespace, hits[i].Key), nsp, &hits[i])
 		}
-		r.add(s.layout, i, ks[x], nsp, &hits[i])
-	}
-	scripts := make([]scriptRun, 0, len(runs)+len(slots))
-	sendable := runs[:0]
-	for _, r := range runs {
 		cmd, err := r.command(s, id, nowMs)
 		if err != nil {
 			errs.FailBatch(results, namespace, r.hits, err)
-			continue
+			return
 		}
-		sendable = append(sendable, r)
-		scripts = append(scripts, scriptRun{batchScript, batchSource, cmd})
-	}
-	runs = sendable
-	// The slots: one run per Cluster slot, in the order of their first
-	// hits, each taking its slots in the batch's order.
-	var slotRuns []*slotRun
-	if len(slots) > 0 {
-		slotRunOf := make(map[int]*slotRun)
-		for _, i := range slots {
-			k := bucketOf(namespace, hits[i].Key)
-			slot := s.slotOf(k)
-			r := slotRunOf[slot]
-			if r == nil {
-				r = new(slotRun)
-				slotRunOf[slot] = r
-				slotRuns = append(slotRuns, r)
-			}
-			r.add(s.layout, i, k, nsp, hits[i].Key, *hits[i].Slot)
+		runs = append(runs, r)
+		scripts = append(scripts, scriptRun{script: batchScript, cmd: cmd})
+	})
+	s.eachSlot(namespace, hits, slots, func(group []int) {
+		r := new(slotRun)
+		for _, i := range group {
+			r.add(s.layout, i, bucketOf(namespace, hits[i].Key), nsp, hits[i].Key, *hits[i].Slot)
 		}
-		for _, r := range slotRuns {
-			scripts = append(scripts, r.script())
-		}
-	}
-
+		slotRuns = append(slotRuns, r)
+		scripts = append(scripts, r.script())
+	})
 	if len(scripts) == 0 {
 		return
 	}
-	cmds := s.runOncePipelined(ctx, scripts)
+	cmds := s.runScripts(ctx, scripts, sendOnce)
+	fail := func(i int, err error) {
+		errs.FailBatch(results, namespace, []int{i}, s.partial(err, bucketOf(namespace, hits[i].Key)))
+	}
 	for n, r := range runs {
 		reply, err := cmds[n].Slice()
 		if err == nil {
 			err = r.answer(s, results, reply, nowMs)
 		}
-		if err != nil {
-			for _, i := range r.hits {
-				errs.FailBatch(results, namespace, []int{i}, s.partial(notSent(err), bucketOf(namespace, hits[i].Key)))
+		for _, i := range r.hits {
+			if err != nil {
+				fail(i, notSent(err))
 			}
 		}
 		r.free()
@@ -514,11 +480,39 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 		replies, err := r.replies(cmds[len(runs)+n])
 		for x, i := range r.hits {
 			if err != nil {
-				errs.FailBatch(results, namespace, []int{i}, s.partial(err, bucketOf(namespace, hits[i].Key)))
-				continue
+				fail(i, err)
+			} else {
+				results[i].Slot = replies[x]
 			}
-			results[i].Slot = replies[x]
 		}
+	}
+}
+
+// eachSlot calls do with the indexes of the hits of each Cluster slot
+// that the given hits' keys fall in (with all of them on a standalone
+// server), in the order of their first hits.
+func (s *Store) eachSlot(namespace string, hits []strategy.HitRequest, indexes []int, do func(group []int)) {
+	switch {
+	case len(indexes) == 0:
+		return
+	case !s.cluster:
+		do(indexes)
+		return
+	}
+	var groups [][]int
+	groupOf := make(map[int]int)
+	for _, i := range indexes {
+		slot := s.slotOf(bucketOf(namespace, hits[i].Key))
+		g, ok := groupOf[slot]
+		if !ok {
+			g = len(groups)
+			groupOf[slot] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	for _, g := range groups {
+		do(g)
 	}
 }
 
@@ -552,7 +546,7 @@ type batchRun struct {
 	// one allocation for a run's forms instead of one each.
 	formWindows []formWindow
 	// fast says that the script may admit every hit at once when their
-	// counts stay under their limits (see batchSource): no hit has a
+	// counts stay under their limits (see batchScript): no hit has a
 	// rate, an increment that is not a whole number above 0, or a limit
 	// of -Inf.
 	fast    bool
@@ -665,7 +659,7 @@ type batchCounter struct {
 	sent    string
 	sentVal float64
 	sentAt  int64
-	// script is the counter's number in the script (see batchSource).
+	// script is the counter's number in the script (see batchScript).
 	script int
 }
 
@@ -861,38 +855,150 @@ func scriptLimit(v float64) any {
 // than that cannot be sent (a batch holds a few hundred hits).
 const maxPacked = 1<<16 - 1
 
-// command returns the run's EVALSHA command (two slots for runOnce to
-// fill, then the number of keys, the keys and the arguments: see
-// batchSource), sending the previous counts that the store remembers and
-// may use (see prevCache).
+// command returns the run's command (see scriptRun and batchScript),
+// sending the previous counts that the store remembers and may use (see
+// prevCache).
 func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
-	var markers []string
-	switch {
-	case id == "":
-	case s.cluster:
-		for _, k := range slices.Sorted(maps.Keys(r.windows)) {
-			for n := range (r.windows[k] + maxScriptKeys - 1) / maxScriptKeys {
-				markers = append(markers, s.dedupeKey(k, n, id))
-			}
-		}
-	default: // the batch's own groups, whatever their buckets
-		w := 0
-		for _, n := range r.windows {
-			w += n
-		}
-		for n := range (w + maxScriptKeys - 1) / maxScriptKeys {
-			markers = append(markers, s.dedupeKey(0, n, id))
-		}
-	}
 	if len(r.hits) > maxPacked || len(r.counters) > maxPacked || len(r.tats) > maxPacked {
 		return nil, fmt.Errorf("%w: a batch of %d hits, %d counters and %d rates is too large for one script run",
 			strategy.ErrRejected, len(r.hits), len(r.counters), len(r.tats))
 	}
-
+	markers := r.markers(s, id)
 	r.names()
-	// Number the counters as the script does: the current ones, then
-	// the previous ones to read, then those whose counts are sent.
-	c1, sent := 0, 0
+	c1, nread := r.number(s, nowMs)
+	// Scratch space that the run keeps from batch to batch: its numbers
+	// (byScript, uses) in ints, the packed arguments in arena.
+	n := len(r.counters)
+	r.ints = slices.Grow(r.ints[:0], n+1+c1+1)[:n+1+c1+1]
+	byScript, uses := r.ints[:n+1], r.ints[n+1:]
+	for j := range r.counters {
+		byScript[r.counters[j].script] = j
+	}
+	// The keys, then the header, packed once its numbers are known, and
+	// the markers' time to live; sized for a batch of one shape with a
+	// rate and two expiries.
+	nkeys := len(markers) + nread + len(r.tats)
+	cmd := make([]any, 3, 3+nkeys+2+2+2+3*len(r.forms[0].windows)+5)
+	cmd[2] = nkeys
+	for _, m := range markers {
+		cmd = append(cmd, m)
+	}
+	for x := 1; x <= nread; x++ {
+		cmd = appendKey(cmd, &r.keys[byScript[x]])
+	}
+	for t := range r.tats {
+		cmd = appendKey(cmd, &r.tats[t])
+	}
+	head := len(cmd)
+	cmd = append(cmd, nil, hitMarkerTTL(r.lastExp, nowMs))
+
+	p := packer{b: r.arena[:0]}
+	counters := r.packExpiries(&p, byScript[1:c1+1])
+	for e := range r.exps {
+		cmd = append(cmd, &r.exps[e]) // a pointer, as appendKey's: without an allocation
+	}
+	shapes := r.packForms(&p)
+	packedForms := p.cut()
+	for _, f := range r.formOf {
+		p.b = appendUint16s(p.b, f+1)
+	}
+	packedHits := p.cut()
+	p.b = appendUint16s(p.b, len(markers), len(r.tats), c1, len(r.exps), len(shapes), oneIf(r.fast && r.onceEach(uses)))
+	for _, f := range shapes {
+		form := &r.forms[f]
+		p.b = appendUint16s(p.b, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
+	}
+	cmd[head] = p.cut()
+	for _, f := range shapes { // the shapes' increments and weights, formatted
+		form := &r.forms[f]
+		if form.rate > 0 {
+			cmd = append(cmd, form.inc, form.tol)
+		}
+		for w := range form.windows {
+			p.b = appendScriptValue(p.b, form.windows[w].value)
+			inc := p.cut()
+			p.b = appendScriptValue(p.b, form.windows[w].maxWeight)
+			cmd = append(cmd, inc, scriptLimit(form.windows[w].max), p.cut())
+		}
+	}
+	cmd = append(cmd, counters, packedForms, packedHits, r.weights)
+	for x := nread + 1; x <= n; x++ {
+		p.b = appendCount(p.b, r.counters[byScript[x]].sentVal)
+	}
+	cmd = append(cmd, p.cut())
+	for x := nread + 1; x <= n; x++ {
+		if c := &r.counters[byScript[x]]; !packableCount(c.sentVal) {
+			cmd = append(cmd, c.sent)
+		}
+	}
+	r.arena = p.b // grown, for the next batch
+	return cmd, nil
+}
+
+// packExpiries sets r.exps to the expiries of the current counters,
+// given in the script's order, each once, and packs each counter's
+// expiry's number.
+func (r *batchRun) packExpiries(p *packer, current []int) []byte {
+	r.exps = r.exps[:0]
+	for _, j := range current {
+		e := slices.Index(r.exps, r.counters[j].expMs)
+		if e < 0 {
+			e = len(r.exps)
+			r.exps = append(r.exps, r.counters[j].expMs)
+		}
+		p.b = appendUint16s(p.b, e+1)
+	}
+	return p.cut()
+}
+
+// packer appends a command's packed arguments one after the other to one
+// buffer, each cut off so that the next cannot write into it. The
+// command refers to the buffer, which may move as it grows: what it
+// referred to stays as it was.
+type packer struct {
+	b  []byte
+	at int // where the argument being packed starts
+}
+
+// cut returns the argument packed since the last cut.
+func (p *packer) cut() []byte {
+	arg := p.b[p.at:len(p.b):len(p.b)]
+	p.at = len(p.b)
+	return arg
+}
+
+// markers returns the run's dedupe markers, those of the groups of the
+// batch ID (see HitBatch): on a Cluster, of each bucket of its hits; on a
+// standalone server, the batch's own groups, whatever their buckets.
+func (r *batchRun) markers(s *Store, id string) []string {
+	var markers []string
+	add := func(k, windows int) {
+		for n := range (windows + maxScriptKeys - 1) / maxScriptKeys {
+			markers = append(markers, s.dedupeKey(k, n, id))
+		}
+	}
+	switch {
+	case id == "":
+	case s.cluster:
+		for _, k := range slices.Sorted(maps.Keys(r.windows)) {
+			add(k, r.windows[k])
+		}
+	default:
+		w := 0
+		for _, n := range r.windows {
+			w += n
+		}
+		add(0, w)
+	}
+	return markers
+}
+
+// number numbers the counters as the script does (batchCounter.script):
+// the c1 current ones, then the previous ones to read, then those whose
+// counts are sent, from the store's memory of previous counts. It
+// returns c1 and the number of counters read.
+func (r *batchRun) number(s *Store, nowMs int64) (c1, nread int) {
+	sent := 0
 	for j := range r.counters {
 		c := &r.counters[j]
 		switch {
@@ -907,7 +1013,7 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 			}
 		}
 	}
-	nread := len(r.counters) - sent
+	nread = len(r.counters) - sent
 	next := [3]int{1, c1 + 1, nread + 1} // current, to read, sent
 	for j := range r.counters {
 		c := &r.counters[j]
@@ -920,136 +1026,55 @@ func (r *batchRun) command(s *Store, id string, nowMs int64) ([]any, error) {
 		c.script = next[kind]
 		next[kind]++
 	}
-	// Scratch space that the run keeps from batch to batch: its numbers
-	// (byScript, uses) in ints, the packed arguments in arena, one after
-	// the other, each capped so that the next cannot write into it. The
-	// command refers to arena, which may move as it grows: what it
-	// referred to stays as it was.
-	r.ints = slices.Grow(r.ints[:0], len(r.counters)+1+c1+1)[:len(r.counters)+1+c1+1]
-	byScript, uses := r.ints[:len(r.counters)+1], r.ints[len(r.counters)+1:]
-	a := r.arena[:0]
-	for j := range r.counters {
-		byScript[r.counters[j].script] = j
-	}
+	return c1, nread
+}
 
-	// The command, sized for a batch of one shape with a rate and two
-	// expiries: the keys, the header and the markers' time to live, the
-	// expiries, the shape's arguments and the packed ones.
-	nkeys := len(markers) + nread + len(r.tats)
-	cmd := make([]any, 3, 3+nkeys+2+2+2+3*len(r.forms[0].windows)+5)
-	cmd[2] = nkeys
-	for _, m := range markers {
-		cmd = append(cmd, m)
-	}
-	for x := 1; x <= nread; x++ {
-		cmd = appendKey(cmd, &r.keys[byScript[x]])
-	}
-	for t := range r.tats {
-		cmd = appendKey(cmd, &r.tats[t])
-	}
-	head := len(cmd) // the header, packed once its numbers are known
-	cmd = append(cmd, nil, hitMarkerTTL(r.lastExp, nowMs))
-
-	// The current counters' expiries, each once, and each counter's
-	// expiry's number. The fast way needs each current counter in one
-	// window of one form (see batchSource).
-	exps := r.exps[:0]
-	fast := r.fast
-	if fast {
-		clear(uses)
-		for f := range r.forms {
-			for _, fw := range r.forms[f].windows {
-				for _, j := range [2]int{fw.cur, fw.prev} {
-					if x := r.counters[j].script; x <= c1 {
-						uses[x]++
-						fast = fast && uses[x] == 1
+// onceEach reports whether each current counter is in one window of one
+// form, as the fast way needs (see batchScript); uses has room for a
+// count per current counter.
+func (r *batchRun) onceEach(uses []int) bool {
+	clear(uses)
+	for f := range r.forms {
+		for _, fw := range r.forms[f].windows {
+			for _, j := range [2]int{fw.cur, fw.prev} {
+				if c := &r.counters[j]; c.current {
+					uses[c.script]++
+					if uses[c.script] > 1 {
+						return false
 					}
 				}
 			}
 		}
 	}
-	at := len(a)
-	for x := 1; x <= c1; x++ {
-		c := &r.counters[byScript[x]]
-		e := slices.Index(exps, c.expMs)
-		if e < 0 {
-			e = len(exps)
-			exps = append(exps, c.expMs)
-		}
-		a = appendUint16s(a, e+1)
-	}
-	counters := a[at:len(a):len(a)]
-	r.exps = exps
-	for e := range exps {
-		cmd = append(cmd, &exps[e]) // a pointer, as appendKey's: without an allocation
-	}
+	return true
+}
 
-	// The shapes, and the forms packed with their shapes' numbers.
-	var shapes []int // the first form of each shape
-	maxWeights := make([][]float64, 0, 1)
-	at = len(a)
+// packForms packs the forms, each with its shape's number, and returns
+// the shapes, each by its first form, whose windows' maxWeight it makes
+// the greatest of the shape's forms'.
+func (r *batchRun) packForms(p *packer) (shapes []int) {
 	for f := range r.forms {
 		form := &r.forms[f]
 		shape := slices.IndexFunc(shapes, func(g int) bool { return sameShape(form, &r.forms[g]) })
 		if shape < 0 {
 			shape = len(shapes)
 			shapes = append(shapes, f)
-			maxWeights = append(maxWeights, make([]float64, len(form.windows)))
 		}
-		for w := range form.windows {
-			maxWeights[shape][w] = max(maxWeights[shape][w], form.windows[w].maxWeight)
+		first := r.forms[shapes[shape]].windows
+		for w := range first {
+			first[w].maxWeight = max(first[w].maxWeight, form.windows[w].maxWeight)
 		}
-		a = appendUint16s(a, shape+1, form.rate, form.hits)
-		for w := range form.windows {
-			fw := &form.windows[w]
-			a = appendUint16s(a, r.counters[fw.cur].script, r.counters[fw.prev].script)
-		}
-	}
-	packedForms := a[at:len(a):len(a)]
-	at = len(a)
-	for _, f := range r.formOf {
-		a = appendUint16s(a, f+1)
-	}
-	packedHits := a[at:len(a):len(a)]
-	at = len(a)
-	a = appendUint16s(a, len(markers), len(r.tats), c1, len(exps), len(shapes), oneIf(fast))
-	for _, f := range shapes {
-		form := &r.forms[f]
-		a = appendUint16s(a, oneIf(form.undo), len(form.windows), oneIf(form.rate > 0))
-	}
-	cmd[head] = a[at:len(a):len(a)]
-	for shape, f := range shapes { // the shapes' increments and weights, formatted
-		form := &r.forms[f]
-		if form.rate > 0 {
-			cmd = append(cmd, form.inc, form.tol)
-		}
+		p.b = appendUint16s(p.b, shape+1, form.rate, form.hits)
 		for w := range form.windows {
 			fw := &form.windows[w]
-			at = len(a)
-			a = appendScriptValue(a, fw.value)
-			inc := a[at:len(a):len(a)]
-			at = len(a)
-			a = appendScriptValue(a, maxWeights[shape][w])
-			cmd = append(cmd, inc, scriptLimit(fw.max), a[at:len(a):len(a)])
+			p.b = appendUint16s(p.b, r.counters[fw.cur].script, r.counters[fw.prev].script)
 		}
 	}
-	cmd = append(cmd, counters, packedForms, packedHits, r.weights)
-	at = len(a)
-	for x := nread + 1; x <= len(r.counters); x++ {
-		a = appendCount(a, r.counters[byScript[x]].sentVal)
-	}
-	cmd = append(cmd, a[at:len(a):len(a)])
-	for x := nread + 1; x <= len(r.counters); x++ {
-		if c := &r.counters[byScript[x]]; !packableCount(c.sentVal) {
-			cmd = append(cmd, c.sent)
-		}
-	}
-	r.arena = a // grown, for the next batch
-	return cmd, nil
+	return shapes
 }
 
 // appendKey appends key to cmd, a script's command whose keys start at
-// cmd[3]: the first as a string, which runOnce and a Cluster's routing
+// cmd[3]: the first as a string, which runScripts and a Cluster's routing
 // read to find its node, and the others as pointers (to a run's keys,
 // which outlive its command), which an interface holds without
 // allocating: a busy node sends dozens of keys a batch.
@@ -1121,51 +1146,12 @@ func boolWeight(weighted bool) float64 {
 // rejecting one report their current counts restored. Nothing is added
 // when the hits did not apply.
 func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, nowMs int64) error {
-	nc, nr := len(r.counters), len(r.tats)
-	// The counts before the hits: read, in the reply, or sent.
-	val := make([]float64, nc)
-	nread := 0
-	for j := range r.counters {
-		c := &r.counters[j]
-		if c.sent != "" {
-			val[j] = c.sentVal
-			continue
-		}
-		nread++
-		if c.script >= len(reply) {
-			return fmt.Errorf("the batch script replied %d values, too few for its counters", len(reply))
-		}
-		v, err := replyCount(reply[c.script])
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.keys[j], err)
-		}
-		val[j] = v
-	}
-	head := 1 + nread // the reply before the hits' rejecting windows
-	if nr > 0 {
-		head += 1 + nr
-	}
-	// A reply without rejecting windows admitted every hit at once.
-	allAdmitted := len(reply) == head
-	if !allAdmitted && len(reply) != head+len(r.hits) {
-		return fmt.Errorf("the batch script replied %d values, not %d or %d", len(reply), head, head+len(r.hits))
+	val, tats := make([]float64, len(r.counters)), make([]int64, len(r.tats))
+	now, rejections, err := r.readReply(reply, val, tats)
+	if err != nil {
+		return err
 	}
 	apply := reply[0] == int64(1)
-	// The TATs and the server's clock, in microseconds.
-	var now int64
-	tats := make([]int64, nr)
-	if nr > 0 {
-		var ok bool
-		if now, ok = reply[1+nread].(int64); !ok || now <= 0 {
-			return fmt.Errorf("the batch script replied %v, not a time", reply[1+nread])
-		}
-		for x := range tats {
-			if tats[x], ok = reply[2+nread+x].(int64); !ok {
-				return fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nread+x])
-			}
-		}
-	}
-
 	// The results are written as they are computed: on an error, the
 	// caller fails every hit of the run, which replaces them.
 	counts := make([]strategy.WindowCounts, 0, len(r.hits)*len(r.forms[0].windows))
@@ -1177,11 +1163,10 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 	for x, i := range r.hits {
 		f := &r.forms[r.formOf[x]]
 		rejected := int64(-1)
-		if !allAdmitted {
+		if rejections != nil {
 			var ok bool
-			rejected, ok = reply[head+x].(int64)
-			if !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
-				return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, reply[head+x])
+			if rejected, ok = rejections[x].(int64); !ok || rejected < -1 || rejected >= int64(len(f.windows)) {
+				return fmt.Errorf("hits[%d]: the script replied %v, not a window index", i, rejections[x])
 			}
 		}
 		// The rate first, as the script decides it.
@@ -1217,11 +1202,61 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 			results[i].Rate = strategy.RateReply{OK: admit, TAT: tats[f.rate-1] * 1e3, Now: now * 1e3}
 		}
 	}
-	if s.prevs == nil {
-		return nil
+	r.remember(s, results, reply, nowMs)
+	return nil
+}
+
+// readReply reads the batch script's reply: into val each counter's
+// count before the hits (read, in the reply, or sent), into tats the TATs
+// before the hits, and it returns the server's clock, in microseconds,
+// and each hit's rejecting window, nil when every hit was admitted at
+// once. (The caller makes val and tats: they stay on its stack.)
+func (r *batchRun) readReply(reply []any, val []float64, tats []int64) (now int64, rejections []any, err error) {
+	nread := 0
+	for j := range r.counters {
+		c := &r.counters[j]
+		if c.sent != "" {
+			val[j] = c.sentVal
+			continue
+		}
+		nread++
+		if c.script >= len(reply) {
+			return 0, nil, fmt.Errorf("the batch script replied %d values, too few for its counters", len(reply))
+		}
+		if val[j], err = replyCount(reply[c.script]); err != nil {
+			return 0, nil, fmt.Errorf("%s: %w", r.keys[j], err)
+		}
 	}
-	// Remember, for each window only read as a previous one, its count
-	// and the current count of the window after it.
+	head := 1 + nread // the reply before the hits' rejecting windows
+	if len(r.tats) > 0 {
+		head += 1 + len(r.tats)
+	}
+	if len(reply) != head && len(reply) != head+len(r.hits) {
+		return 0, nil, fmt.Errorf("the batch script replied %d values, not %d or %d", len(reply), head, head+len(r.hits))
+	}
+	if len(reply) > head {
+		rejections = reply[head:]
+	}
+	if len(tats) > 0 {
+		var ok bool
+		if now, ok = reply[1+nread].(int64); !ok || now <= 0 {
+			return 0, nil, fmt.Errorf("the batch script replied %v, not a time", reply[1+nread])
+		}
+		for x := range tats {
+			if tats[x], ok = reply[2+nread+x].(int64); !ok {
+				return 0, nil, fmt.Errorf("%s: the script replied %v, not a TAT", r.tats[x], reply[2+nread+x])
+			}
+		}
+	}
+	return now, rejections, nil
+}
+
+// remember has the store remember, for each window only read as a
+// previous one, its count and the current count of the window after it.
+func (r *batchRun) remember(s *Store, results []strategy.HitResult, reply []any, nowMs int64) {
+	if s.prevs == nil {
+		return
+	}
 	for j := range r.counters {
 		c := &r.counters[j]
 		if c.current {
@@ -1242,7 +1277,6 @@ func (r *batchRun) answer(s *Store, results []strategy.HitResult, reply []any, n
 		}
 		s.prevs.put(c.bucket, r.keys[j], e, nowMs)
 	}
-	return nil
 }
 
 // replyCount parses a count the batch script replied: an integer, or a

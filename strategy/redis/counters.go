@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -67,7 +66,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	if err := strategy.CheckNear(b.Near); err != nil {
 		return err
 	}
-	calls, err := s.planPush(b, s.now().UnixNano())
+	runs, err := s.planPush(b, s.now().UnixNano())
 	if err != nil {
 		return err
 	}
@@ -76,26 +75,19 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		parts  partFailures // on a Cluster, the other masters' runs go on
 	)
 	// Send the runs in pipelines of bounded size, one after the other.
-	for len(calls) > 0 {
-		n, diffs := 0, 0
-		for n < len(calls) {
-			d := calls[n].counters
-			if n > 0 && diffs+d > maxPipelineDiffs {
-				break
-			}
-			n, diffs = n+1, diffs+d
+	for len(runs) > 0 {
+		n, diffs := 1, runs[0].counters
+		for n < len(runs) && diffs+runs[n].counters <= maxPipelineDiffs {
+			n, diffs = n+1, diffs+runs[n].counters
 		}
-		cmds, err := s.evalPipelined(ctx, pushScript, calls[:n])
+		cmds, err := s.runPipeline(ctx, runs[:n], &parts)
 		if s.cluster && b.Near > 0 {
-			marked = appendMarked(marked, calls[:n], cmds)
+			marked = appendMarked(marked, runs[:n], cmds)
 		}
 		if err != nil {
-			if !s.cluster {
-				return err
-			}
-			addFailed(&parts, err, cmds, scriptBuckets(calls))
+			return err
 		}
-		calls = calls[n:]
+		runs = runs[n:]
 	}
 	// The marks of the runs that were applied are written all the same:
 	// a retry of the batch marks nothing again.
@@ -121,51 +113,35 @@ func compareDiffs(a, b *window.Diff) int {
 // counters. Either way the runs, and so what each dedupe marker covers,
 // depend only on the set of diffs, not on their order, so that a retry is
 // split the same way as the first attempt.
-func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
+func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptRun, error) {
 	if b.ID == "" {
 		return nil, errors.New("the batch has no ID")
 	}
-	// Sort the diffs, and the rates after them (item i >= nd is rate
-	// i-nd), by bucket with a counting sort, leaving out the diffs that
-	// add nothing. A bad window fails the whole batch before anything is
-	// sent, as no retry could ever store it.
-	const dropped = -1
-	diffs, rates, nd := b.Diffs, b.Rates, len(b.Diffs)
-	if err := strategy.CheckRateDiffs(rates); err != nil {
+	// A bad window fails the whole batch before anything is sent, as no
+	// retry could ever store it.
+	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
 		return nil, err
 	}
-	bucket := make([]int16, nd+len(rates))
-	var starts [buckets + 1]int32
-	for i := range bucket {
-		key := ""
-		if i < nd {
-			d := &diffs[i]
-			if _, _, err := windowMs(d.Size, d.Start); err != nil {
-				return nil, err
-			}
-			if d.Value == 0 || !finite(d.Value) {
-				bucket[i] = dropped
-				continue
-			}
-			key = d.Key
-		} else {
-			key = rates[i-nd].Key
-		}
-		k := bucketOf(b.Namespace, key)
-		bucket[i] = int16(k)
-		starts[k+1]++
-	}
-	for k := 1; k <= buckets; k++ {
-		starts[k] += starts[k-1]
-	}
-	order := make([]int32, starts[buckets])
-	next := starts
-	for i, k := range bucket {
-		if k != dropped {
-			order[next[k]] = int32(i)
-			next[k]++
+	for i := range b.Diffs {
+		if _, _, err := windowMs(b.Diffs[i].Size, b.Diffs[i].Start); err != nil {
+			return nil, err
 		}
 	}
+	// Item i is diff i, or rate i-nd past the nd diffs, sorted by bucket,
+	// leaving out the diffs that add nothing.
+	nd := len(b.Diffs)
+	p := &pushPlan{s: s, b: &b, now: now, nowMs: now / int64(time.Millisecond), nsp: nsPart(b.Namespace)}
+	var order []int32
+	var starts *[buckets + 1]int32
+	p.bucket, order, starts = sortByBucket(nd+len(b.Rates), func(i int) int {
+		if i >= nd {
+			return bucketOf(b.Namespace, b.Rates[i-nd].Key)
+		}
+		if d := &b.Diffs[i]; d.Value != 0 && finite(d.Value) {
+			return bucketOf(b.Namespace, d.Key)
+		}
+		return -1
+	})
 	// Put in a fixed order every bucket whose diffs a cut between runs
 	// splits: on a Cluster, a bucket of more than maxScriptKeys diffs; on
 	// a standalone server, one that straddles a multiple of maxScriptKeys
@@ -178,150 +154,186 @@ func (s *Store) planPush(b strategy.Batch, now int64) ([]scriptCall, error) {
 			split = hi-lo > 1 && lo/maxScriptKeys != (hi-1)/maxScriptKeys
 		}
 		if split {
-			slices.SortFunc(order[lo:hi], func(i, j int32) int {
-				switch {
-				case int(i) < nd && int(j) < nd:
-					return compareDiffs(&diffs[i], &diffs[j])
-				case int(i) >= nd && int(j) >= nd:
-					x, y := &rates[int(i)-nd], &rates[int(j)-nd]
-					return cmp.Or(cmp.Compare(x.Key, y.Key), cmp.Compare(x.Window, y.Window), cmp.Compare(x.Increment, y.Increment))
-				}
-				return cmp.Compare(i, j) // diffs before rates
-			})
+			slices.SortFunc(order[lo:hi], p.compare)
 		}
 	}
+	if s.cluster {
+		for k := range buckets {
+			p.addGroup(order[starts[k]:starts[k+1]], k)
+		}
+		return p.runs, nil
+	}
+	// Run n's marker is the batch's group n (see Store.dedupeKey): a batch
+	// of d diffs runs in ceil(d/256) groups, which HitBatch relies on, and
+	// a batch of one key's diffs is group 0, marked as a hit of its ID
+	// marks it (see Hit).
+	if b.Near > 0 {
+		p.feed, p.version = s.layout.nearKeys(b.Namespace)
+	}
+	p.addGroup(order, 0)
+	if b.Near > 0 {
+		// Runs write their marks one after the other: send last the run of
+		// the batch's last diff that may mark, so that its mark is the
+		// newest, as the memory store's is. Which diffs a run holds, and so
+		// its marker, does not change.
+		slices.SortStableFunc(p.runs, func(x, y scriptRun) int {
+			return cmp.Compare(lastDiff(x.diffs), lastDiff(y.diffs))
+		})
+	}
+	return p.runs, nil
+}
 
-	nowMs := now / int64(time.Millisecond)
-	nsp := nsPart(b.Namespace)
-	var feed, version string // the near keys, which a standalone run writes
-	if b.Near > 0 && !s.cluster {
-		feed, version = s.layout.nearKeys(b.Namespace)
+// sortByBucket sorts items 0 to n-1 by their buckets, bucketOf(i), -1
+// leaving item i out, with a counting sort. It returns each item's
+// bucket, the items in order, and where each bucket's start among them:
+// bucket k's are order[starts[k]:starts[k+1]].
+func sortByBucket(n int, bucketOf func(i int) int) (bucket []int16, order []int32, starts *[buckets + 1]int32) {
+	bucket, starts = make([]int16, n), new([buckets + 1]int32)
+	for i := range bucket {
+		k := bucketOf(i)
+		bucket[i] = int16(k)
+		starts[k+1]++ // an item left out counts in starts[0], which stays 0
 	}
+	starts[0] = 0
+	for k := 1; k <= buckets; k++ {
+		starts[k] += starts[k-1]
+	}
+	order = make([]int32, starts[buckets])
+	next := *starts
+	for i, k := range bucket {
+		if k >= 0 {
+			order[next[k]] = int32(i)
+			next[k]++
+		}
+	}
+	return bucket, order, starts
+}
+
+// pushPlan is planPush's work: the batch, its items' buckets and the runs
+// made so far.
+type pushPlan struct {
+	s          *Store
+	b          *strategy.Batch
+	now, nowMs int64
+	nsp        string
+	// feed and version are the near keys that a standalone run writes.
+	feed, version string
+	bucket        []int16
+	buf           []byte
+	runs          []scriptRun
+	// Diffs of one sync mostly share their value, their window and their
+	// marks: their boxed arguments are reused, not allocated per diff.
+	value, at  lastArg[float64]
+	exp, until lastArg[int64]
+}
+
+// lastArg is the last value made an argument, and the argument, to reuse
+// while the value repeats.
+type lastArg[T comparable] struct {
+	v   T
+	arg any
+}
+
+// of returns v as an argument, made by mk if it is not the last value.
+func (l *lastArg[T]) of(v T, mk func(T) any) any {
+	if l.arg == nil || v != l.v {
+		l.v, l.arg = v, mk(v)
+	}
+	return l.arg
+}
+
+func valueArg(v float64) any { return formatValue(v) }
+func intArg(v int64) any     { return v }
+
+// compare orders the batch's items by everything they hold, diffs before
+// rates, so that items sorted with it come out in the same order
+// whatever order they came in.
+func (p *pushPlan) compare(i, j int32) int {
+	nd := int32(len(p.b.Diffs))
+	switch {
+	case i < nd && j < nd:
+		return compareDiffs(&p.b.Diffs[i], &p.b.Diffs[j])
+	case i >= nd && j >= nd:
+		x, y := &p.b.Rates[i-nd], &p.b.Rates[j-nd]
+		return cmp.Or(cmp.Compare(x.Key, y.Key), cmp.Compare(x.Window, y.Window), cmp.Compare(x.Increment, y.Increment))
+	}
+	return cmp.Compare(i, j)
+}
+
+// addGroup adds the runs of a group of items, whose dedupe markers are
+// those of groups 0, 1... of bucket k, maxScriptKeys items each.
+func (p *pushPlan) addGroup(group []int32, k int) {
+	for n := 0; len(group) > 0; n++ {
+		part := group[:min(len(group), maxScriptKeys)]
+		group = group[len(part):]
+		p.add(part, k, n)
+	}
+}
+
+// add adds the run of the items of part, whose dedupe marker is that of
+// group n of bucket k, leaving out the diffs of windows that have ended
+// (which no node reads any more) and the run itself if none is left.
+func (p *pushPlan) add(part []int32, k, n int) {
+	b, nd := p.b, len(p.b.Diffs)
+	keys, args := make([]string, 1, len(part)+1), make([]any, 1, 2*len(part)+1)
 	var (
-		buf   []byte
-		calls []scriptCall
-		// Diffs of one sync mostly share their value and their window:
-		// reuse the boxed arguments rather than allocate them per diff.
-		lastValue, lastExp = math.NaN(), int64(math.MinInt64)
-		valueArg, expArg   any
-		lastAt, lastUntil  = math.NaN(), int64(math.MinInt64)
-		atArg, untilArg    any
+		last  int64 // the latest expiry of the run's counters
+		near  []any // each counter's threshold and mark's end (see pushScript)
+		diffs []int32
 	)
-	// addRun appends the run of the diffs part, whose dedupe marker is
-	// that of group n of bucket k, leaving out the diffs of windows that
-	// have ended (which no node reads any more) and the run itself if
-	// none is left.
-	addRun := func(part []int32, k, n int) {
-		call := scriptCall{
-			keys: make([]string, 1, len(part)+1),
-			args: make([]any, 1, 2*len(part)+1),
+	// The thresholds are sent only when a diff of the run may mark.
+	if b.Near > 0 && slices.ContainsFunc(part, func(i int32) bool { return int(i) < nd && mayMark(b.Near, &b.Diffs[i], p.now) }) {
+		near, diffs = append(make([]any, 0, 2*len(part)+1), len(p.nsp)), make([]int32, 0, len(part))
+		if !p.s.cluster {
+			// The run writes its marks in the order of its counters: that
+			// of the diffs (rates last), as the memory store's.
+			slices.Sort(part)
 		}
-		var (
-			last int64 // the latest expiry of the run's counters
-			// Each counter's threshold and mark's end, made and sent only
-			// when a diff of the run may mark (see pushScript).
-			near []any
-		)
-		if b.Near > 0 && slices.ContainsFunc(part, func(i int32) bool {
-			return int(i) < nd && mayMark(b.Near, &diffs[i], now)
-		}) {
-			near = make([]any, 1, 2*len(part)+1)
-			near[0] = len(nsp)
-			call.diffs = make([]int32, 0, len(part))
-			if !s.cluster {
-				// The run writes its marks in the order of its counters:
-				// that of the diffs (rates last), as the memory store's.
-				slices.Sort(part)
-			}
-		}
-		for _, i := range part {
-			if int(i) >= nd {
-				// A rate's turn: "r" and its increment, no expiry.
-				r := &rates[int(i)-nd]
-				call.keys = append(call.keys, s.layout.rateKey(int(bucket[i]), r.Window.Milliseconds(), nsp, r.Key))
-				call.args = append(call.args, "r"+strconv.FormatInt(r.Increment.Microseconds(), 10), "")
-				if near != nil {
-					near = append(near, "0", "0")
-					call.diffs = append(call.diffs, -1)
-				}
-				continue
-			}
-			d := &diffs[i]
-			if d.Start+2*int64(d.Size) <= now {
-				continue
-			}
+	}
+	for _, i := range part {
+		if int(i) >= nd { // a rate's turn: "r" and its increment, no expiry
+			r := &b.Rates[int(i)-nd]
+			keys = append(keys, p.s.layout.rateKey(int(p.bucket[i]), r.Window.Milliseconds(), p.nsp, r.Key))
+			args = append(args, "r"+strconv.FormatInt(r.Increment.Microseconds(), 10), "")
 			if near != nil {
-				if !mayMark(b.Near, d, now) {
-					near = append(near, "0", "0")
-				} else {
-					at := strategy.NearAt(b.Near, d)
-					if at != lastAt {
-						lastAt, atArg = at, formatValue(at)
-					}
-					if until := strategy.NearUntil(d).UnixMilli(); until != lastUntil {
-						lastUntil, untilArg = until, until
-					}
-					near = append(near, atArg, untilArg)
-				}
-				call.diffs = append(call.diffs, i)
+				near, diffs = append(near, "0", "0"), append(diffs, -1)
 			}
-			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
-			var key string
-			key, buf = s.layout.counterKey(buf, int(bucket[i]), sizeMs, startMs, nsp, d.Key)
-			exp := expireAtMs(sizeMs, startMs)
-			if exp != lastExp {
-				lastExp, expArg = exp, exp
-			}
-			last = max(last, exp)
-			if d.Value != lastValue {
-				lastValue, valueArg = d.Value, formatValue(d.Value)
-			}
-			call.keys = append(call.keys, key)
-			call.args = append(call.args, valueArg, expArg)
+			continue
 		}
-		if len(call.keys) == 1 {
-			return
+		d := &b.Diffs[i]
+		if d.Start+2*int64(d.Size) <= p.now {
+			continue
 		}
-		call.counters = len(call.keys) - 1
-		call.bucket = k
-		call.keys[0] = s.dedupeKey(k, n, b.ID)
-		call.args[0] = max(last-nowMs, strategy.MinBatchIDLife.Milliseconds())
 		if near != nil {
-			call.args = append(call.args, near...)
-			if feed != "" {
-				call.keys = append(call.keys, feed, version)
+			at, until := any("0"), any("0")
+			if mayMark(b.Near, d, p.now) {
+				at, until = p.at.of(strategy.NearAt(b.Near, d), valueArg), p.until.of(strategy.NearUntil(d).UnixMilli(), intArg)
 			}
+			near, diffs = append(near, at, until), append(diffs, i)
 		}
-		calls = append(calls, call)
+		sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+		var key string
+		key, p.buf = p.s.layout.counterKey(p.buf, int(p.bucket[i]), sizeMs, startMs, p.nsp, d.Key)
+		exp := expireAtMs(sizeMs, startMs)
+		last = max(last, exp)
+		keys = append(keys, key)
+		args = append(args, p.value.of(d.Value, valueArg), p.exp.of(exp, intArg))
 	}
-	if !s.cluster {
-		// Run n's marker is the batch's group n (see Store.dedupeKey): a
-		// batch of d diffs runs in ceil(d/256) groups, which HitBatch
-		// relies on, and a batch of one key's diffs is group 0, marked as
-		// a hit of its ID marks it (see Hit).
-		for n := 0; n*maxScriptKeys < len(order); n++ {
-			addRun(order[n*maxScriptKeys:min(len(order), (n+1)*maxScriptKeys)], 0, n)
-		}
-		if b.Near > 0 {
-			// Runs write their marks one after the other: send last the
-			// run of the batch's last diff that may mark, so that its
-			// mark is the newest, as the memory store's is. Which diffs
-			// a run holds, and so its marker, does not change.
-			slices.SortStableFunc(calls, func(x, y scriptCall) int {
-				return cmp.Compare(lastDiff(x.diffs), lastDiff(y.diffs))
-			})
-		}
-		return calls, nil
+	if len(keys) == 1 {
+		return
 	}
-	for k := range buckets {
-		group := order[starts[k]:starts[k+1]]
-		for n := 0; len(group) > 0; n++ {
-			part := group[:min(len(group), maxScriptKeys)]
-			group = group[len(part):]
-			addRun(part, k, n)
+	counters := len(keys) - 1
+	keys[0] = p.s.dedupeKey(k, n, b.ID)
+	args[0] = max(last-p.nowMs, strategy.MinBatchIDLife.Milliseconds())
+	if near != nil {
+		args = append(args, near...)
+		if p.feed != "" {
+			keys = append(keys, p.feed, p.version)
 		}
 	}
-	return calls, nil
+	run := newRun(pushScript, keys, args...)
+	run.bucket, run.counters, run.diffs = k, counters, diffs
+	p.runs = append(p.runs, run)
 }
 
 // mayMark reports whether a diff pushed at now (Unix nanoseconds) in a
@@ -332,7 +344,7 @@ func mayMark(near float64, d *window.Diff, now int64) bool {
 }
 
 // lastDiff returns the greatest of a run's diff indexes (see
-// scriptCall.diffs), or -1 for a run that marks nothing.
+// scriptRun.diffs), or -1 for a run that marks nothing.
 func lastDiff(diffs []int32) int32 {
 	if len(diffs) == 0 {
 		return -1
@@ -379,111 +391,19 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 	}
 
 	// Sort the keys by bucket: one bucket is one slot, so one MGET.
-	bucket := make([]int16, len(keys))
-	var starts [buckets + 1]int32
-	for i, key := range keys {
-		k := bucketOf(namespace, key)
-		bucket[i] = int16(k)
-		starts[k+1]++
-	}
-	for k := 1; k <= buckets; k++ {
-		starts[k] += starts[k-1]
-	}
-	order := make([]int32, len(keys))
-	next := starts
-	for i, k := range bucket {
-		order[next[k]] = int32(i)
-		next[k]++
-	}
-
-	nsp := nsPart(namespace)
-	ctx, failed := s.watch(ctx)
-	var (
-		buf    []byte
-		counts []window.Count
-		pipe   = s.client.Pipeline()
-		mgets  []*goredis.SliceCmd
-		refs   []windowRef // one per key read, in order
-		batch  []string    // the keys of the MGET being built
-		reads  int         // keys read by the pipeline
-		// On a Cluster, the bucket each MGET reads, and the failures of
-		// the MGETs that failed: the others' counts are returned all the
-		// same (strategy.Parted).
-		mgetBuckets []int
-		parts       partFailures
-		bucketNow   int
-	)
-	flush := func() error {
-		if len(mgets) == 0 {
-			return nil
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			cmds := make([]goredis.Cmder, len(mgets))
-			for i, cmd := range mgets {
-				cmds[i] = cmd
-			}
-			err := s.sendAgain(ctx, failed, cmds, func(i int) goredis.Cmder {
-				mgets[i] = goredis.NewSliceCmd(ctx, mgets[i].Args()...)
-				return mgets[i]
-			})
-			if err != nil && !s.cluster {
-				return notSent(err)
-			}
-		}
-		at := 0
-		for m, cmd := range mgets {
-			if err := cmd.Err(); err != nil {
-				parts.add(notSent(err), mgetBuckets[m])
-				at += len(cmd.Args()) - 1
-				continue
-			}
-			for _, v := range cmd.Val() {
-				ref := refs[at]
-				at++
-				str, ok := v.(string)
-				if !ok {
-					continue // missing
-				}
-				if ref.key < 0 {
-					version = str
-					continue
-				}
-				f, err := strconv.ParseFloat(str, 64)
-				if err != nil {
-					return fmt.Errorf("a counter holds %q, not a number", str)
-				}
-				counts = append(counts, window.Count{Key: keys[ref.key], Size: sizes[ref.size], Start: ref.start, Value: f})
-			}
-		}
-		mgets, mgetBuckets, refs, reads = mgets[:0], mgetBuckets[:0], refs[:0], 0
-		return nil
-	}
-	endMGet := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		mgets = append(mgets, pipe.MGet(ctx, batch...))
-		mgetBuckets = append(mgetBuckets, bucketNow)
-		reads += len(batch)
-		batch = nil // the command keeps the slice
-		if reads >= maxPipelineReads {
-			return flush()
-		}
-		return nil
-	}
+	_, order, starts := sortByBucket(len(keys), func(i int) int { return bucketOf(namespace, keys[i]) })
+	r := &countReader{s: s, keys: keys, sizes: sizes, pipe: s.client.Pipeline()}
+	r.ctx, r.failed = s.watch(ctx)
 	versionBucket := -1
 	if versionKey != "" {
 		versionBucket = bucketOf(namespace, "")
 	}
+	nsp := nsPart(namespace)
+	var buf []byte
 	for k := range buckets {
-		bucketNow = k
 		if k == versionBucket {
-			batch = append(batch, versionKey)
-			refs = append(refs, windowRef{key: -1})
-			if len(batch) == maxMGetKeys {
-				if err := endMGet(); err != nil {
-					return nil, "", err
-				}
+			if err := r.read(k, versionKey, windowRef{key: -1}); err != nil {
+				return nil, "", err
 			}
 		}
 		for _, i := range order[starts[k]:starts[k+1]] {
@@ -491,12 +411,8 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 				for _, start := range [2]int64{w.cur, w.prev} {
 					var key string
 					key, buf = s.layout.counterKey(buf, k, w.sizeMs, start/int64(time.Millisecond), nsp, keys[i])
-					batch = append(batch, key)
-					refs = append(refs, windowRef{key: i, size: int32(j), start: start})
-					if len(batch) == maxMGetKeys {
-						if err := endMGet(); err != nil {
-							return nil, "", err
-						}
+					if err := r.read(k, key, windowRef{key: i, size: int32(j), start: start}); err != nil {
+						return nil, "", err
 					}
 				}
 			}
@@ -505,18 +421,112 @@ func (s *Store) getCounters(ctx context.Context, namespace string, keys []string
 		// standalone server's may read any keys, so it fills up to
 		// maxMGetKeys across buckets.
 		if s.cluster {
-			if err := endMGet(); err != nil {
+			if err := r.endMGet(); err != nil {
 				return nil, "", err
 			}
 		}
 	}
-	if err := endMGet(); err != nil {
+	if err := r.endMGet(); err != nil {
 		return nil, "", err
 	}
-	if err := flush(); err != nil {
+	if err := r.flush(); err != nil {
 		return nil, "", err
 	}
-	return counts, version, s.partial(parts.first, parts.buckets...)
+	return r.counts, r.version, s.partial(r.parts.first, r.parts.buckets...)
+}
+
+// countReader is getCounters' pipeline of MGETs and what they read.
+type countReader struct {
+	s           *Store
+	ctx         context.Context
+	failed      *failedNodes
+	keys        []string
+	sizes       []time.Duration
+	pipe        goredis.Pipeliner
+	mgets       []*goredis.SliceCmd
+	mgetBuckets []int       // the bucket of each MGET, on a Cluster
+	refs        []windowRef // one per key read, in order
+	batch       []string    // the keys of the MGET being built
+	bucket      int         // the bucket of the MGET being built
+	reads       int         // keys read by the pipeline
+	counts      []window.Count
+	version     string
+	// On a Cluster, the failures of the MGETs that failed: the others'
+	// counts are returned all the same (strategy.Parted).
+	parts partFailures
+}
+
+// read adds key, of bucket k, to the MGET being built.
+func (r *countReader) read(k int, key string, ref windowRef) error {
+	r.bucket = k
+	r.batch = append(r.batch, key)
+	r.refs = append(r.refs, ref)
+	if len(r.batch) == maxMGetKeys {
+		return r.endMGet()
+	}
+	return nil
+}
+
+// endMGet adds the MGET being built to the pipeline, and sends the
+// pipeline once it reads maxPipelineReads keys.
+func (r *countReader) endMGet() error {
+	if len(r.batch) == 0 {
+		return nil
+	}
+	r.mgets = append(r.mgets, r.pipe.MGet(r.ctx, r.batch...))
+	r.mgetBuckets = append(r.mgetBuckets, r.bucket)
+	r.reads += len(r.batch)
+	r.batch = nil // the command keeps the slice
+	if r.reads >= maxPipelineReads {
+		return r.flush()
+	}
+	return nil
+}
+
+// flush sends the pipeline and reads its replies.
+func (r *countReader) flush() error {
+	if len(r.mgets) == 0 {
+		return nil
+	}
+	if _, err := r.pipe.Exec(r.ctx); err != nil {
+		cmds := make([]goredis.Cmder, len(r.mgets))
+		for i, cmd := range r.mgets {
+			cmds[i] = cmd
+		}
+		err := r.s.sendAgain(r.ctx, r.failed, cmds, func(i int) goredis.Cmder {
+			r.mgets[i] = goredis.NewSliceCmd(r.ctx, r.mgets[i].Args()...)
+			return r.mgets[i]
+		})
+		if err != nil && !r.s.cluster {
+			return notSent(err)
+		}
+	}
+	at := 0
+	for m, cmd := range r.mgets {
+		if err := cmd.Err(); err != nil {
+			r.parts.add(notSent(err), r.mgetBuckets[m])
+			at += len(cmd.Args()) - 1
+			continue
+		}
+		for _, v := range cmd.Val() {
+			ref := r.refs[at]
+			at++
+			str, ok := v.(string)
+			switch {
+			case !ok: // missing
+			case ref.key < 0:
+				r.version = str
+			default:
+				f, err := strconv.ParseFloat(str, 64)
+				if err != nil {
+					return fmt.Errorf("a counter holds %q, not a number", str)
+				}
+				r.counts = append(r.counts, window.Count{Key: r.keys[ref.key], Size: r.sizes[ref.size], Start: ref.start, Value: f})
+			}
+		}
+	}
+	r.mgets, r.mgetBuckets, r.refs, r.reads = r.mgets[:0], r.mgetBuckets[:0], r.refs[:0], 0
+	return nil
 }
 
 // windowRef says which window of which key an MGET reply is about: key is

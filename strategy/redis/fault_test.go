@@ -62,13 +62,17 @@ func stored(t *testing.T, c *goredis.Client, r *Store, b strategy.Batch) (presen
 	return present, wrong
 }
 
-// warmUp opens a connection and loads the push script, so that the next
+// warmUp opens a connection for pipelines and one for single commands
+// (go-redis pools them apart) and loads the push script, so that the next
 // push is written at once.
 func warmUp(t *testing.T, r *Store, size time.Duration, start int64) {
 	t.Helper()
 	if err := r.PushDiffs(testCtx(t), strategy.Batch{ID: newID(), Namespace: "warm-up", Diffs: []window.Diff{
 		{Key: "k", Size: size, Start: start, Value: 1},
 	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.client.Ping(testCtx(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
 }

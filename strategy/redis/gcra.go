@@ -6,80 +6,64 @@ import (
 	"strconv"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
-// rateSource is the source of rateScript, kept to send with EVAL when a
-// server does not hold the script.
+// rateScript decides one request under a rate (see strategy.Rater), or
+// gives one back, by the server's clock (TIME), in Unix microseconds.
+// KEYS[1] is the key's TAT, a string of microseconds that lives until the
+// TAT, since a key whose TAT has passed has its whole burst, as one never
+// seen does. KEYS[2], when the request has an ID, is the ID's record:
+// "t<increment>" when it took a turn, "r" when it was refused, "g" when it
+// was given back.
 //
-// It decides one request under a rate (see strategy.Rater) by the
-// server's clock (TIME), in Unix microseconds, which a Lua number holds
-// exactly. KEYS[1] is the key's TAT, a string of microseconds that lives
-// until the TAT (PEXPIRE), since a key whose TAT has passed has its whole
-// burst, as one never seen does. KEYS[2], when the request has an ID, is
-// the ID's record: "t<increment>" when it took a turn, "r" when it was
-// refused, "g" when it was given back. ARGV[1] is the increment, ARGV[2]
-// the tolerance (microseconds), ARGV[3] 1 to force, ARGV[4] the record's
-// life in milliseconds.
+// To decide, ARGV[1] is the increment, ARGV[2] the tolerance
+// (microseconds), ARGV[3] 1 to force, ARGV[4] the record's life in
+// milliseconds. A recorded ID answers what it did, without a change,
+// unless it was refused and this call forces. Otherwise the request is
+// admitted when max(TAT, now) + increment - now <= tolerance, or forced,
+// and the TAT moves. It replies {admitted (1 or 0), TAT, now}.
 //
-// A recorded ID answers what it did, without a change, unless it was
-// refused and this call forces. Otherwise the request is admitted when
-// max(TAT, now) + increment - now <= tolerance, or forced, and the TAT
-// moves. It replies {admitted (1 or 0), TAT, now}.
-const rateSource = `
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-local force = ARGV[3] == '1'
-if KEYS[2] then
-	local rec = redis.call('GET', KEYS[2])
-	if rec and (not force or rec ~= 'r') then
-		local ok = 0
-		if string.sub(rec, 1, 1) == 't' then ok = 1 end
-		return {ok, tat, now}
-	end
+// To give back, ARGV[1] is "g" and ARGV[2] the record's life: it records
+// the ID as given back and, when the ID took a turn, moves the TAT back
+// by its increment, dropping the key once that is no later than now. It
+// replies 1 when it gave a turn back, else 0.
+var rateScript = newScript(tatSource + `
+local rec = KEYS[2] and redis.call('GET', KEYS[2])
+local back = ARGV[1] == 'g'
+if back then
+	if rec == 'g' then return 0 end
+	redis.call('SET', KEYS[2], 'g', 'PX', ARGV[2])
+	if not rec or string.sub(rec, 1, 1) ~= 't' then return 0 end
 end
-local inc = tonumber(ARGV[1])
-local due = math.max(tat, now) + inc
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if back then
+	if tat == 0 then return 0 end
+	local now = serverNow()
+	tat = tat - tonumber(string.sub(rec, 2))
+	if tat <= now then
+		redis.call('DEL', KEYS[1])
+	else
+		storeTAT(KEYS[1], tat, now)
+	end
+	return 1
+end
+local now = serverNow()
+local force = ARGV[3] == '1'
+if rec and (not force or rec ~= 'r') then
+	local ok = 0
+	if string.sub(rec, 1, 1) == 't' then ok = 1 end
+	return {ok, tat, now}
+end
+local due = arrival(tat, now, tonumber(ARGV[1]))
 if not force and due - now > tonumber(ARGV[2]) then
 	if KEYS[2] then redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4]) end
 	return {0, tat, now}
 end
-redis.call('SET', KEYS[1], string.format('%.0f', due), 'PX', math.floor((due - now) / 1000) + 1)
+storeTAT(KEYS[1], due, now)
 if KEYS[2] then redis.call('SET', KEYS[2], 't' .. ARGV[1], 'PX', ARGV[4]) end
 return {1, due, now}
-`
-
-// rateScript is rateSource, run by its SHA1 digest.
-var rateScript = goredis.NewScript(rateSource)
-
-// giveBackSource is the source of giveBackScript: it records the ID of
-// KEYS[2] as given back (for ARGV[1] milliseconds) and, when the ID took
-// a turn ("t<increment>", see rateSource), moves the TAT of KEYS[1] back
-// by its increment, dropping the key once that is no later than the
-// server's now. It replies 1 when it gave a turn back, else 0.
-const giveBackSource = `
-local rec = redis.call('GET', KEYS[2])
-if rec == 'g' then return 0 end
-redis.call('SET', KEYS[2], 'g', 'PX', ARGV[1])
-if not rec or string.sub(rec, 1, 1) ~= 't' then return 0 end
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat == 0 then return 0 end
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local back = tat - tonumber(string.sub(rec, 2))
-if back <= now then
-	redis.call('DEL', KEYS[1])
-else
-	redis.call('SET', KEYS[1], string.format('%.0f', back), 'PX', math.floor((back - now) / 1000) + 1)
-end
-return 1
-`
-
-// giveBackScript is giveBackSource, run by its SHA1 digest.
-var giveBackScript = goredis.NewScript(giveBackSource)
+`)
 
 // rateKey returns the key of a key's TAT under the rates of one window:
 // <prefix>:{<bucket>}:rate:<window ms>:<len(ns)>:<ns>:<key>, in the
@@ -122,14 +106,12 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 	if r.Force {
 		force = 1
 	}
-	tatKey := s.layout.rateKey(bucket, r.Window.Milliseconds(), nsp, key)
-	cmdArgs := []any{nil, nil, 1, tatKey}
+	keys, how := []string{s.layout.rateKey(bucket, r.Window.Milliseconds(), nsp, key)}, sendOnce
 	if id != "" {
-		cmdArgs[2] = 2
-		cmdArgs = append(cmdArgs, s.layout.rateIDKey(bucket, nsp, id))
+		keys, how = append(keys, s.layout.rateIDKey(bucket, nsp, id)), resendOnCluster
 	}
-	cmdArgs = append(cmdArgs, r.Increment.Microseconds(), r.Tolerance.Microseconds(), force, strategy.RateIDLife.Milliseconds())
-	reply, err := s.runOnce(ctx, rateScript, rateSource, cmdArgs, id != "").Int64Slice()
+	run := newRun(rateScript, keys, r.Increment.Microseconds(), r.Tolerance.Microseconds(), force, strategy.RateIDLife.Milliseconds())
+	reply, err := s.runScript(ctx, run, how).Int64Slice()
 	if err != nil {
 		return strategy.RateReply{}, s.partial(notSent(err), bucket)
 	}
@@ -152,9 +134,9 @@ func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window 
 		return err
 	}
 	bucket, nsp := bucketOf(namespace, key), nsPart(namespace)
-	cmdArgs := []any{nil, nil, 2, s.layout.rateKey(bucket, window.Milliseconds(), nsp, key),
-		s.layout.rateIDKey(bucket, nsp, id), strategy.RateIDLife.Milliseconds()}
-	return s.partial(notSent(s.runOnce(ctx, giveBackScript, giveBackSource, cmdArgs, true).Err()), bucket)
+	run := newRun(rateScript, []string{s.layout.rateKey(bucket, window.Milliseconds(), nsp, key), s.layout.rateIDKey(bucket, nsp, id)},
+		"g", strategy.RateIDLife.Milliseconds())
+	return s.partial(notSent(s.runScript(ctx, run, resendOnCluster).Err()), bucket)
 }
 
 // DecidesRatesInBatches marks the store as a strategy.RateBatcher: its

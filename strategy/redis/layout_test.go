@@ -242,19 +242,20 @@ func TestPushPlanIgnoresOrder(t *testing.T) {
 				}
 				runs := make(map[string]string)
 				for _, c := range calls {
+					keys, args := runKeys(c)
 					var parts []string
-					for i, k := range c.keys[1:] {
-						parts = append(parts, fmt.Sprint(k, "+", c.args[2*i+1], "@", c.args[2*i+2]))
+					for i, k := range keys[1:] {
+						parts = append(parts, fmt.Sprint(k, "+", args[2*i+1], "@", args[2*i+2]))
 					}
 					slices.Sort(parts)
-					runs[c.keys[0]] = fmt.Sprint(c.args[0], parts)
-					if len(c.keys)-1 > maxScriptKeys {
-						t.Errorf("a run writes %d counters, more than %d", len(c.keys)-1, maxScriptKeys)
+					runs[keys[0]] = fmt.Sprint(args[0], parts)
+					if len(keys)-1 > maxScriptKeys {
+						t.Errorf("a run writes %d counters, more than %d", len(keys)-1, maxScriptKeys)
 					}
 					if tc.cluster {
-						for _, k := range c.keys[1:] {
-							if tag := k[:strings.Index(k, "}")]; !strings.HasPrefix(c.keys[0], tag+"}") {
-								t.Errorf("a Cluster run mixes buckets: %.30q and marker %q", k, c.keys[0])
+						for _, k := range keys[1:] {
+							if tag := k[:strings.Index(k, "}")]; !strings.HasPrefix(keys[0], tag+"}") {
+								t.Errorf("a Cluster run mixes buckets: %.30q and marker %q", k, keys[0])
 							}
 						}
 					}
@@ -292,8 +293,21 @@ func TestPushPlanOfOneKeyIsTheHitsMarker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := r.dedupeKey(bucketOf("ns", "k"), 0, "hit-1"); len(calls) != 1 || calls[0].keys[0] != want || len(calls[0].keys) != 4 {
+		if len(calls) != 1 {
+			t.Fatalf("cluster %v: the plan has %d runs, want one", cluster, len(calls))
+		}
+		if want, keys := r.dedupeKey(bucketOf("ns", "k"), 0, "hit-1"), calls[0].cmd[3:3+calls[0].cmd[2].(int)]; keys[0] != want || len(keys) != 4 {
 			t.Errorf("cluster %v: the plan is %v, want one run of 3 counters marked %s", cluster, calls, want)
 		}
 	}
+}
+
+// runKeys returns the keys and the arguments of a script run's command.
+func runKeys(r scriptRun) ([]string, []any) {
+	n := r.cmd[2].(int)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = r.cmd[3+i].(string)
+	}
+	return keys, r.cmd[3+n:]
 }

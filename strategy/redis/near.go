@@ -16,8 +16,7 @@ import (
 )
 
 // maxNearMarks is the most marks a namespace's feed holds: past it, the
-// oldest go (see strategy.NearFeed). feedSource trims to it, and holds
-// the number itself.
+// oldest go (see strategy.NearFeed). feedSource trims to it.
 const maxNearMarks = 1 << 16
 
 // GetCountersNear is GetCounters, and the namespace's marks made after
@@ -196,7 +195,7 @@ func (s *Store) readMarks(ctx context.Context, feed string, known, upto int64) (
 
 // appendMarked appends to marked the indexes of the diffs that Cluster
 // push runs replied marked (see pushScript).
-func appendMarked(marked []int32, calls []scriptCall, cmds []*goredis.Cmd) []int32 {
+func appendMarked(marked []int32, calls []scriptRun, cmds []*goredis.Cmd) []int32 {
 	for j, cmd := range cmds {
 		reply, ok := cmd.Val().([]any)
 		if !ok {
@@ -245,10 +244,9 @@ func (s *Store) runNear(ctx context.Context, namespace string, marks []strategy.
 		return nil
 	}
 	feed, version := s.layout.nearKeys(namespace)
-	cmdArgs := make([]any, 0, 5+2*len(marks))
-	cmdArgs = append(cmdArgs, nil, nil, 2, feed, version)
+	args := make([]any, 0, 2*len(marks))
 	for _, m := range marks {
-		cmdArgs = append(cmdArgs, m.Key, m.Until.UnixMilli())
+		args = append(args, m.Key, m.Until.UnixMilli())
 	}
-	return s.runOnce(ctx, nearScript, nearSource, cmdArgs, true).Err()
+	return s.runScript(ctx, newRun(nearScript, []string{feed, version}, args...), resendOnCluster).Err()
 }

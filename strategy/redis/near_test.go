@@ -282,14 +282,20 @@ func TestCommandsPerNearMarkCluster(t *testing.T) {
 	}
 }
 
-// feedSource trims to maxNearMarks, and moves the string's marks to the
-// stream past maxInlineMarkBytes, which it spells out.
+// The feed trims to maxNearMarks, and moves the string's marks to the
+// stream past maxInlineMarkBytes: every constant the scripts name is
+// filled in.
 func TestFeedBound(t *testing.T) {
-	if !strings.Contains(feedSource, "v - "+strconv.Itoa(maxNearMarks)+" + 256") {
-		t.Errorf("feedSource does not trim its feed to the newest %d marks", maxNearMarks)
+	if !strings.Contains(nearScript.src, "v - "+strconv.Itoa(maxNearMarks)+" + "+strconv.Itoa(marksPerEntry)) {
+		t.Errorf("the feed is not trimmed to the newest %d marks", maxNearMarks)
 	}
-	if !strings.Contains(feedSource, "#held > "+strconv.Itoa(maxInlineMarkBytes)+" then") {
-		t.Errorf("feedSource does not hold %d bytes of marks in the version's string", maxInlineMarkBytes)
+	if !strings.Contains(nearScript.src, "#held > "+strconv.Itoa(maxInlineMarkBytes)+" then") {
+		t.Errorf("the version's string does not hold %d bytes of marks", maxInlineMarkBytes)
+	}
+	for _, sc := range []*script{pushScript, nearScript, batchScript, rateScript, acquireSlotScript, renewSlotsScript, setBansScript, getBansScript, attendScript} {
+		if strings.Contains(sc.src, "$") {
+			t.Errorf("a script holds a constant not filled in: %.60q", sc.src[strings.Index(sc.src, "$"):])
+		}
 	}
 }
 

@@ -4,29 +4,23 @@ import (
 	"context"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
-// attendSource is the source of attendScript. A namespace's members are
+// attendScript records a node's attendance. A namespace's members are
 // the sorted set KEYS[1]: member a node's ID, score when its attendance
 // expires, in Unix milliseconds by the server's clock. The script drops
 // the members that expired, sets ARGV[1]'s expiry ARGV[2] milliseconds
 // from now, has the set expire with its latest member, and replies with
 // the number of members.
-const attendSource = `
-local t = redis.call('TIME')
-local nowMs = t[1] * 1000 + math.floor(t[2] / 1000)
+var attendScript = newScript(serverNowSource + `
+local nowMs = math.floor(serverNow() / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowMs)
 redis.call('ZADD', KEYS[1], nowMs + tonumber(ARGV[2]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], last[2])
 return redis.call('ZCARD', KEYS[1])
-`
-
-// attendScript is attendSource, run by its SHA1 digest.
-var attendScript = goredis.NewScript(attendSource)
+`)
 
 // Attend records node as a member of namespace's fleet until ttl from now,
 // by the server's clock, and returns how many members have not expired
@@ -43,8 +37,8 @@ func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Dur
 	if err := strategy.CheckAttend(node, ttl); err != nil {
 		return 0, err
 	}
-	cmdArgs := []any{nil, nil, 1, s.layout.fleetKey(namespace), node, ttl.Milliseconds()}
-	n, err := s.runOnce(ctx, attendScript, attendSource, cmdArgs, true).Int()
+	run := newRun(attendScript, []string{s.layout.fleetKey(namespace)}, node, ttl.Milliseconds())
+	n, err := s.runScript(ctx, run, resendOnCluster).Int()
 	if err != nil {
 		return 0, s.partial(notSent(err), bucketOf(namespace, ""))
 	}

@@ -2,8 +2,12 @@ package redis
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
-	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -50,7 +54,7 @@ import (
 // before, which then marks nothing. A counter that refuses its increment
 // (a value the store cannot add) does not stop the others; the script
 // then replies with an error naming how many failed.
-var pushScript = goredis.NewScript(feedSource + `
+var pushScript = newScript(tatSource + feedSource + `
 local n, near, feed = #KEYS - 1, #ARGV ~= 2 * #KEYS - 1, false
 if near then
 	n = (#ARGV - 2) / 4
@@ -74,18 +78,15 @@ for i = 2, n + 1 do
 	local r, v = nil, ARGV[2*i-2]
 	if string.byte(v) == 114 then
 		-- "r<increment>": a rate's turn, forced, by the server's clock.
-		if not now then
-			local t = redis.call('TIME')
-			now = t[1] * 1000000 + t[2]
-		end
+		now = now or serverNow()
 		local tat = tats[KEYS[i]]
 		if not tat then
 			if held then tat = held[i - 1 + h] else tat = redis.call('GET', KEYS[i]) end
 			tat = tonumber(tat or '0') or 0
 		end
-		tat = math.max(tat, now) + tonumber(string.sub(v, 2))
+		tat = arrival(tat, now, tonumber(string.sub(v, 2)))
 		tats[KEYS[i]] = tat
-		redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+		storeTAT(KEYS[i], tat, now)
 	elseif (held and held[i - 1 + h]) or not redis.call('SET', KEYS[i], v, 'PXAT', ARGV[2*i-1], 'NX') then
 		r = redis.pcall('INCRBYFLOAT', KEYS[i], v)
 	elseif near then
@@ -128,7 +129,8 @@ return 1
 `)
 
 // feedSource defines writeFeed(feed, vkey, raw, marks), which appends
-// marks to a namespace's near feed (see strategy.NearFeed): feed is the
+// marks to a namespace's near feed (see strategy.NearFeed), and needs
+// serverNowSource: feed is the
 // stream of the marks and vkey the string of their version, which holds
 // raw (false when it does not exist); marks holds a key and its end (Unix
 // milliseconds) for each mark, in the order made.
@@ -146,14 +148,14 @@ return 1
 // or after streamed reads its marks from the string, which the fetch's
 // MGET reads anyway. When the string would hold more than
 // maxInlineMarkBytes of marks, they all go to the stream: one entry per
-// 256 marks, whose ID is "<version of its last mark>-0" and whose fields
+// marksPerEntry marks, whose ID is "<version of its last mark>-0" and whose fields
 // and values are the marks' keys and ends, so that a reader after version
 // v reads from ID v+1 (XRANGE) up to streamed. Each XADD drops, exactly
 // (MINID), the entries that hold only marks older than the newest
 // maxNearMarks, so that the feed never holds more than that many, and
 // the stream expires with the latest end when it is written. A push that
-// marks costs the SET of the string, and one XADD per 256 marks and a
-// PEXPIREAT once the string is full.
+// marks costs the SET of the string, and one XADD per marksPerEntry marks
+// and a PEXPIREAT once the string is full.
 const feedSource = `
 local function writeFeed(feed, vkey, raw, marks)
 	local v, last, streamed, held = 0, 0, 0, ''
@@ -169,8 +171,7 @@ local function writeFeed(feed, vkey, raw, marks)
 		end
 	end
 	if v == 0 then
-		local t = redis.call('TIME')
-		v, last, streamed, held = t[1] * 1000000 + t[2], 0, 0, ''
+		v, last, streamed, held = serverNow(), 0, 0, ''
 	end
 	local expire = last
 	local add = {}
@@ -180,7 +181,7 @@ local function writeFeed(feed, vkey, raw, marks)
 	end
 	held = held .. table.concat(add)
 	v = v + #marks / 2
-	if #held > 512 then
+	if #held > $maxInlineMarkBytes then
 		-- Every mark the string holds goes to the stream, in order.
 		local all, p = {}, 1
 		while p <= #held do
@@ -192,9 +193,9 @@ local function writeFeed(feed, vkey, raw, marks)
 			p = b + n + 1
 		end
 		local first = v - #all / 2 -- the version before the first
-		for c = 1, #all, 512 do
-			local args = {'XADD', feed, 'MINID', string.format('%.0f', v - 65536 + 256), false}
-			local upto = math.min(#all, c + 511)
+		for c = 1, #all, 2 * $marksPerEntry do
+			local args = {'XADD', feed, 'MINID', string.format('%.0f', v - $maxNearMarks + $marksPerEntry), false}
+			local upto = math.min(#all, c + 2 * $marksPerEntry - 1)
 			args[5] = string.format('%.0f-0', first + (upto / 2))
 			for j = c, upto do
 				args[#args + 1] = all[j]
@@ -214,114 +215,76 @@ local function writeFeed(feed, vkey, raw, marks)
 end
 `
 
-// maxInlineMarkBytes is the most bytes of marks that the string of a
-// feed's version holds (see feedSource): every fetch reads them, and a
-// reader up to date takes its new marks from there. feedSource holds the
-// number itself.
-const maxInlineMarkBytes = 512
+const (
+	// maxInlineMarkBytes is the most bytes of marks that the string of a
+	// feed's version holds (see feedSource): every fetch reads them, and
+	// a reader up to date takes its new marks from there.
+	maxInlineMarkBytes = 512
+	// marksPerEntry is the most marks one entry of a feed's stream holds.
+	marksPerEntry = 256
+)
 
-// nearSource is the source of nearScript, kept to send with EVAL when a
-// server does not hold the script. It writes a Cluster push's marks to
+// nearScript writes a Cluster push's marks to
 // its namespace's feed, whose slot the push's runs do not share (see
 // feedSource): KEYS[1] is the stream, KEYS[2] the version, and ARGV a key
 // and an end per mark. It replies 1.
-const nearSource = feedSource + `
+var nearScript = newScript(serverNowSource + feedSource + `
 writeFeed(KEYS[1], KEYS[2], redis.call('GET', KEYS[2]), ARGV)
 return 1
+`)
+
+// script is a Lua script, sent by its SHA1 digest (EVALSHA), and by its
+// source (EVAL) to a server that does not hold it yet. Its source's
+// $names are Go's constants (see luaConstants), filled in once.
+type script struct{ src, sha string }
+
+func newScript(src string) *script {
+	src = luaConstants.Replace(src)
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// luaConstants fills in the constants that the scripts share with Go.
+var luaConstants = strings.NewReplacer(
+	"$maxInlineMarkBytes", strconv.Itoa(maxInlineMarkBytes),
+	"$marksPerEntry", strconv.Itoa(marksPerEntry),
+	"$maxNearMarks", strconv.Itoa(maxNearMarks),
+	"$banEpochFactor", strconv.Itoa(1<<strategy.BanEpochShift),
+	"$maxPackedCountByte", strconv.Itoa(maxPackedCount>>40),
+	"$maxExact", "9007199254740992", // 2^53: Lua's numbers hold the integers below it exactly
+)
+
+// serverNowSource and tatSource are the Lua helpers that the scripts
+// which read the server's clock or move a rate's TAT share: serverNow()
+// is the server's time (TIME) in Unix microseconds, which a Lua number
+// holds exactly; arrival(tat, now, inc) is where a turn of inc
+// microseconds taken at now moves a TAT (GCRA); and storeTAT writes a
+// TAT, living until it passes.
+const (
+	serverNowSource = `
+local function serverNow()
+	local t = redis.call('TIME')
+	return t[1] * 1000000 + t[2]
+end
 `
+	tatSource = serverNowSource + `
+local function arrival(tat, now, inc)
+	return math.max(tat, now) + inc
+end
+local function storeTAT(key, tat, now)
+	redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+end
+`
+)
 
-// nearScript is nearSource, run by its SHA1 digest.
-var nearScript = goredis.NewScript(nearSource)
-
-// noRetryCmd is a command that go-redis does not send again after a
-// network error: its NoRetry overrides the embedded command's. go-redis
-// resends other commands after a read timeout, an EOF or a reset, when the
-// first attempt may have been applied with its reply lost, and a hit
-// applied twice counts twice. Dialing is retried by the pool itself
-// (DialerRetries), before anything is sent, so that retry is kept.
-type noRetryCmd struct{ *goredis.Cmd }
-
-// NoRetry reports that the command must be sent at most once.
-func (noRetryCmd) NoRetry() bool { return true }
-
-// runOnce runs a script the way Script.Run does, EVALSHA then EVAL when the
-// server does not hold it, but never resends either command after a
-// network error. A NOSCRIPT reply means that the EVALSHA did nothing, so
-// the EVAL that follows it is not a resend. cmdArgs is the whole command:
-// two slots that runOnce fills (the command's name and the script), the
-// number of keys, the keys, then the script's arguments.
-func runOnce(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, src string, cmdArgs []any) *goredis.Cmd {
-	cmdArgs[0], cmdArgs[1] = "evalsha", s.Hash()
-	cmd := goredis.NewCmd(ctx, cmdArgs...)
-	cmd.SetFirstKeyPos(3) // route by the first key on a Cluster
-	_ = c.Process(ctx, noRetryCmd{cmd})
-	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmdArgs[0], cmdArgs[1] = "eval", src
-		cmd = goredis.NewCmd(ctx, cmdArgs...)
-		cmd.SetFirstKeyPos(3)
-		_ = c.Process(ctx, noRetryCmd{cmd})
-	}
-	return cmd
-}
-
-// scriptRun is one run of a script: the script, its source (for EVAL)
-// and the whole command as runOnce takes it.
+// scriptRun is one run of a script. Its command is two slots that
+// sendRuns fills (EVALSHA or EVAL, and the digest or the source), the
+// number of keys, the keys, the first a string, then the arguments.
 type scriptRun struct {
-	script *goredis.Script
-	src    string
-	args   []any
-}
-
-// runOncePipelined runs each of runs in one pipeline: one round trip, or
-// one per node on a Cluster, sent in parallel. Like runOnce it never
-// resends a command after a network error, and runs with EVAL, in a
-// second pipeline, the commands that a server refused for lack of their
-// script. It returns the commands, in the order of runs.
-func runOncePipelined(ctx context.Context, c goredis.UniversalClient, runs []scriptRun) []*goredis.Cmd {
-	cmds := make([]*goredis.Cmd, len(runs))
-	send := func(which []int, eval bool) {
-		pipe := c.Pipeline()
-		for _, i := range which {
-			r := &runs[i]
-			if eval {
-				r.args[0], r.args[1] = "eval", r.src
-			} else {
-				r.args[0], r.args[1] = "evalsha", r.script.Hash()
-			}
-			cmds[i] = goredis.NewCmd(ctx, r.args...)
-			cmds[i].SetFirstKeyPos(3) // route by the first key on a Cluster
-			_ = pipe.Process(ctx, noRetryCmd{cmds[i]})
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	all := make([]int, len(runs))
-	for i := range all {
-		all[i] = i
-	}
-	send(all, false)
-	var again []int
-	for i, cmd := range cmds {
-		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		send(again, true)
-	}
-	return cmds
-}
-
-// scriptBuckets returns the bucket of each of calls, by index.
-func scriptBuckets(calls []scriptCall) func(i int) int {
-	return func(i int) int { return calls[i].bucket }
-}
-
-// scriptCall is the keys and arguments of one run of a script.
-type scriptCall struct {
-	keys []string
-	args []any
-	// bucket is the bucket of a Cluster run's counters (0 on a
-	// standalone server), which its failure names (see Store.partial).
+	script *script
+	cmd    []any
+	// bucket is the bucket of a Cluster run's keys (0 on a standalone
+	// server), which its failure names (see Store.partial).
 	bucket int
 	// counters is how many counters a run of pushScript writes, which
 	// bounds the diffs a pipeline carries.
@@ -333,114 +296,111 @@ type scriptCall struct {
 	diffs []int32
 }
 
-// evalPipelined runs every call of s with EVALSHA, in one pipeline: one
-// round trip, or one per node on a Cluster, sent in parallel. When a server
-// does not hold the script (it is new, restarted or flushed its scripts),
-// the script is loaded on every primary and the refused calls run again:
-// that costs two more round trips, once per server start. It returns the
-// calls' commands, in order, and the first error.
-func evalPipelined(ctx context.Context, c goredis.UniversalClient, s *goredis.Script, calls []scriptCall) ([]*goredis.Cmd, error) {
-	cmds := make([]*goredis.Cmd, len(calls))
-	pipe := c.Pipeline()
-	for i, call := range calls {
-		cmds[i] = s.EvalSha(ctx, pipe, call.keys, call.args...)
+// newRun returns a run of sc on keys with args.
+func newRun(sc *script, keys []string, args ...any) scriptRun {
+	cmd := make([]any, 3, 3+len(keys)+len(args))
+	cmd[2] = len(keys)
+	for _, k := range keys {
+		cmd = append(cmd, k)
 	}
-	_, err := pipe.Exec(ctx)
-	if err == nil {
-		return cmds, nil
-	}
-	var again []int
-	for i, cmd := range cmds {
-		if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, i)
+	return scriptRun{script: sc, cmd: append(cmd, args...)}
+}
+
+// resend says what may send a script run again after a network error,
+// when the first attempt may have been applied with its reply lost.
+type resend int
+
+const (
+	// sendOnce runs are sent at most once: a hit applied twice counts
+	// twice. On a Cluster, one that surely was not sent (see notSent) is
+	// sent to a master that took over its slot (see resendable).
+	sendOnce resend = iota
+	// resendOnCluster runs are harmless to apply twice, but go-redis
+	// sends them once, so that an error that wraps strategy.ErrNotSent
+	// says the truth; on a Cluster any that failed on a connection
+	// failure is sent to a master that took over its slot.
+	resendOnCluster
+	// resendAlways runs are guarded by an ID, or harmless twice: go-redis
+	// resends them as it does any command, and so does a Cluster.
+	resendAlways
+)
+
+// noRetryCmd is a command that go-redis does not send again after a
+// network error: its NoRetry overrides the embedded command's. Dialing is
+// retried by the pool itself (DialerRetries), before anything is sent, so
+// that retry is kept.
+type noRetryCmd struct{ *goredis.Cmd }
+
+// NoRetry reports that the command must be sent at most once.
+func (noRetryCmd) NoRetry() bool { return true }
+
+// sendRuns sends runs by EVALSHA, and once more by EVAL those that a
+// server refused for lack of their script: a NOSCRIPT reply means that
+// the EVALSHA did nothing, so the EVAL is no resend. Several runs are
+// sent in a pipeline: one round trip, or one per node on a Cluster, sent
+// in parallel. It returns the runs' commands, in order.
+func sendRuns(ctx context.Context, c goredis.UniversalClient, runs []scriptRun, how resend) []*goredis.Cmd {
+	cmds := make([]*goredis.Cmd, len(runs))
+	for eval := false; ; eval = true {
+		var pipe goredis.Pipeliner
+		// One run needs no pipeline, which costs more, but one that
+		// go-redis may resend keeps to the pipelines' connections, as
+		// pushes and renewals of any size do.
+		if len(runs) > 1 || how == resendAlways {
+			pipe = c.Pipeline()
 		}
-	}
-	if len(again) == 0 {
-		return cmds, err
-	}
-	// A Cluster loads the script on every master: one that is down
-	// fails the load, not the calls of the others.
-	loadErr := s.Load(ctx, c).Err()
-	pipe = c.Pipeline()
-	for _, i := range again {
-		cmds[i] = s.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
-			if loadErr != nil {
-				err = fmt.Errorf("%w (loading the script: %v)", err, loadErr)
+		for i := range runs {
+			r := &runs[i]
+			if eval && !noScript(cmds[i]) {
+				continue
 			}
-			return cmds, err
+			r.cmd[0], r.cmd[1] = "evalsha", r.script.sha
+			if eval {
+				r.cmd[0], r.cmd[1] = "eval", r.script.src
+			}
+			cmds[i] = goredis.NewCmd(ctx, r.cmd...)
+			cmds[i].SetFirstKeyPos(3) // route by the first key on a Cluster
+			var cmd goredis.Cmder = cmds[i]
+			if how != resendAlways {
+				cmd = noRetryCmd{cmds[i]}
+			}
+			if pipe != nil {
+				_ = pipe.Process(ctx, cmd)
+			} else {
+				_ = c.Process(ctx, cmd)
+			}
+		}
+		if pipe != nil {
+			_, _ = pipe.Exec(ctx)
+		}
+		if eval || !slices.ContainsFunc(cmds, noScript) {
+			return cmds
 		}
 	}
-	return cmds, nil
 }
 
-// evalPipelined runs every call of script as the function evalPipelined
-// does, and on a Cluster, once more those that failed on a node whose
-// slots another master serves by then (see resendable), such as a
-// replica promoted after its master died. A call sent again is applied
-// at most once all the same: a push's runs are guarded by their
-// markers, and renewing slots twice renews them once. It returns the
-// calls' commands, in order, and the first error of a call that did not
-// succeed in the end.
-func (s *Store) evalPipelined(ctx context.Context, script *goredis.Script, calls []scriptCall) ([]*goredis.Cmd, error) {
-	ctx, failed := s.watch(ctx)
-	cmds, err := evalPipelined(ctx, s.client, script, calls)
-	if err == nil || failed == nil {
-		return cmds, err
-	}
-	cmders := make([]goredis.Cmder, len(cmds))
-	for i, cmd := range cmds {
-		cmders[i] = cmd
-	}
-	again := s.resendable(ctx, failed, cmders, func(i int) string { return calls[i].keys[0] })
-	if len(again) == 0 {
-		return cmds, err
-	}
-	retry := make([]scriptCall, len(again))
-	for j, i := range again {
-		retry[j] = calls[i]
-	}
-	retried, _ := evalPipelined(ctx, s.client, script, retry)
-	for j, i := range again {
-		cmds[i] = retried[j]
-	}
-	for _, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
-			return cmds, err
-		}
-	}
-	return cmds, nil
-}
+// noScript reports whether cmd failed for lack of its script.
+func noScript(cmd *goredis.Cmd) bool { return goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") }
 
-// runOncePipelined runs scripts as the function runOncePipelined does,
-// and on a Cluster runs once more, the same way, the commands that failed
-// on a connection failure and surely were not sent (see notSent), if their
-// slots are served by another master by then (see resendable).
-func (s *Store) runOncePipelined(ctx context.Context, runs []scriptRun) []*goredis.Cmd {
-	if len(runs) == 1 { // one command needs no pipeline, which costs more
-		r := runs[0]
-		return []*goredis.Cmd{s.runOnce(ctx, r.script, r.src, r.args, false)}
-	}
+// runScripts runs runs as sendRuns does, and on a Cluster once more, the
+// same way, those that how lets it send again and that failed on a
+// connection failure, if their slots are served by another master by
+// then (see resendable). It returns the runs' commands, in order.
+func (s *Store) runScripts(ctx context.Context, runs []scriptRun, how resend) []*goredis.Cmd {
 	ctx, failed := s.watch(ctx)
-	cmds := runOncePipelined(ctx, s.client, runs)
+	cmds := sendRuns(ctx, s.client, runs, how)
 	if failed == nil {
 		return cmds
 	}
-	var unsent []int
-	var unsentCmds []goredis.Cmder
+	var maybe []int
+	var maybeCmds []goredis.Cmder
 	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && errors.Is(notSent(err), strategy.ErrNotSent) {
-			unsent, unsentCmds = append(unsent, i), append(unsentCmds, cmd)
+		if err := cmd.Err(); err != nil && (how != sendOnce || errors.Is(notSent(err), strategy.ErrNotSent)) {
+			maybe, maybeCmds = append(maybe, i), append(maybeCmds, cmd)
 		}
 	}
-	if len(unsent) == 0 {
-		return cmds
-	}
-	again := s.resendable(ctx, failed, unsentCmds, func(x int) string {
-		key, _ := runs[unsent[x]].args[3].(string)
+	again := s.resendable(ctx, failed, maybeCmds, func(x int) string {
+		key, _ := runs[maybe[x]].cmd[3].(string)
 		return key
 	})
 	if len(again) == 0 {
@@ -448,29 +408,40 @@ func (s *Store) runOncePipelined(ctx context.Context, runs []scriptRun) []*gored
 	}
 	retry := make([]scriptRun, len(again))
 	for y, x := range again {
-		retry[y] = runs[unsent[x]]
+		retry[y] = runs[maybe[x]]
 	}
-	for y, cmd := range runOncePipelined(ctx, s.client, retry) {
-		cmds[unsent[again[y]]] = cmd
+	for y, cmd := range sendRuns(ctx, s.client, retry, how) {
+		cmds[maybe[again[y]]] = cmd
 	}
 	return cmds
 }
 
-// runOnce runs a script as the function runOnce does, on the node of its
-// first key, cmdArgs[3]. On a Cluster, a run that failed on a connection
-// failure and surely was not sent (see notSent), or any run that failed on
-// one if resend is set (for scripts that only read, or that are
-// harmless when applied twice), is run once more if the key's slot is
-// served by another master by then (see resendable).
-func (s *Store) runOnce(ctx context.Context, script *goredis.Script, src string, cmdArgs []any, resend bool) *goredis.Cmd {
-	ctx, failed := s.watch(ctx)
-	cmd := runOnce(ctx, s.client, script, src, cmdArgs)
-	if failed == nil || cmd.Err() == nil || !resend && !errors.Is(notSent(cmd.Err()), strategy.ErrNotSent) {
-		return cmd
+// runScript runs one script as runScripts does.
+func (s *Store) runScript(ctx context.Context, r scriptRun, how resend) *goredis.Cmd {
+	return s.runScripts(ctx, []scriptRun{r}, how)[0]
+}
+
+// runPipeline runs runs that are harmless to apply twice (resendAlways)
+// in one pipeline, and returns their commands and, on a standalone
+// server, the first error. On a Cluster, where the other masters' runs
+// go on (strategy.Parted), it adds the failure to parts, with the bucket
+// of each run that failed.
+func (s *Store) runPipeline(ctx context.Context, runs []scriptRun, parts *partFailures) ([]*goredis.Cmd, error) {
+	cmds := s.runScripts(ctx, runs, resendAlways)
+	err := firstErr(cmds)
+	if err != nil && s.cluster {
+		addFailed(parts, err, cmds, func(i int) int { return runs[i].bucket })
+		return cmds, nil
 	}
-	key, _ := cmdArgs[3].(string)
-	if len(s.resendable(ctx, failed, []goredis.Cmder{cmd}, func(int) string { return key })) == 0 {
-		return cmd
+	return cmds, err
+}
+
+// firstErr returns the first error of cmds.
+func firstErr(cmds []*goredis.Cmd) error {
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return err
+		}
 	}
-	return runOnce(ctx, s.client, script, src, cmdArgs)
+	return nil
 }

@@ -15,10 +15,7 @@ import (
 // holds a large reply nor blocks Redis for long.
 const maxPipelineSlotKeys = 1024
 
-// acquireSlotSource is the source of acquireSlotScript, kept to send with
-// EVAL when a server does not hold the script.
-//
-// It takes concurrency slots, one after the other, each of one
+// acquireSlotScript takes concurrency slots, one after the other, each of one
 // (namespace, key), whose slots are the sorted set KEYS[i]: member the
 // slot's id, score when it expires, in Unix microseconds by the server's
 // clock (TIME, read once), so that the nodes' clocks do not matter. A
@@ -40,9 +37,8 @@ const maxPipelineSlotKeys = 1024
 //
 // It replies, for each slot in order, the number of its key's slots held
 // after it and 1 if it was taken, 0 if not.
-const acquireSlotSource = `
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+var acquireSlotScript = newScript(serverNowSource + `
+local now = serverNow()
 local past = string.format('%d', now) -- formatted once, not on every call
 local reply = {}
 for i = 1, #KEYS do
@@ -58,20 +54,16 @@ for i = 1, #KEYS do
 	reply[2 * i - 1], reply[2 * i] = held, took
 end
 return reply
-`
-
-// acquireSlotScript is acquireSlotSource, run by its SHA1 digest.
-var acquireSlotScript = goredis.NewScript(acquireSlotSource)
+`)
 
 // renewSlotsScript extends the slots ARGV[2..] of the sorted set KEYS[1]
-// (see acquireSlotSource) that have not expired to ARGV[1] milliseconds
+// (see acquireSlotScript) that have not expired to ARGV[1] milliseconds
 // after the server's now: a ZSCORE and a ZADD XX per slot still held, and
 // the set's time to live as for an acquisition. An expired slot is left
 // as it is, for the next acquisition of the key to drop. It replies with
 // the number of slots renewed.
-var renewSlotsScript = goredis.NewScript(`
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+var renewSlotsScript = newScript(serverNowSource + `
+local now = serverNow()
 local lease = tonumber(ARGV[1])
 local renewed = 0
 for i = 2, #ARGV do
@@ -117,8 +109,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	var run slotRun
 	k := bucketOf(namespace, key)
 	run.add(s.layout, 0, k, nsPart(namespace), key, strategy.SlotRequest{ID: id, Max: max, Lease: lease})
-	r := run.script()
-	replies, err := run.replies(s.runOnce(ctx, r.script, r.src, r.args, false))
+	replies, err := run.replies(s.runScript(ctx, run.script(), sendOnce))
 	if err != nil {
 		return 0, false, s.partial(err, k)
 	}
@@ -141,15 +132,8 @@ func (r *slotRun) add(l *layout, i, k int, nsp, key string, slot strategy.SlotRe
 	r.args = append(r.args, slot.ID, slot.Max, strategy.LeaseMs(slot.Lease))
 }
 
-// script is the run, as runOnce and runOncePipelined send it.
-func (r *slotRun) script() scriptRun {
-	args := make([]any, 3, 3+len(r.keys)+len(r.args))
-	args[2] = len(r.keys)
-	for _, k := range r.keys {
-		args = append(args, k)
-	}
-	return scriptRun{acquireSlotScript, acquireSlotSource, append(args, r.args...)}
-}
+// script is the run, as runScripts sends it.
+func (r *slotRun) script() scriptRun { return newRun(acquireSlotScript, r.keys, r.args...) }
 
 // replies reads the run's reply: each slot's in order.
 func (r *slotRun) replies(cmd *goredis.Cmd) ([]strategy.SlotReply, error) {
@@ -245,23 +229,18 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 	}
 	sets, ids, buckets := s.slotSets(namespace, slots)
 	leaseArg := strategy.LeaseMs(lease)
-	calls := make([]scriptCall, len(sets))
+	runs := make([]scriptRun, len(sets))
 	for i, set := range sets {
-		args := make([]any, 0, 1+len(ids[i]))
-		args = append(append(args, leaseArg), ids[i]...)
-		calls[i] = scriptCall{keys: []string{set}, args: args, bucket: buckets[i]}
+		runs[i] = newRun(renewSlotsScript, []string{set}, append([]any{leaseArg}, ids[i]...)...)
+		runs[i].bucket = buckets[i]
 	}
 	var parts partFailures // on a Cluster, the other masters' go on
-	for len(calls) > 0 {
-		n := min(len(calls), maxPipelineSlotKeys)
-		cmds, err := s.evalPipelined(ctx, renewSlotsScript, calls[:n])
-		if err != nil {
-			if !s.cluster {
-				return err
-			}
-			addFailed(&parts, err, cmds, scriptBuckets(calls))
+	for len(runs) > 0 {
+		n := min(len(runs), maxPipelineSlotKeys)
+		if _, err := s.runPipeline(ctx, runs[:n], &parts); err != nil {
+			return err
 		}
-		calls = calls[n:]
+		runs = runs[n:]
 	}
 	return s.partial(parts.first, parts.buckets...)
 }

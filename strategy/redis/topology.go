@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -165,23 +166,15 @@ type failedNodes struct {
 func (f *failedNodes) add(addr string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, a := range f.addrs {
-		if a == addr {
-			return
-		}
+	if !slices.Contains(f.addrs, addr) {
+		f.addrs = append(f.addrs, addr)
 	}
-	f.addrs = append(f.addrs, addr)
 }
 
 func (f *failedNodes) has(addr string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, a := range f.addrs {
-		if a == addr {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(f.addrs, addr)
 }
 
 // failedNodesKey is the context key of a call's failedNodes.
