@@ -181,7 +181,6 @@ func (e Errors) GiveBack(errp *error, namespace string) {
 // more of the hit when it applies the rule, so that the RateDiffs move
 // the TATs only where the HitBatch did not.
 type RateBatcher interface {
-	Rater
 	BatchHitter
 
 	// DecidesRatesInBatches marks a store whose HitBatch and PushDiffs

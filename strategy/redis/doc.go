@@ -32,8 +32,8 @@
 //
 //   - Hitter and BatchHitter: synchronous hits (sync_rate 0), one at a
 //     time or several of a namespace in one round trip;
-//   - Rater and RateBatcher: rates (GCRA) decided by the Redis server's
-//     clock, alone or within batches of hits, and a Batch's RateDiffs;
+//   - RateBatcher: rates (GCRA) decided by the Redis server's clock
+//     within batches of hits, and a Batch's RateDiffs;
 //   - Slotter and SlotBatcher: concurrency slots (max_concurrent) as
 //     leases that expire by the server's clock, also taken within batches;
 //   - Banner: a namespace's bans and their version;
@@ -100,8 +100,6 @@
 //     run's hits holds at most one diff per window of each of those hits,
 //     a RateDiff for each of them whose rate was admitted, and no diff of
 //     any other hit. Fewer diffs never count twice; more may.
-//   - A Rate or GiveBack with an ID applies at most once per ID (see
-//     strategy.Rater), recorded for strategy.RateIDLife.
 //
 // The ID of a Hit or a HitBatch is remembered as long as its latest
 // counter lives, within strategy.MinHitIDLife and strategy.MaxHitIDLife;
@@ -125,9 +123,8 @@
 // A connection failure has the Cluster's slot map reloaded in the
 // background, at most once every 200 ms; a call that failed then sends
 // once more, to a master that took over the slots, what is safe to send
-// twice (pushes, reads, bans, releases and renewals of slots, marks,
-// attendance, give-backs and rate decisions with an ID) or surely was
-// not sent.
+// twice (pushes, reads, bans, releases and renewals of slots, marks and
+// attendance) or surely was not sent.
 //
 // go-redis's own log lines go to Caddy's logger, named redis, as
 // warnings, at most one line per kind every 10 seconds.

@@ -292,7 +292,7 @@ func TestFeedBound(t *testing.T) {
 	if !strings.Contains(nearScript.src, "#held > "+strconv.Itoa(maxInlineMarkBytes)+" then") {
 		t.Errorf("the version's string does not hold %d bytes of marks", maxInlineMarkBytes)
 	}
-	for _, sc := range []*script{pushScript, nearScript, batchScript, rateScript, acquireSlotScript, renewSlotsScript, setBansScript, getBansScript, attendScript} {
+	for _, sc := range []*script{pushScript, nearScript, batchScript, acquireSlotScript, renewSlotsScript, setBansScript, getBansScript, attendScript} {
 		if strings.Contains(sc.src, "$") {
 			t.Errorf("a script holds a constant not filled in: %.60q", sc.src[strings.Index(sc.src, "$"):])
 		}
