@@ -332,8 +332,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// validate checks every field and prepares the limits, in ascending window
-// order.
+// validate checks every field and prepares the limits (see preparePlan).
 func (h *Handler) validate() error {
 	switch h.WindowType {
 	case "", "sliding":
@@ -345,22 +344,26 @@ func (h *Handler) validate() error {
 	if h.ErrorCode < 400 || h.ErrorCode > 599 {
 		return fmt.Errorf("error_code: %d is not an error status: want 400 to 599", h.ErrorCode)
 	}
-	if h.MaxConcurrent < 0 {
-		return fmt.Errorf("max_concurrent: must not be negative, got %d", h.MaxConcurrent)
-	}
-	if h.MaxDelay < 0 {
-		return fmt.Errorf("max_delay: must not be negative, got %v", time.Duration(h.MaxDelay))
-	}
-	if h.MaxWaiting < 0 {
-		return fmt.Errorf("max_waiting: must not be negative, got %d", h.MaxWaiting)
+	for _, f := range []struct {
+		name     string
+		value    any
+		negative bool
+	}{
+		{"max_concurrent", h.MaxConcurrent, h.MaxConcurrent < 0},
+		{"max_delay", time.Duration(h.MaxDelay), h.MaxDelay < 0},
+		{"max_waiting", h.MaxWaiting, h.MaxWaiting < 0},
+		{"ban", time.Duration(h.Ban), h.Ban < 0},
+		{"retry_after_jitter", time.Duration(h.RetryAfterJitter), h.RetryAfterJitter < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("%s: must not be negative, got %v", f.name, f.value)
+		}
 	}
 	if h.MaxWaiting > 0 && h.MaxDelay == 0 {
 		return fmt.Errorf("max_waiting: %d has no effect without max_delay", h.MaxWaiting)
 	}
-	for i, k := range h.KeyFallbacks {
-		if k == "" {
-			return fmt.Errorf("key_fallbacks: fallback %d is empty: want placeholders, such as {http.vars.client_ip}", i+1)
-		}
+	if i := slices.Index(h.KeyFallbacks, ""); i >= 0 {
+		return fmt.Errorf("key_fallbacks: fallback %d is empty: want placeholders, such as {http.vars.client_ip}", i+1)
 	}
 	if h.IPv4Prefix == 0 {
 		h.IPv4Prefix = DefaultIPv4Prefix
@@ -374,40 +377,22 @@ func (h *Handler) validate() error {
 	if err := checkPrefix("ipv6_prefix", h.IPv6Prefix, 128); err != nil {
 		return err
 	}
-	if h.Ban < 0 {
-		return fmt.Errorf("ban: must not be negative, got %v", time.Duration(h.Ban))
-	}
 	if time.Duration(h.Ban) > strategy.MaxBanLength {
 		return fmt.Errorf("ban: %v is longer than a store keeps a ban, %v", time.Duration(h.Ban), strategy.MaxBanLength)
 	}
-	if err := h.parseCost(); err != nil {
+	if err := h.checkCosts(); err != nil {
 		return err
-	}
-	for _, code := range h.CountStatus {
-		if code < 100 || code > 599 {
-			return fmt.Errorf("count_status: %d is not a status: want 100 to 599", code)
-		}
-	}
-	if h.ResponseCost != "" {
-		if err := checkResponseCost(string(h.ResponseCost)); err != nil {
-			return err
-		}
-		if h.MaxDelay > 0 {
-			return fmt.Errorf("response_cost: cannot be combined with max_delay (%v): a request that waits for its turn takes it before its cost is known", time.Duration(h.MaxDelay))
-		}
-		if h.Rate != nil {
-			return fmt.Errorf("response_cost: cannot be combined with rate: a rate's turn is taken before the request runs, not charged after it")
-		}
-	}
-	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
-		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
 	if err := h.parseHeaders(); err != nil {
 		return err
 	}
-	if h.RetryAfterJitter < 0 {
-		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
-	}
+	return h.preparePlan()
+}
+
+// preparePlan checks the limits and the rate, and prepares the plan
+// requests are judged by: the rate first, then the limits in ascending
+// window order.
+func (h *Handler) preparePlan() error {
 	if len(h.Limits) == 0 && h.Rate == nil {
 		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m, unless the handler has a rate")
 	}
@@ -459,6 +444,21 @@ func (h *Handler) validate() error {
 // maxInlineLimits is how many limits a request counts without allocating.
 const maxInlineLimits = 4
 
+// counts holds what a request reads of its limits, on its caller's stack
+// for up to maxInlineLimits limits: their samples, and what each has left.
+type counts struct {
+	samples [maxInlineLimits]window.Sample
+	left    [maxInlineLimits]int
+}
+
+// of returns room for n limits: the arrays, or new slices past them.
+func (c *counts) of(n int) ([]window.Sample, []int) {
+	if n > maxInlineLimits {
+		return make([]window.Sample, n), make([]int, n)
+	}
+	return c.samples[:n], c.left[:n]
+}
+
 // ServeHTTP counts the request against every limit and rejects it when one
 // is exceeded.
 //
@@ -501,7 +501,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 	key = syncapp.BoundKey(h.key(r, repl))
 	value = h.cost
 	if h.costFromRequest {
-		value = h.requestCost(repl)
+		value = h.costOf(repl, "cost", string(h.Cost), 1)
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
@@ -513,14 +513,8 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 		return p, key, value, o, err
 	}
 
-	n := len(p.limits)
-	var buf [maxInlineLimits]window.Sample
-	var leftBuf [maxInlineLimits]int
-	samples, left := buf[:], leftBuf[:]
-	if n > len(buf) {
-		samples, left = make([]window.Sample, n), make([]int, n)
-	}
-	samples, left = samples[:n], left[:n]
+	var c counts
+	samples, left := c.of(len(p.limits))
 	o = allowed
 	var rejected int
 	if h.countsAfter() {
@@ -633,12 +627,9 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, ke
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, p *plan, key string, value float64) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		var buf [maxInlineLimits]window.Sample
-		samples := buf[:]
-		if len(p.limits) > len(buf) {
-			samples = make([]window.Sample, len(p.limits))
-		}
-		_, wait := h.peek(r.Context(), p, key, value, samples[:len(p.limits)])
+		var c counts
+		samples, _ := c.of(len(p.limits))
+		_, wait := h.peek(r.Context(), p, key, value, samples)
 		secs := max(1, ceilSeconds(wait.Seconds()))
 		if ph := findPlaceholders(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)); ph != nil {
 			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs

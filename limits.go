@@ -39,6 +39,29 @@ type Limit struct {
 	Placeholders string `json:"-"`
 }
 
+// parseLimit reads the arguments of a Caddyfile limit line: <n>
+// <window|day|week|month>.
+func parseLimit(args []string) (Limit, error) {
+	if len(args) != 2 {
+		return Limit{}, fmt.Errorf("limit: want <n> <window>, such as 'limit 100 1m' or 'limit 10000 month'")
+	}
+	n, placeholders, err := parseAmount(args[0], "limit")
+	if err != nil || placeholders == "" && !(n > 0) {
+		return Limit{}, fmt.Errorf("limit: the limit must be a positive number or placeholders, got %q", args[0])
+	}
+	l := Limit{Limit: n, Placeholders: placeholders}
+	if _, ok := window.ParseUnit(args[1]); ok {
+		l.Calendar = args[1]
+		return l, nil
+	}
+	win, err := caddy.ParseDuration(args[1])
+	if err != nil || win <= 0 {
+		return Limit{}, fmt.Errorf("limit: the window must be a positive duration or day, week or month, got %q", args[1])
+	}
+	l.Window = caddy.Duration(win)
+	return l, nil
+}
+
 // limit is a Limit ready for requests, with its header names and values
 // computed once.
 type limit struct {
