@@ -42,12 +42,6 @@ func (h *Handler) delay(ctx context.Context, p *plan, key string, value float64,
 
 	start := time.Now()
 	deadline := start.Add(time.Duration(h.MaxDelay))
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		rejected, wait := h.hitIfRoom(ctx, p, key, value, samples)
 		if rejected < 0 {
@@ -57,13 +51,8 @@ func (h *Handler) delay(ctx context.Context, p *plan, key string, value float64,
 		if wait < 0 || time.Until(deadline) < wait {
 			return h.giveUp(ctx, p, key, value, samples), nil
 		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
 		select {
-		case <-timer.C:
+		case <-time.After(wait): // unreferenced, a timer is collected even if it never fired
 		case <-ctx.Done():
 			return 0, caddyhttp.Error(statusClientClosedRequest,
 				fmt.Errorf("client went away after waiting %v for the rate limit in namespace %s: %w",

@@ -434,7 +434,7 @@ func (h *Handler) preparePlan() error {
 	for _, l := range limits[h.first:] {
 		h.static.hitLimits = append(h.static.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
 	}
-	h.isDynamic = h.dynamic()
+	h.isDynamic = slices.ContainsFunc(limits, func(l limit) bool { return l.placeholders != "" || l.burstFrom != "" })
 	h.concurrencyName = policyName(h.Namespace, "concurrency")
 	h.static.policy = h.policyOf(limits)
 	h.newBlock = blockFor(h.headerRoom())
@@ -689,13 +689,7 @@ func (h *Handler) reset(p *plan, i int, s window.Sample, value float64, left int
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
-	return ceilSeconds(h.wait(s, target, now))
-}
-
-// wait returns the seconds until the rate of a limit's window, as sampled
-// in s, falls to target, if no more hits come.
-func (h *Handler) wait(s window.Sample, target float64, now int64) float64 {
-	return s.Until(target, now, h.fixed).Seconds()
+	return ceilSeconds(s.Until(target, now, h.fixed).Seconds())
 }
 
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }

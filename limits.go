@@ -209,21 +209,15 @@ func sfString(s string) string {
 // Hour, Day, Month (30 days), Year (365 days), or else its length in
 // seconds.
 func windowName(size time.Duration) string {
-	switch size {
-	case time.Second:
-		return "Second"
-	case time.Minute:
-		return "Minute"
-	case time.Hour:
-		return "Hour"
-	case 24 * time.Hour:
-		return "Day"
-	case 30 * 24 * time.Hour:
-		return "Month"
-	case 365 * 24 * time.Hour:
-		return "Year"
+	if name, ok := kongWindows[size]; ok {
+		return name
 	}
 	return formatSeconds(size)
+}
+
+var kongWindows = map[time.Duration]string{
+	time.Second: "Second", time.Minute: "Minute", time.Hour: "Hour", 24 * time.Hour: "Day",
+	30 * 24 * time.Hour: "Month", 365 * 24 * time.Hour: "Year",
 }
 
 func formatSeconds(d time.Duration) string {

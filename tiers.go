@@ -47,16 +47,6 @@ type plan struct {
 // limits.
 func (h *Handler) rated() bool { return h.first == 1 }
 
-// dynamic says whether some count is read per request.
-func (h *Handler) dynamic() bool {
-	for _, l := range h.static.limits {
-		if l.placeholders != "" || l.burstFrom != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // policyOf returns the RateLimit-Policy field of limits: every limit and
 // the concurrency policy.
 func (h *Handler) policyOf(limits []limit) string {
