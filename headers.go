@@ -25,49 +25,30 @@ import (
 // parseHeaders reads headers, hide_client_headers and draft_headers into
 // what responses carry.
 func (h *Handler) parseHeaders() error {
-	h.draft, h.kong = false, false
-	none := false
 	for i, v := range h.Headers {
-		if slices.Contains(h.Headers[:i], v) {
+		switch {
+		case slices.Contains(h.Headers[:i], v):
 			return fmt.Errorf("headers: %q given twice", v)
-		}
-		switch v {
-		case "draft":
-			h.draft = true
-		case "kong":
-			h.kong = true
-		case "both":
-			if len(h.Headers) > 1 {
-				return fmt.Errorf("headers: both means draft kong and takes no other choice, got %q", h.Headers)
-			}
-			h.draft, h.kong = true, true
-		case "none":
-			none = true
-		default:
+		case !slices.Contains([]string{"draft", "kong", "both", "none"}, v):
 			return fmt.Errorf("headers: unknown choice %q: want draft, kong, both (draft kong), or none", v)
+		case v == "both" && len(h.Headers) > 1:
+			return fmt.Errorf("headers: both means draft kong and takes no other choice, got %q", h.Headers)
 		}
 	}
-	if none && len(h.Headers) > 1 {
-		return fmt.Errorf("headers: none cannot be combined with other choices, got %q", h.Headers)
-	}
+	none := slices.Contains(h.Headers, "none")
 	switch {
-	case h.HideClientHeaders:
-		// The older spelling of none, which also wins over draft_headers,
-		// as it did when it was the only spelling.
-		if len(h.Headers) > 0 && !none {
-			return fmt.Errorf("hide_client_headers: contradicts headers %q", h.Headers)
-		}
-		h.draft, h.kong = false, false
-	case none:
-		if h.DraftHeaders {
-			return fmt.Errorf("draft_headers: contradicts headers %q", h.Headers)
-		}
-	case len(h.Headers) == 0:
-		h.draft = true
+	case none && len(h.Headers) > 1:
+		return fmt.Errorf("headers: none cannot be combined with other choices, got %q", h.Headers)
+	case h.HideClientHeaders && len(h.Headers) > 0 && !none:
+		return fmt.Errorf("hide_client_headers: contradicts headers %q", h.Headers)
+	case none && h.DraftHeaders && !h.HideClientHeaders:
+		return fmt.Errorf("draft_headers: contradicts headers %q", h.Headers)
 	}
-	if h.DraftHeaders && !h.HideClientHeaders {
-		h.draft = true
-	}
+	// hide_client_headers, the older spelling of none, also wins over
+	// draft_headers, as it did when it was the only spelling.
+	both := slices.Contains(h.Headers, "both")
+	h.draft = !h.HideClientHeaders && (both || h.DraftHeaders || len(h.Headers) == 0 || slices.Contains(h.Headers, "draft"))
+	h.kong = !h.HideClientHeaders && (both || slices.Contains(h.Headers, "kong"))
 	return nil
 }
 

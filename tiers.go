@@ -50,20 +50,14 @@ func (h *Handler) rated() bool { return h.first == 1 }
 // policyOf returns the RateLimit-Policy field of limits: every limit and
 // the concurrency policy.
 func (h *Handler) policyOf(limits []limit) string {
-	var b strings.Builder
+	items := make([]string, len(limits), len(limits)+1)
 	for i, l := range limits {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(l.policy)
+		items[i] = l.policy
 	}
 	if h.MaxConcurrent > 0 {
-		if len(limits) > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(sfString(h.concurrencyName) + ";q=" + strconv.Itoa(h.MaxConcurrent) + `;qu="concurrent-requests"`)
+		items = append(items, sfString(h.concurrencyName)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
-	return b.String()
+	return strings.Join(items, ", ")
 }
 
 // planFor returns the plan a request is judged by: the handler's own, or,
