@@ -609,13 +609,12 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, ke
 	if h.bans() {
 		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(p, samples, value, now)))
+	secs := h.retryAfter(p, samples, value, now)
 	if l.rate {
-		return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: faster than %s per %s with a burst of %s in namespace %s",
-			l.limitValue, l.per, formatCount(l.burst), h.Namespace))
+		return rejected, h.rejection(w, secs, "rate limit exceeded: faster than %s per %s with a burst of %s in namespace %s",
+			l.limitValue, l.per, formatCount(l.burst), h.Namespace)
 	}
-	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %s in namespace %s",
-		l.limitValue, l.per, h.Namespace))
+	return rejected, h.rejection(w, secs, "rate limit exceeded: more than %s per %s in namespace %s", l.limitValue, l.per, h.Namespace)
 }
 
 // acquire takes one of max_concurrent places of the key for the request,
@@ -635,9 +634,8 @@ func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, p *plan, key s
 			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs
 		}
 		h.setConcurrencyField(w.Header(), secs)
-		w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
-			h.MaxConcurrent, h.Namespace))
+		return nil, h.rejection(w, secs, "concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
+			h.MaxConcurrent, h.Namespace)
 	}
 	return release, nil
 }
@@ -694,11 +692,10 @@ func (h *Handler) reset(p *plan, i int, s window.Sample, value float64, left int
 
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 
-// retryAfter is the Retry-After value: the seconds until every limit
-// admits one more request of this cost (a larger window may be exhausted
-// too, though only the first to reject was incremented), or until the ban
-// this rejection sets ends, at least 1, plus up to retry_after_jitter, in
-// whole seconds.
+// retryAfter is the Retry-After value before jitter: the seconds until
+// every limit admits one more request of this cost (a larger window may be
+// exhausted too, though only the first to reject was incremented), or
+// until the ban this rejection sets ends, at least 1, in whole seconds.
 func (h *Handler) retryAfter(p *plan, samples []window.Sample, value float64, now int64) int {
 	secs := 1
 	if h.bans() {
@@ -707,7 +704,7 @@ func (h *Handler) retryAfter(p *plan, samples []window.Sample, value float64, no
 	for i, s := range samples {
 		secs = max(secs, ceilSeconds(h.admitWait(p, i, s, value, now).Seconds()))
 	}
-	return h.jitter(secs)
+	return secs
 }
 
 // admitWait returns how long until limit i, sampled in s at now, has room
@@ -730,12 +727,14 @@ func (h *Handler) admitWait(p *plan, i int, s window.Sample, value float64, now 
 	return s.Until(max(target, 0), now, h.fixed)
 }
 
-// jitter adds up to retry_after_jitter to a Retry-After of secs.
-func (h *Handler) jitter(secs int) int {
+// rejection sets the Retry-After of a rejected request, secs plus up to
+// retry_after_jitter, and returns the error that ends it.
+func (h *Handler) rejection(w http.ResponseWriter, secs int, format string, args ...any) error {
 	if j := time.Duration(h.RetryAfterJitter); j > 0 {
 		secs += rand.IntN(ceilSeconds(j.Seconds()) + 1)
 	}
-	return secs
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	return caddyhttp.Error(h.ErrorCode, fmt.Errorf(format, args...))
 }
 
 // Interface guards

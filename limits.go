@@ -212,16 +212,12 @@ func windowName(size time.Duration) string {
 	if name, ok := kongWindows[size]; ok {
 		return name
 	}
-	return formatSeconds(size)
+	return strconv.FormatFloat(size.Seconds(), 'f', -1, 64)
 }
 
 var kongWindows = map[time.Duration]string{
 	time.Second: "Second", time.Minute: "Minute", time.Hour: "Hour", 24 * time.Hour: "Day",
 	30 * 24 * time.Hour: "Month", 365 * 24 * time.Hour: "Year",
-}
-
-func formatSeconds(d time.Duration) string {
-	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
 }
 
 // formatCount writes a limit or a remaining count: whole numbers without a

@@ -69,15 +69,23 @@ func validCost(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 // costOf is what the placeholders of a cost field give now, or fallback
 // when that is not a number of 0 or more (logged at debug level).
 func (h *Handler) costOf(repl *caddy.Replacer, field, template string, fallback float64) float64 {
-	s := repl.ReplaceKnown(template, "")
-	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || !validCost(v) {
+	v, got, ok := numberOf(repl, template)
+	if !ok {
 		if c := h.logger.Check(zap.DebugLevel, field+" is not a number of 0 or more: counting the fallback"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String(field, s), zap.Float64("fallback", fallback))
+			c.Write(zap.String("namespace", h.Namespace), zap.String(field, got), zap.Float64("fallback", fallback))
 		}
 		return fallback
 	}
 	return v
+}
+
+// numberOf reads placeholders that give a number of 0 or more (a cost, a
+// tier's count) for this request: ok is false when what they give, got,
+// is not one.
+func numberOf(repl *caddy.Replacer, placeholders string) (v float64, got string, ok bool) {
+	got = repl.ReplaceKnown(placeholders, "")
+	v, err := strconv.ParseFloat(strings.TrimSpace(got), 64)
+	return v, got, err == nil && validCost(v)
 }
 
 // countsAfter reports whether requests are checked before they run and
@@ -148,8 +156,7 @@ func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl 
 	}
 	secs := max(1, ceilSeconds(wait.Seconds()))
 	h.show(w, repl, p, left, shown, secs, true)
-	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
+	return h.rejection(w, secs, "key banned for %ds more in namespace %s", secs, h.Namespace)
 }
 
 // refuse answers a request that the namespace's on_store_failure deny
@@ -169,6 +176,5 @@ func (h *Handler) refuse(ctx context.Context, w http.ResponseWriter, repl *caddy
 		}
 		return dryRunRejected, nil
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-	return storeUnreachable, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit store unreachable in namespace %s: on_store_failure deny rejects requests until it is back", h.Namespace))
+	return storeUnreachable, h.rejection(w, secs, "rate limit store unreachable in namespace %s: on_store_failure deny rejects requests until it is back", h.Namespace)
 }

@@ -180,7 +180,7 @@ func (r *Rate) check() error {
 	if r.Window <= 0 {
 		return fmt.Errorf("rate: the window must be positive, got %v", time.Duration(r.Window))
 	}
-	if r.BurstPlaceholders == "" && (!(r.Burst >= 0) || math.IsInf(r.Burst, 1)) {
+	if r.BurstPlaceholders == "" && !validCost(r.Burst) {
 		return fmt.Errorf("rate: the burst must be a number of 0 or more, got %v", r.Burst)
 	}
 	return nil

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -72,14 +71,15 @@ func (h *Handler) planFor(repl *caddy.Replacer) (*plan, error) {
 	for i, l := range h.static.limits {
 		v, burst := l.max, l.burst
 		var ok bool
+		var got string
 		if l.placeholders != "" {
-			if v, ok = resolveCount(repl, l.placeholders, false); !ok {
-				return nil, h.unresolved(l, l.placeholders, repl)
+			if v, got, ok = numberOf(repl, l.placeholders); !ok || v == 0 {
+				return nil, h.unresolved(l, l.placeholders, got)
 			}
 		}
 		if l.burstFrom != "" {
-			if burst, ok = resolveCount(repl, l.burstFrom, true); !ok {
-				return nil, h.unresolved(l, l.burstFrom, repl)
+			if burst, got, ok = numberOf(repl, l.burstFrom); !ok {
+				return nil, h.unresolved(l, l.burstFrom, got)
 			}
 		}
 		p.limits[i] = l.judged(v, burst)
@@ -91,20 +91,9 @@ func (h *Handler) planFor(repl *caddy.Replacer) (*plan, error) {
 	return p, nil
 }
 
-// resolveCount reads a count from its placeholders: a positive number,
-// or with zeroOK a number of 0 or more.
-func resolveCount(repl *caddy.Replacer, placeholders string, zeroOK bool) (float64, bool) {
-	s := strings.TrimSpace(repl.ReplaceKnown(placeholders, ""))
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v < 0 || v == 0 && !zeroOK {
-		return 0, false
-	}
-	return v, true
-}
-
-// unresolved logs (throttled) a request whose placeholders gave no count,
-// and returns the error that ends it.
-func (h *Handler) unresolved(l limit, placeholders string, repl *caddy.Replacer) error {
+// unresolved logs (throttled) a request whose placeholders gave no count
+// (but got), and returns the error that ends it.
+func (h *Handler) unresolved(l limit, placeholders, got string) error {
 	what := "limit of window " + l.per
 	if l.rate {
 		what = "rate of window " + l.per
@@ -112,7 +101,6 @@ func (h *Handler) unresolved(l limit, placeholders string, repl *caddy.Replacer)
 			what = "burst of the " + what
 		}
 	}
-	got := repl.ReplaceKnown(placeholders, "")
 	now := time.Now().UnixNano()
 	if last := h.unresolvedLog.Load(); now-last >= int64(unresolvedLogInterval) && h.unresolvedLog.CompareAndSwap(last, now) {
 		h.logger.Error("a limit's placeholders give no number for a request: rejecting it with 500",
