@@ -90,12 +90,11 @@ func (h *Handler) subdirectives(d *caddyfile.Dispenser) map[string]func() error 
 	return map[string]func() error{
 		"namespace": func() error { return cfargs.One(d, &h.Namespace) },
 		"key": func() error {
-			var keys []string
-			err := cfargs.List(d, &keys)
-			if err == nil {
+			if keys := d.RemainingArgs(); len(keys) > 0 {
 				h.Key, h.KeyFallbacks = keys[0], keys[1:]
+				return nil
 			}
-			return err
+			return d.ArgErr()
 		},
 		"ipv4_prefix": func() error { return cfargs.IntRange(d, "ipv4_prefix", 1, 32, &h.IPv4Prefix) },
 		"ipv6_prefix": func() error { return cfargs.IntRange(d, "ipv6_prefix", 1, 128, &h.IPv6Prefix) },
