@@ -3,13 +3,11 @@ package ratelimit
 import (
 	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/ratesync/caddy-ratelimit/internal/cfargs"
-	"github.com/ratesync/caddy-ratelimit/window"
 )
 
 func init() {
@@ -59,9 +57,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // headers none and of adding draft, still load.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoArgs(d); err != nil {
+		return err
 	}
+	parse := h.subdirectives(d)
 	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
@@ -69,77 +68,66 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: given twice", sub)
 		}
 		seen[sub] = true
-		switch sub {
-		case "namespace":
-			if err := cfargs.One(d, &h.Namespace); err != nil {
-				return err
+		fn, ok := parse[sub]
+		if !ok {
+			return d.Errf("unrecognized subdirective '%s'", sub)
+		}
+		if err := fn(); err != nil {
+			return err
+		}
+	}
+	if len(h.Limits) == 0 && h.Rate == nil {
+		return d.Err("rate_limit needs at least one 'limit <n> <window>' or a 'rate <n>/<window>'")
+	}
+	return nil
+}
+
+// subdirectives returns the parser of each subdirective, which reads its
+// arguments into h. Provision checks the values, as it does JSON's; the
+// parsers refuse only what does not parse, and the few values whose
+// Caddyfile errors show the Caddyfile's syntax (a limit, a status).
+func (h *Handler) subdirectives(d *caddyfile.Dispenser) map[string]func() error {
+	return map[string]func() error{
+		"namespace": func() error { return cfargs.One(d, &h.Namespace) },
+		"key": func() error {
+			if keys := d.RemainingArgs(); len(keys) > 0 {
+				h.Key, h.KeyFallbacks = keys[0], keys[1:]
+				return nil
 			}
-		case "key":
-			var keys []string
-			if err := cfargs.List(d, &keys); err != nil {
-				return err
+			return d.ArgErr()
+		},
+		"ipv4_prefix": func() error { return cfargs.IntRange(d, "ipv4_prefix", 1, 32, &h.IPv4Prefix) },
+		"ipv6_prefix": func() error { return cfargs.IntRange(d, "ipv6_prefix", 1, 128, &h.IPv6Prefix) },
+		"limit": func() error {
+			l, err := parseLimit(d.RemainingArgs())
+			if err != nil {
+				return d.Err(err.Error())
 			}
-			h.Key, h.KeyFallbacks = keys[0], keys[1:]
-		case "ipv4_prefix":
-			if err := cfargs.IntRange(d, "ipv4_prefix", 1, 32, &h.IPv4Prefix); err != nil {
-				return err
-			}
-		case "ipv6_prefix":
-			if err := cfargs.IntRange(d, "ipv6_prefix", 1, 128, &h.IPv6Prefix); err != nil {
-				return err
-			}
-		case "window_type":
-			if err := cfargs.One(d, &h.WindowType); err != nil {
-				return err
-			}
-			if h.WindowType != "sliding" && h.WindowType != "fixed" {
-				return d.Errf("window_type: unknown window type %q: want sliding or fixed", h.WindowType)
-			}
-		case "limit":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("limit: want <n> <window>, such as 'limit 100 1m' or 'limit 10000 month'")
-			}
-			n, placeholders, err := parseAmount(args[0], "limit")
-			if err != nil || placeholders == "" && !(n > 0) {
-				return d.Errf("limit: the limit must be a positive number or placeholders, got %q", args[0])
-			}
-			if _, ok := window.ParseUnit(args[1]); ok {
-				h.Limits = append(h.Limits, Limit{Limit: n, Calendar: args[1], Placeholders: placeholders})
-				break
-			}
-			win, err := caddy.ParseDuration(args[1])
-			if err != nil || win <= 0 {
-				return d.Errf("limit: the window must be a positive duration or day, week or month, got %q", args[1])
-			}
-			h.Limits = append(h.Limits, Limit{Limit: n, Window: caddy.Duration(win), Placeholders: placeholders})
-		case "timezone":
-			if err := cfargs.One(d, &h.Timezone); err != nil {
-				return err
-			}
-		case "rate":
+			h.Limits = append(h.Limits, l)
+			return nil
+		},
+		"timezone": func() error { return cfargs.One(d, &h.Timezone) },
+		"rate": func() error {
 			r, err := parseRate(d.RemainingArgs())
 			if err != nil {
 				return d.Err(err.Error())
 			}
 			h.Rate = r
-		case "headers":
-			h.Headers = d.RemainingArgs()
-			if len(h.Headers) == 0 {
+			return nil
+		},
+		"window_type": func() error { return cfargs.One(d, &h.WindowType) },
+		"headers": func() error {
+			if h.Headers = d.RemainingArgs(); len(h.Headers) == 0 {
 				return d.Errf("headers: want draft, kong, both (draft kong), or none")
 			}
 			if len(h.Headers) == 1 && h.Headers[0] == "both" {
 				// The JSON spells both out, as the handler's docs do.
 				h.Headers = []string{"draft", "kong"}
 			}
-			if err := h.parseHeaders(); err != nil {
-				return d.Err(err.Error())
-			}
-		case "retry_after_jitter":
-			if err := cfargs.Duration(d, "retry_after_jitter", &h.RetryAfterJitter); err != nil {
-				return err
-			}
-		case "error_code":
+			return nil
+		},
+		"retry_after_jitter": func() error { return cfargs.Duration(d, "retry_after_jitter", &h.RetryAfterJitter) },
+		"error_code": func() error {
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
 				return err
@@ -149,41 +137,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("error_code: want a status from 400 to 599, got %q", v)
 			}
 			h.ErrorCode = code
-		case "max_concurrent":
-			if err := cfargs.Int(d, "max_concurrent", 0, &h.MaxConcurrent); err != nil {
-				return err
-			}
-		case "max_delay":
-			if err := cfargs.Duration(d, "max_delay", &h.MaxDelay); err != nil {
-				return err
-			}
-		case "max_waiting":
-			if err := cfargs.Int(d, "max_waiting", 1, &h.MaxWaiting); err != nil {
-				return err
-			}
-		case "ban":
-			if err := cfargs.Duration(d, "ban", &h.Ban); err != nil {
-				return err
-			}
-		case "cost":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
-			h.Cost = caddyhttp.WeakString(v)
-			if err := h.parseCost(); err != nil {
-				return d.Err(err.Error())
-			}
-		case "response_cost":
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
-			if err := checkResponseCost(v); err != nil {
-				return d.Err(err.Error())
-			}
-			h.ResponseCost = caddyhttp.WeakString(v)
-		case "count_status":
+			return nil
+		},
+		"max_concurrent": func() error { return cfargs.Int(d, "max_concurrent", 0, &h.MaxConcurrent) },
+		"max_delay":      func() error { return cfargs.Duration(d, "max_delay", &h.MaxDelay) },
+		"max_waiting":    func() error { return cfargs.Int(d, "max_waiting", 1, &h.MaxWaiting) },
+		"ban":            func() error { return cfargs.Duration(d, "ban", &h.Ban) },
+		"cost":           func() error { return cfargs.One(d, (*string)(&h.Cost)) },
+		"response_cost":  func() error { return cfargs.One(d, (*string)(&h.ResponseCost)) },
+		"count_status": func() error {
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.Errf("count_status: want one or more statuses, such as 'count_status 401 403'")
@@ -195,28 +157,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				h.CountStatus = append(h.CountStatus, code)
 			}
-		case "disable_penalty", "hide_client_headers", "draft_headers", "dry_run":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			switch sub {
-			case "disable_penalty":
-				h.DisablePenalty = true
-			case "hide_client_headers":
-				h.HideClientHeaders = true
-			case "draft_headers":
-				h.DraftHeaders = true
-			case "dry_run":
-				h.DryRun = true
-			}
-		default:
-			return d.Errf("unrecognized subdirective '%s'", sub)
-		}
+			return nil
+		},
+		"disable_penalty":     func() error { return cfargs.Flag(d, &h.DisablePenalty) },
+		"hide_client_headers": func() error { return cfargs.Flag(d, &h.HideClientHeaders) },
+		"draft_headers":       func() error { return cfargs.Flag(d, &h.DraftHeaders) },
+		"dry_run":             func() error { return cfargs.Flag(d, &h.DryRun) },
 	}
-	if len(h.Limits) == 0 && h.Rate == nil {
-		return d.Err("rate_limit needs at least one 'limit <n> <window>' or a 'rate <n>/<window>'")
-	}
-	return nil
 }
 
 // Interface guards

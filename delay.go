@@ -36,18 +36,12 @@ func (h *Handler) waits() bool { return h.MaxDelay > 0 && !h.DryRun }
 func (h *Handler) delay(ctx context.Context, p *plan, key string, value float64, samples []window.Sample) (rejected int, err error) {
 	if h.waiting.Add(1) > int64(h.MaxWaiting) {
 		h.waiting.Add(-1)
-		return h.giveUp(ctx, p, key, value, samples), nil
+		return h.hit(ctx, p, key, value, h.DisablePenalty, samples), nil // gives up at once
 	}
 	defer h.waiting.Add(-1)
 
 	start := time.Now()
 	deadline := start.Add(time.Duration(h.MaxDelay))
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		rejected, wait := h.hitIfRoom(ctx, p, key, value, samples)
 		if rejected < 0 {
@@ -55,26 +49,14 @@ func (h *Handler) delay(ctx context.Context, p *plan, key string, value float64,
 			return -1, nil
 		}
 		if wait < 0 || time.Until(deadline) < wait {
-			return h.giveUp(ctx, p, key, value, samples), nil
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
+			return h.hit(ctx, p, key, value, h.DisablePenalty, samples), nil // gives up
 		}
 		select {
-		case <-timer.C:
+		case <-time.After(wait): // unreferenced, a timer is collected even if it never fired
 		case <-ctx.Done():
 			return 0, caddyhttp.Error(statusClientClosedRequest,
 				fmt.Errorf("client went away after waiting %v for the rate limit in namespace %s: %w",
 					time.Since(start).Round(time.Millisecond), h.Namespace, ctx.Err()))
 		}
 	}
-}
-
-// giveUp counts a request that waits no longer, or may not wait, as it
-// would be counted without max_delay: rejected, with the penalty unless
-// disable_penalty is set (or admitted, should it fit by now).
-func (h *Handler) giveUp(ctx context.Context, p *plan, key string, value float64, samples []window.Sample) (rejected int) {
-	return h.hit(ctx, p, key, value, h.DisablePenalty, samples)
 }

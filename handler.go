@@ -332,8 +332,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// validate checks every field and prepares the limits, in ascending window
-// order.
+// validate checks every field and prepares the limits (see preparePlan).
 func (h *Handler) validate() error {
 	switch h.WindowType {
 	case "", "sliding":
@@ -345,22 +344,26 @@ func (h *Handler) validate() error {
 	if h.ErrorCode < 400 || h.ErrorCode > 599 {
 		return fmt.Errorf("error_code: %d is not an error status: want 400 to 599", h.ErrorCode)
 	}
-	if h.MaxConcurrent < 0 {
-		return fmt.Errorf("max_concurrent: must not be negative, got %d", h.MaxConcurrent)
-	}
-	if h.MaxDelay < 0 {
-		return fmt.Errorf("max_delay: must not be negative, got %v", time.Duration(h.MaxDelay))
-	}
-	if h.MaxWaiting < 0 {
-		return fmt.Errorf("max_waiting: must not be negative, got %d", h.MaxWaiting)
+	for _, f := range []struct {
+		name     string
+		value    any
+		negative bool
+	}{
+		{"max_concurrent", h.MaxConcurrent, h.MaxConcurrent < 0},
+		{"max_delay", time.Duration(h.MaxDelay), h.MaxDelay < 0},
+		{"max_waiting", h.MaxWaiting, h.MaxWaiting < 0},
+		{"ban", time.Duration(h.Ban), h.Ban < 0},
+		{"retry_after_jitter", time.Duration(h.RetryAfterJitter), h.RetryAfterJitter < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("%s: must not be negative, got %v", f.name, f.value)
+		}
 	}
 	if h.MaxWaiting > 0 && h.MaxDelay == 0 {
 		return fmt.Errorf("max_waiting: %d has no effect without max_delay", h.MaxWaiting)
 	}
-	for i, k := range h.KeyFallbacks {
-		if k == "" {
-			return fmt.Errorf("key_fallbacks: fallback %d is empty: want placeholders, such as {http.vars.client_ip}", i+1)
-		}
+	if i := slices.Index(h.KeyFallbacks, ""); i >= 0 {
+		return fmt.Errorf("key_fallbacks: fallback %d is empty: want placeholders, such as {http.vars.client_ip}", i+1)
 	}
 	if h.IPv4Prefix == 0 {
 		h.IPv4Prefix = DefaultIPv4Prefix
@@ -374,40 +377,22 @@ func (h *Handler) validate() error {
 	if err := checkPrefix("ipv6_prefix", h.IPv6Prefix, 128); err != nil {
 		return err
 	}
-	if h.Ban < 0 {
-		return fmt.Errorf("ban: must not be negative, got %v", time.Duration(h.Ban))
-	}
 	if time.Duration(h.Ban) > strategy.MaxBanLength {
 		return fmt.Errorf("ban: %v is longer than a store keeps a ban, %v", time.Duration(h.Ban), strategy.MaxBanLength)
 	}
-	if err := h.parseCost(); err != nil {
+	if err := h.checkCosts(); err != nil {
 		return err
-	}
-	for _, code := range h.CountStatus {
-		if code < 100 || code > 599 {
-			return fmt.Errorf("count_status: %d is not a status: want 100 to 599", code)
-		}
-	}
-	if h.ResponseCost != "" {
-		if err := checkResponseCost(string(h.ResponseCost)); err != nil {
-			return err
-		}
-		if h.MaxDelay > 0 {
-			return fmt.Errorf("response_cost: cannot be combined with max_delay (%v): a request that waits for its turn takes it before its cost is known", time.Duration(h.MaxDelay))
-		}
-		if h.Rate != nil {
-			return fmt.Errorf("response_cost: cannot be combined with rate: a rate's turn is taken before the request runs, not charged after it")
-		}
-	}
-	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
-		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
 	}
 	if err := h.parseHeaders(); err != nil {
 		return err
 	}
-	if h.RetryAfterJitter < 0 {
-		return fmt.Errorf("retry_after_jitter: must not be negative, got %v", time.Duration(h.RetryAfterJitter))
-	}
+	return h.preparePlan()
+}
+
+// preparePlan checks the limits and the rate, and prepares the plan
+// requests are judged by: the rate first, then the limits in ascending
+// window order.
+func (h *Handler) preparePlan() error {
 	if len(h.Limits) == 0 && h.Rate == nil {
 		return fmt.Errorf("limits: at least one limit is required, such as 100 per 1m, unless the handler has a rate")
 	}
@@ -449,7 +434,7 @@ func (h *Handler) validate() error {
 	for _, l := range limits[h.first:] {
 		h.static.hitLimits = append(h.static.hitLimits, syncapp.Limit{Size: l.size, Max: l.max})
 	}
-	h.isDynamic = h.dynamic()
+	h.isDynamic = slices.ContainsFunc(limits, func(l limit) bool { return l.placeholders != "" || l.burstFrom != "" })
 	h.concurrencyName = policyName(h.Namespace, "concurrency")
 	h.static.policy = h.policyOf(limits)
 	h.newBlock = blockFor(h.headerRoom())
@@ -458,6 +443,21 @@ func (h *Handler) validate() error {
 
 // maxInlineLimits is how many limits a request counts without allocating.
 const maxInlineLimits = 4
+
+// counts holds what a request reads of its limits, on its caller's stack
+// for up to maxInlineLimits limits: their samples, and what each has left.
+type counts struct {
+	samples [maxInlineLimits]window.Sample
+	left    [maxInlineLimits]int
+}
+
+// of returns room for n limits: the arrays, or new slices past them.
+func (c *counts) of(n int) ([]window.Sample, []int) {
+	if n > maxInlineLimits {
+		return make([]window.Sample, n), make([]int, n)
+	}
+	return c.samples[:n], c.left[:n]
+}
 
 // ServeHTTP counts the request against every limit and rejects it when one
 // is exceeded.
@@ -501,7 +501,7 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 	key = syncapp.BoundKey(h.key(r, repl))
 	value = h.cost
 	if h.costFromRequest {
-		value = h.requestCost(repl)
+		value = h.costOf(repl, "cost", string(h.Cost), 1)
 	}
 	if h.bans() {
 		if until := h.ns.BannedUntil(key); !until.IsZero() {
@@ -513,14 +513,8 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) (p *plan, key st
 		return p, key, value, o, err
 	}
 
-	n := len(p.limits)
-	var buf [maxInlineLimits]window.Sample
-	var leftBuf [maxInlineLimits]int
-	samples, left := buf[:], leftBuf[:]
-	if n > len(buf) {
-		samples, left = make([]window.Sample, n), make([]int, n)
-	}
-	samples, left = samples[:n], left[:n]
+	var c counts
+	samples, left := c.of(len(p.limits))
 	o = allowed
 	var rejected int
 	if h.countsAfter() {
@@ -615,13 +609,12 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, ke
 	if h.bans() {
 		h.ns.Ban(ctx, key, time.Now().Add(time.Duration(h.Ban)))
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(h.retryAfter(p, samples, value, now)))
+	secs := h.retryAfter(p, samples, value, now)
 	if l.rate {
-		return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: faster than %s per %s with a burst of %s in namespace %s",
-			l.limitValue, l.per, formatCount(l.burst), h.Namespace))
+		return rejected, h.rejection(w, secs, "rate limit exceeded: faster than %s per %s with a burst of %s in namespace %s",
+			l.limitValue, l.per, formatCount(l.burst), h.Namespace)
 	}
-	return rejected, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit exceeded: more than %s per %s in namespace %s",
-		l.limitValue, l.per, h.Namespace))
+	return rejected, h.rejection(w, secs, "rate limit exceeded: more than %s per %s in namespace %s", l.limitValue, l.per, h.Namespace)
 }
 
 // acquire takes one of max_concurrent places of the key for the request,
@@ -633,20 +626,16 @@ func (h *Handler) reject(ctx context.Context, w http.ResponseWriter, p *plan, ke
 func (h *Handler) acquire(w http.ResponseWriter, r *http.Request, p *plan, key string, value float64) (release func(), err error) {
 	release, ok := h.ns.Acquire(r.Context(), key, h.MaxConcurrent)
 	if !ok {
-		var buf [maxInlineLimits]window.Sample
-		samples := buf[:]
-		if len(p.limits) > len(buf) {
-			samples = make([]window.Sample, len(p.limits))
-		}
-		_, wait := h.peek(r.Context(), p, key, value, samples[:len(p.limits)])
+		var c counts
+		samples, _ := c.of(len(p.limits))
+		_, wait := h.peek(r.Context(), p, key, value, samples)
 		secs := max(1, ceilSeconds(wait.Seconds()))
 		if ph := findPlaceholders(r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)); ph != nil {
 			ph.concurrency, ph.exceeded, ph.remaining, ph.reset = true, true, 0, secs
 		}
 		h.setConcurrencyField(w.Header(), secs)
-		w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-		return nil, caddyhttp.Error(h.ErrorCode, fmt.Errorf("concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
-			h.MaxConcurrent, h.Namespace))
+		return nil, h.rejection(w, secs, "concurrency limit exceeded: more than %d requests of the key in flight in namespace %s",
+			h.MaxConcurrent, h.Namespace)
 	}
 	return release, nil
 }
@@ -698,22 +687,15 @@ func (h *Handler) reset(p *plan, i int, s window.Sample, value float64, left int
 	if left > 0 {
 		target = s.Rate(h.fixed) - 1
 	}
-	return ceilSeconds(h.wait(s, target, now))
-}
-
-// wait returns the seconds until the rate of a limit's window, as sampled
-// in s, falls to target, if no more hits come.
-func (h *Handler) wait(s window.Sample, target float64, now int64) float64 {
-	return s.Until(target, now, h.fixed).Seconds()
+	return ceilSeconds(s.Until(target, now, h.fixed).Seconds())
 }
 
 func ceilSeconds(secs float64) int { return max(0, int(math.Ceil(secs-1e-9))) }
 
-// retryAfter is the Retry-After value: the seconds until every limit
-// admits one more request of this cost (a larger window may be exhausted
-// too, though only the first to reject was incremented), or until the ban
-// this rejection sets ends, at least 1, plus up to retry_after_jitter, in
-// whole seconds.
+// retryAfter is the Retry-After value before jitter: the seconds until
+// every limit admits one more request of this cost (a larger window may be
+// exhausted too, though only the first to reject was incremented), or
+// until the ban this rejection sets ends, at least 1, in whole seconds.
 func (h *Handler) retryAfter(p *plan, samples []window.Sample, value float64, now int64) int {
 	secs := 1
 	if h.bans() {
@@ -722,7 +704,7 @@ func (h *Handler) retryAfter(p *plan, samples []window.Sample, value float64, no
 	for i, s := range samples {
 		secs = max(secs, ceilSeconds(h.admitWait(p, i, s, value, now).Seconds()))
 	}
-	return h.jitter(secs)
+	return secs
 }
 
 // admitWait returns how long until limit i, sampled in s at now, has room
@@ -745,12 +727,14 @@ func (h *Handler) admitWait(p *plan, i int, s window.Sample, value float64, now 
 	return s.Until(max(target, 0), now, h.fixed)
 }
 
-// jitter adds up to retry_after_jitter to a Retry-After of secs.
-func (h *Handler) jitter(secs int) int {
+// rejection sets the Retry-After of a rejected request, secs plus up to
+// retry_after_jitter, and returns the error that ends it.
+func (h *Handler) rejection(w http.ResponseWriter, secs int, format string, args ...any) error {
 	if j := time.Duration(h.RetryAfterJitter); j > 0 {
 		secs += rand.IntN(ceilSeconds(j.Seconds()) + 1)
 	}
-	return secs
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	return caddyhttp.Error(h.ErrorCode, fmt.Errorf(format, args...))
 }
 
 // Interface guards

@@ -15,63 +15,40 @@ import (
 // What a request that shows headers sets outlives the handler: its
 // placeholders, a value slice for each header (one per request, since a
 // later handler may rewrite a value in place) and the text of its numbers
-// (what each limit has left, and the reset). Made one by one (the
-// placeholders, the values, the text, and a string for each number) they
-// took 7 allocations added per request in BenchmarkServeHTTP/headers (two
-// limits) at 86cb2f5; with the numbers' strings sharing the text's bytes,
-// 4; with one block for all of it, as here, 2: the block, and the method
-// value that registers the placeholders. So the handler picks at
-// provision the smallest of four blocks that holds the placeholders, the
-// values and the longest numbers it can show, each block filling one size
-// class of Go's allocator, and the numbers' strings view the block's bytes
-// (unsafe.String).
+// (what each limit has left, and the reset). Rather than allocating each
+// (and a string per number), the handler picks at provision the smallest
+// block that holds the placeholders, the values and the longest numbers it
+// can show, each block filling one size class of Go's allocator, and the
+// numbers' strings view the block's bytes (unsafe.String).
+// docs/performance.md gives the allocations a request then takes.
 
 // parseHeaders reads headers, hide_client_headers and draft_headers into
 // what responses carry.
 func (h *Handler) parseHeaders() error {
-	h.draft, h.kong = false, false
-	none := false
 	for i, v := range h.Headers {
-		if slices.Contains(h.Headers[:i], v) {
+		switch {
+		case slices.Contains(h.Headers[:i], v):
 			return fmt.Errorf("headers: %q given twice", v)
-		}
-		switch v {
-		case "draft":
-			h.draft = true
-		case "kong":
-			h.kong = true
-		case "both":
-			if len(h.Headers) > 1 {
-				return fmt.Errorf("headers: both means draft kong and takes no other choice, got %q", h.Headers)
-			}
-			h.draft, h.kong = true, true
-		case "none":
-			none = true
-		default:
+		case !slices.Contains([]string{"draft", "kong", "both", "none"}, v):
 			return fmt.Errorf("headers: unknown choice %q: want draft, kong, both (draft kong), or none", v)
+		case v == "both" && len(h.Headers) > 1:
+			return fmt.Errorf("headers: both means draft kong and takes no other choice, got %q", h.Headers)
 		}
 	}
-	if none && len(h.Headers) > 1 {
-		return fmt.Errorf("headers: none cannot be combined with other choices, got %q", h.Headers)
-	}
+	none := slices.Contains(h.Headers, "none")
 	switch {
-	case h.HideClientHeaders:
-		// The older spelling of none, which also wins over draft_headers,
-		// as it did when it was the only spelling.
-		if len(h.Headers) > 0 && !none {
-			return fmt.Errorf("hide_client_headers: contradicts headers %q", h.Headers)
-		}
-		h.draft, h.kong = false, false
-	case none:
-		if h.DraftHeaders {
-			return fmt.Errorf("draft_headers: contradicts headers %q", h.Headers)
-		}
-	case len(h.Headers) == 0:
-		h.draft = true
+	case none && len(h.Headers) > 1:
+		return fmt.Errorf("headers: none cannot be combined with other choices, got %q", h.Headers)
+	case h.HideClientHeaders && len(h.Headers) > 0 && !none:
+		return fmt.Errorf("hide_client_headers: contradicts headers %q", h.Headers)
+	case none && h.DraftHeaders && !h.HideClientHeaders:
+		return fmt.Errorf("draft_headers: contradicts headers %q", h.Headers)
 	}
-	if h.DraftHeaders && !h.HideClientHeaders {
-		h.draft = true
-	}
+	// hide_client_headers, the older spelling of none, also wins over
+	// draft_headers, as it did when it was the only spelling.
+	both := slices.Contains(h.Headers, "both")
+	h.draft = !h.HideClientHeaders && (both || h.DraftHeaders || len(h.Headers) == 0 || slices.Contains(h.Headers, "draft"))
+	h.kong = !h.HideClientHeaders && (both || slices.Contains(h.Headers, "kong"))
 	return nil
 }
 
@@ -82,19 +59,17 @@ func (h *Handler) showsHeaders() bool { return h.draft || h.kong }
 // bytes the numbers among them (and the RateLimit field) take as long as
 // no count is negative.
 func (h *Handler) headerRoom() (vals, text int) {
-	resetDigits := 0
-	longest := 0 // the longest RateLimit field
+	var resetDigits, longest, counts int // longest: the longest RateLimit field
 	for _, l := range h.static.limits {
 		// RateLimit-Reset is at most two windows, or a ban and two windows.
 		resetDigits = max(resetDigits, len(strconv.FormatInt(int64((2*l.size+time.Duration(h.Ban))/time.Second)+1, 10)))
-		longest = max(longest, len(l.policyName)+len(formatCount(math.Floor(l.max))))
+		count := len(formatCount(math.Floor(l.max))) // remaining <= the limit
+		longest = max(longest, len(l.policyName)+count)
+		counts += count
 	}
 	if h.kong {
 		vals += 2*len(h.static.limits) + 3
-		for _, l := range h.static.limits {
-			text += len(formatCount(math.Floor(l.max))) // remaining <= the limit
-		}
-		text += resetDigits
+		text += counts + resetDigits
 	}
 	if h.draft {
 		vals += 2
@@ -103,64 +78,39 @@ func (h *Handler) headerRoom() (vals, text int) {
 	return vals, text
 }
 
-// The blocks a request that shows headers allocates, one per request: the
-// placeholders, the backing arrays of the header values, and the bytes
-// of the numbers among them. Each fills a size class of Go's allocator.
-type (
-	block2 struct { // 112 bytes: the draft's two fields
-		ph   placeholders
-		vals [2]string
-		text [48]byte
-	}
-	block5 struct { // 160 bytes: one limit
-		ph   placeholders
-		vals [5]string
-		text [48]byte
-	}
-	block7 struct { // 192 bytes: two limits
-		ph   placeholders
-		vals [7]string
-		text [48]byte
-	}
-	block9 struct { // 256 bytes: three limits, or two with the draft's fields
-		ph   placeholders
-		vals [9]string
-		text [80]byte
-	}
-	block13 struct { // 352 bytes: four limits with the draft's fields
-		ph   placeholders
-		vals [13]string
-		text [112]byte
-	}
-)
+// block is what a request that shows headers keeps, in one allocation:
+// the placeholders, the backing array of the header values (V, an array
+// of strings) and the bytes of the numbers among them (T, an array of
+// bytes).
+type block[V, T any] struct {
+	ph   placeholders
+	vals V
+	text T
+}
 
-func (b *block2) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block5) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block7) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block9) parts() (*placeholders, []string, []byte)  { return &b.ph, b.vals[:0], b.text[:0] }
-func (b *block13) parts() (*placeholders, []string, []byte) { return &b.ph, b.vals[:0], b.text[:0] }
-
-// newBlock allocates a block of type B: one allocation, whichever B.
-func newBlock[B any, P interface {
-	*B
-	parts() (*placeholders, []string, []byte)
-}]() (*placeholders, []string, []byte) {
-	return P(new(B)).parts()
+// newBlock allocates a block and returns its parts, the arrays as empty
+// slices with their length as capacity.
+func newBlock[V, T any]() (*placeholders, []string, []byte) {
+	b := new(block[V, T])
+	vals := unsafe.Slice((*string)(unsafe.Pointer(&b.vals)), unsafe.Sizeof(b.vals)/unsafe.Sizeof(""))
+	text := unsafe.Slice((*byte)(unsafe.Pointer(&b.text)), unsafe.Sizeof(b.text))
+	return &b.ph, vals[:0], text[:0]
 }
 
 // blockFor returns how to allocate what a request's headers need: the
 // smallest block with room for vals header values and text bytes of
-// numbers, or else three allocations.
+// numbers, each block filling a size class of Go's allocator, or else
+// three allocations.
 func blockFor(vals, text int) func() (*placeholders, []string, []byte) {
 	for _, b := range []struct {
 		vals, text int
 		alloc      func() (*placeholders, []string, []byte)
 	}{
-		{2, 48, newBlock[block2]},
-		{5, 48, newBlock[block5]},
-		{7, 48, newBlock[block7]},
-		{9, 80, newBlock[block9]},
-		{13, 112, newBlock[block13]},
+		{2, 48, newBlock[[2]string, [48]byte]},     // 112 bytes: the draft's two fields
+		{5, 48, newBlock[[5]string, [48]byte]},     // 160 bytes: one limit
+		{7, 48, newBlock[[7]string, [48]byte]},     // 192 bytes: two limits
+		{9, 80, newBlock[[9]string, [80]byte]},     // 256 bytes: three limits, or two with the draft's fields
+		{13, 112, newBlock[[13]string, [112]byte]}, // 352 bytes: four limits with the draft's fields
 	} {
 		if vals <= b.vals && text <= b.text {
 			return b.alloc

@@ -19,11 +19,11 @@ func TestBlockSizes(t *testing.T) {
 		got, want uintptr
 	}{
 		{unsafe.Sizeof(placeholders{}), 32},
-		{unsafe.Sizeof(block2{}), 112},
-		{unsafe.Sizeof(block5{}), 160},
-		{unsafe.Sizeof(block7{}), 192},
-		{unsafe.Sizeof(block9{}), 256},
-		{unsafe.Sizeof(block13{}), 352},
+		{unsafe.Sizeof(block[[2]string, [48]byte]{}), 112},
+		{unsafe.Sizeof(block[[5]string, [48]byte]{}), 160},
+		{unsafe.Sizeof(block[[7]string, [48]byte]{}), 192},
+		{unsafe.Sizeof(block[[9]string, [80]byte]{}), 256},
+		{unsafe.Sizeof(block[[13]string, [112]byte]{}), 352},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("Test %d: %d bytes, want %d", i, tc.got, tc.want)

@@ -39,6 +39,29 @@ type Limit struct {
 	Placeholders string `json:"-"`
 }
 
+// parseLimit reads the arguments of a Caddyfile limit line: <n>
+// <window|day|week|month>.
+func parseLimit(args []string) (Limit, error) {
+	if len(args) != 2 {
+		return Limit{}, fmt.Errorf("limit: want <n> <window>, such as 'limit 100 1m' or 'limit 10000 month'")
+	}
+	n, placeholders, err := parseAmount(args[0], "limit")
+	if err != nil || placeholders == "" && !(n > 0) {
+		return Limit{}, fmt.Errorf("limit: the limit must be a positive number or placeholders, got %q", args[0])
+	}
+	l := Limit{Limit: n, Placeholders: placeholders}
+	if _, ok := window.ParseUnit(args[1]); ok {
+		l.Calendar = args[1]
+		return l, nil
+	}
+	win, err := caddy.ParseDuration(args[1])
+	if err != nil || win <= 0 {
+		return Limit{}, fmt.Errorf("limit: the window must be a positive duration or day, week or month, got %q", args[1])
+	}
+	l.Window = caddy.Duration(win)
+	return l, nil
+}
+
 // limit is a Limit ready for requests, with its header names and values
 // computed once.
 type limit struct {
@@ -186,25 +209,15 @@ func sfString(s string) string {
 // Hour, Day, Month (30 days), Year (365 days), or else its length in
 // seconds.
 func windowName(size time.Duration) string {
-	switch size {
-	case time.Second:
-		return "Second"
-	case time.Minute:
-		return "Minute"
-	case time.Hour:
-		return "Hour"
-	case 24 * time.Hour:
-		return "Day"
-	case 30 * 24 * time.Hour:
-		return "Month"
-	case 365 * 24 * time.Hour:
-		return "Year"
+	if name, ok := kongWindows[size]; ok {
+		return name
 	}
-	return formatSeconds(size)
+	return strconv.FormatFloat(size.Seconds(), 'f', -1, 64)
 }
 
-func formatSeconds(d time.Duration) string {
-	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+var kongWindows = map[time.Duration]string{
+	time.Second: "Second", time.Minute: "Minute", time.Hour: "Hour", 24 * time.Hour: "Day",
+	30 * 24 * time.Hour: "Month", 365 * 24 * time.Hour: "Year",
 }
 
 // formatCount writes a limit or a remaining count: whole numbers without a

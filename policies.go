@@ -14,15 +14,35 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-
-	"github.com/ratesync/caddy-ratelimit/window"
 )
 
-// parseCost prepares cost: a number now, or placeholders to read per
-// request.
-func (h *Handler) parseCost() (err error) {
-	h.cost, h.costFromRequest, err = parseCostField("cost", string(h.Cost), "placeholders", 1)
-	return err
+// checkCosts checks cost, response_cost and count_status, and what they
+// cannot be combined with, and prepares cost: a number now, or
+// placeholders to read per request.
+func (h *Handler) checkCosts() (err error) {
+	if h.cost, h.costFromRequest, err = parseCostField("cost", string(h.Cost), "placeholders", 1); err != nil {
+		return err
+	}
+	if h.ResponseCost != "" {
+		if _, _, err := parseCostField("response_cost", string(h.ResponseCost), "placeholders such as {http.response.header.X-Units}", 0); err != nil {
+			return err
+		}
+		if h.MaxDelay > 0 {
+			return fmt.Errorf("response_cost: cannot be combined with max_delay (%v): a request that waits for its turn takes it before its cost is known", time.Duration(h.MaxDelay))
+		}
+		if h.Rate != nil {
+			return fmt.Errorf("response_cost: cannot be combined with rate: a rate's turn is taken before the request runs, not charged after it")
+		}
+	}
+	for _, code := range h.CountStatus {
+		if code < 100 || code > 599 {
+			return fmt.Errorf("count_status: %d is not a status: want 100 to 599", code)
+		}
+	}
+	if len(h.CountStatus) > 0 && h.MaxDelay > 0 {
+		return fmt.Errorf("count_status: cannot be combined with max_delay (%v): a request that waits for its turn takes it", time.Duration(h.MaxDelay))
+	}
+	return nil
 }
 
 // parseCostField reads a cost field (cost, response_cost): a number of 0
@@ -46,24 +66,26 @@ func parseCostField(field, c, want string, def float64) (v float64, placeholders
 
 func validCost(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 
-// requestCost is the cost that the placeholders of cost give for this
-// request, or 1 when they do not give a number of 0 or more.
-func (h *Handler) requestCost(repl *caddy.Replacer) float64 {
-	return h.costOf(repl, "cost", string(h.Cost), 1)
-}
-
 // costOf is what the placeholders of a cost field give now, or fallback
 // when that is not a number of 0 or more (logged at debug level).
 func (h *Handler) costOf(repl *caddy.Replacer, field, template string, fallback float64) float64 {
-	s := repl.ReplaceKnown(template, "")
-	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || !validCost(v) {
+	v, got, ok := numberOf(repl, template)
+	if !ok {
 		if c := h.logger.Check(zap.DebugLevel, field+" is not a number of 0 or more: counting the fallback"); c != nil {
-			c.Write(zap.String("namespace", h.Namespace), zap.String(field, s), zap.Float64("fallback", fallback))
+			c.Write(zap.String("namespace", h.Namespace), zap.String(field, got), zap.Float64("fallback", fallback))
 		}
 		return fallback
 	}
 	return v
+}
+
+// numberOf reads placeholders that give a number of 0 or more (a cost, a
+// tier's count) for this request: ok is false when what they give, got,
+// is not one.
+func numberOf(repl *caddy.Replacer, placeholders string) (v float64, got string, ok bool) {
+	got = repl.ReplaceKnown(placeholders, "")
+	v, err := strconv.ParseFloat(strings.TrimSpace(got), 64)
+	return v, got, err == nil && validCost(v)
 }
 
 // countsAfter reports whether requests are checked before they run and
@@ -74,13 +96,6 @@ func (h *Handler) countsAfter() bool { return len(h.CountStatus) > 0 || h.Respon
 // count_status names some.
 func (h *Handler) countsStatus(status int) bool {
 	return len(h.CountStatus) == 0 || slices.Contains(h.CountStatus, status)
-}
-
-// checkResponseCost checks response_cost: placeholders, or a number of 0
-// or more.
-func checkResponseCost(c string) error {
-	_, _, err := parseCostField("response_cost", c, "placeholders such as {http.response.header.X-Units}", 0)
-	return err
 }
 
 // serveThenCount runs the next handler, and counts the request
@@ -110,12 +125,9 @@ func (h *Handler) serveThenCount(w http.ResponseWriter, r *http.Request, next ca
 		}
 		// The response is on its way: a client that went away must not
 		// keep the request from counting.
-		var buf [maxInlineLimits]window.Sample
-		samples := buf[:]
-		if len(p.limits) > len(buf) {
-			samples = make([]window.Sample, len(p.limits))
-		}
-		h.hit(context.WithoutCancel(r.Context()), p, key, value, false, samples[:len(p.limits)])
+		var c counts
+		samples, _ := c.of(len(p.limits))
+		h.hit(context.WithoutCancel(r.Context()), p, key, value, false, samples)
 	}
 	return err
 }
@@ -132,17 +144,11 @@ func (h *Handler) bans() bool { return h.Ban > 0 && !h.DryRun }
 // no limit has room until then, and show the limit that keeps the key out
 // longest (or the largest window, when only the ban does).
 func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, p *plan, key string, value float64, until time.Time) error {
-	var buf [maxInlineLimits]window.Sample
-	var leftBuf [maxInlineLimits]int
-	samples, left := buf[:], leftBuf[:]
-	n := len(p.limits)
-	if n > len(buf) {
-		samples, left = make([]window.Sample, n), make([]int, n)
-	}
-	samples, left = samples[:n], left[:n]
+	var c counts
+	samples, left := c.of(len(p.limits))
 	h.peek(ctx, p, key, value, samples)
 	wait := time.Until(until)
-	shown := n - 1
+	shown := len(p.limits) - 1
 	for i, s := range samples {
 		if w := h.admitWait(p, i, s, value, s.At); w > wait {
 			wait, shown = w, i
@@ -150,8 +156,7 @@ func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl 
 	}
 	secs := max(1, ceilSeconds(wait.Seconds()))
 	h.show(w, repl, p, left, shown, secs, true)
-	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-	return caddyhttp.Error(h.ErrorCode, fmt.Errorf("key banned for %ds more in namespace %s", secs, h.Namespace))
+	return h.rejection(w, secs, "key banned for %ds more in namespace %s", secs, h.Namespace)
 }
 
 // refuse answers a request that the namespace's on_store_failure deny
@@ -160,23 +165,16 @@ func (h *Handler) rejectBanned(ctx context.Context, w http.ResponseWriter, repl 
 // wait (when the node next asks the store) in its reset and Retry-After.
 // In a dry run it lets the request through, as a limit's rejection.
 func (h *Handler) refuse(ctx context.Context, w http.ResponseWriter, repl *caddy.Replacer, p *plan, key string, value float64, wait time.Duration) (outcome, error) {
-	var buf [maxInlineLimits]window.Sample
-	var leftBuf [maxInlineLimits]int
-	samples, left := buf[:], leftBuf[:]
-	n := len(p.limits)
-	if n > len(buf) {
-		samples, left = make([]window.Sample, n), make([]int, n)
-	}
-	samples, left = samples[:n], left[:n]
+	var c counts
+	samples, left := c.of(len(p.limits))
 	h.peek(ctx, p, key, value, samples) // local: the store is away
 	secs := max(1, ceilSeconds(wait.Seconds()))
-	h.show(w, repl, h.inPeriods(p, samples), left, n-1, secs, true)
+	h.show(w, repl, h.inPeriods(p, samples), left, len(p.limits)-1, secs, true)
 	if h.DryRun {
 		if c := h.logger.Check(zap.DebugLevel, "dry run: request would be rejected: the store is unreachable"); c != nil {
 			c.Write(zap.String("namespace", h.Namespace))
 		}
 		return dryRunRejected, nil
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(h.jitter(secs)))
-	return storeUnreachable, caddyhttp.Error(h.ErrorCode, fmt.Errorf("rate limit store unreachable in namespace %s: on_store_failure deny rejects requests until it is back", h.Namespace))
+	return storeUnreachable, h.rejection(w, secs, "rate limit store unreachable in namespace %s: on_store_failure deny rejects requests until it is back", h.Namespace)
 }

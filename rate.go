@@ -111,13 +111,9 @@ func decodeAmount(raw json.RawMessage, field string) (float64, string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, "", nil
 	}
-	var v float64
-	if err := json.Unmarshal(raw, &v); err == nil {
-		return v, "", nil
-	}
 	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return 0, "", fmt.Errorf("%s: want a number or a string of placeholders, got %s", field, raw)
+	if json.Unmarshal(raw, &s) != nil {
+		s = string(raw) // a number, or what parseAmount refuses
 	}
 	return parseAmount(s, field)
 }
@@ -184,7 +180,7 @@ func (r *Rate) check() error {
 	if r.Window <= 0 {
 		return fmt.Errorf("rate: the window must be positive, got %v", time.Duration(r.Window))
 	}
-	if r.BurstPlaceholders == "" && (!(r.Burst >= 0) || math.IsInf(r.Burst, 1)) {
+	if r.BurstPlaceholders == "" && !validCost(r.Burst) {
 		return fmt.Errorf("rate: the burst must be a number of 0 or more, got %v", r.Burst)
 	}
 	return nil

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,33 +46,17 @@ type plan struct {
 // limits.
 func (h *Handler) rated() bool { return h.first == 1 }
 
-// dynamic says whether some count is read per request.
-func (h *Handler) dynamic() bool {
-	for _, l := range h.static.limits {
-		if l.placeholders != "" || l.burstFrom != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // policyOf returns the RateLimit-Policy field of limits: every limit and
 // the concurrency policy.
 func (h *Handler) policyOf(limits []limit) string {
-	var b strings.Builder
+	items := make([]string, len(limits), len(limits)+1)
 	for i, l := range limits {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(l.policy)
+		items[i] = l.policy
 	}
 	if h.MaxConcurrent > 0 {
-		if len(limits) > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(sfString(h.concurrencyName) + ";q=" + strconv.Itoa(h.MaxConcurrent) + `;qu="concurrent-requests"`)
+		items = append(items, sfString(h.concurrencyName)+";q="+strconv.Itoa(h.MaxConcurrent)+`;qu="concurrent-requests"`)
 	}
-	return b.String()
+	return strings.Join(items, ", ")
 }
 
 // planFor returns the plan a request is judged by: the handler's own, or,
@@ -88,14 +71,15 @@ func (h *Handler) planFor(repl *caddy.Replacer) (*plan, error) {
 	for i, l := range h.static.limits {
 		v, burst := l.max, l.burst
 		var ok bool
+		var got string
 		if l.placeholders != "" {
-			if v, ok = resolveCount(repl, l.placeholders, false); !ok {
-				return nil, h.unresolved(l, l.placeholders, repl)
+			if v, got, ok = numberOf(repl, l.placeholders); !ok || v == 0 {
+				return nil, h.unresolved(l, l.placeholders, got)
 			}
 		}
 		if l.burstFrom != "" {
-			if burst, ok = resolveCount(repl, l.burstFrom, true); !ok {
-				return nil, h.unresolved(l, l.burstFrom, repl)
+			if burst, got, ok = numberOf(repl, l.burstFrom); !ok {
+				return nil, h.unresolved(l, l.burstFrom, got)
 			}
 		}
 		p.limits[i] = l.judged(v, burst)
@@ -107,20 +91,9 @@ func (h *Handler) planFor(repl *caddy.Replacer) (*plan, error) {
 	return p, nil
 }
 
-// resolveCount reads a count from its placeholders: a positive number,
-// or with zeroOK a number of 0 or more.
-func resolveCount(repl *caddy.Replacer, placeholders string, zeroOK bool) (float64, bool) {
-	s := strings.TrimSpace(repl.ReplaceKnown(placeholders, ""))
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v < 0 || v == 0 && !zeroOK {
-		return 0, false
-	}
-	return v, true
-}
-
-// unresolved logs (throttled) a request whose placeholders gave no count,
-// and returns the error that ends it.
-func (h *Handler) unresolved(l limit, placeholders string, repl *caddy.Replacer) error {
+// unresolved logs (throttled) a request whose placeholders gave no count
+// (but got), and returns the error that ends it.
+func (h *Handler) unresolved(l limit, placeholders, got string) error {
 	what := "limit of window " + l.per
 	if l.rate {
 		what = "rate of window " + l.per
@@ -128,7 +101,6 @@ func (h *Handler) unresolved(l limit, placeholders string, repl *caddy.Replacer)
 			what = "burst of the " + what
 		}
 	}
-	got := repl.ReplaceKnown(placeholders, "")
 	now := time.Now().UnixNano()
 	if last := h.unresolvedLog.Load(); now-last >= int64(unresolvedLogInterval) && h.unresolvedLog.CompareAndSwap(last, now) {
 		h.logger.Error("a limit's placeholders give no number for a request: rejecting it with 500",

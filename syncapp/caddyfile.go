@@ -58,84 +58,83 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	return cfargs.Block(d, "", map[string]func() error{
-		"zone":          func() error { return a.unmarshalZone(d) },
-		"namespace":     func() error { return a.unmarshalNamespace(d) },
+		"zone": func() error {
+			return unmarshalNamed(d, "zone", &a.Zones, func(_ string, z *ZoneConfig) map[string]func() error {
+				return map[string]func() error{"max_keys": func() error { return cfargs.Int(d, "max_keys", 1, &z.MaxKeys) }}
+			})
+		},
+		"namespace": func() error {
+			return unmarshalNamed(d, "namespace", &a.Namespaces, func(name string, ns *NamespaceConfig) map[string]func() error {
+				return ns.subdirectives(d, name)
+			}, "window_sizes")
+		},
 		"flush_timeout": func() error { return cfargs.Duration(d, "flush_timeout", &a.FlushTimeout) },
 	}, "zone", "namespace")
 }
 
-func (a *App) unmarshalZone(d *caddyfile.Dispenser) error {
+// unmarshalNamed reads the block of a zone or a namespace (kind) into a
+// new config, and adds it to configs under its name, which must be new:
+// parse returns the parsers of the block's subdirectives (see
+// cfargs.Block).
+func unmarshalNamed[T any](d *caddyfile.Dispenser, kind string, configs *map[string]*T, parse func(name string, cfg *T) map[string]func() error, repeatable ...string) error {
 	var name string
 	if err := cfargs.One(d, &name); err != nil {
 		return err
 	}
-	if _, ok := a.Zones[name]; ok {
-		return d.Errf("zone %q is defined twice", name)
+	if _, ok := (*configs)[name]; ok {
+		return d.Errf("%s %q is defined twice", kind, name)
 	}
-	z := new(ZoneConfig)
-	err := cfargs.Block(d, "", map[string]func() error{
-		"max_keys": func() error { return cfargs.Int(d, "max_keys", 1, &z.MaxKeys) },
-	})
-	if err != nil {
+	cfg := new(T)
+	if err := cfargs.Block(d, "", parse(name, cfg), repeatable...); err != nil {
 		return err
 	}
-	if a.Zones == nil {
-		a.Zones = make(map[string]*ZoneConfig)
+	if *configs == nil {
+		*configs = make(map[string]*T)
 	}
-	a.Zones[name] = z
+	(*configs)[name] = cfg
 	return nil
 }
 
-func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
-	var name string
-	if err := cfargs.One(d, &name); err != nil {
-		return err
-	}
-	if _, ok := a.Namespaces[name]; ok {
-		return d.Errf("namespace %q is defined twice", name)
-	}
-	ns := new(NamespaceConfig)
-	err := cfargs.Block(d, "", map[string]func() error{
-		"zone": func() error { return cfargs.One(d, &ns.Zone) },
-		"sync_rate": func() error {
+// subdirectives returns the parser of each subdirective of the block of
+// the namespace name, which reads its arguments into ns. The errors of
+// the values they refuse name the namespace.
+func (ns *NamespaceConfig) subdirectives(d *caddyfile.Dispenser, name string) map[string]func() error {
+	// value reads the single argument of a subdirective through parse.
+	value := func(parse func(string) error) func() error {
+		return func() error {
 			var v string
 			if err := cfargs.One(d, &v); err != nil {
 				return err
 			}
+			if err := parse(v); err != nil {
+				return d.Errf("namespace %q: %v", name, err)
+			}
+			return nil
+		}
+	}
+	return map[string]func() error{
+		"zone": func() error { return cfargs.One(d, &ns.Zone) },
+		"sync_rate": value(func(v string) error {
 			rate, err := ParseSyncRate(v)
 			if err == nil {
 				err = rate.Validate()
 			}
-			if err != nil {
-				return d.Errf("namespace %q: %v", name, err)
-			}
 			ns.SyncRate = &rate
-			return nil
-		},
-		"sync_above": func() error {
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
+			return err
+		}),
+		"sync_above": value(func(v string) error {
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f > 0 && f <= 1) {
-				return d.Errf("namespace %q: sync_above: %q is not a fraction of a limit: want a number in (0, 1], such as 0.8", name, v)
+			if err != nil || !isFraction(f) {
+				return fmt.Errorf("sync_above: %q is not a fraction of a limit: want a number in (0, 1], such as 0.8", v)
 			}
 			ns.SyncAbove = &f
 			return nil
-		},
-		"on_store_failure": func() error {
-			var v string
-			if err := cfargs.One(d, &v); err != nil {
-				return err
-			}
+		}),
+		"on_store_failure": value(func(v string) error {
 			p, err := ParseFailurePolicy(v)
-			if err != nil {
-				return d.Errf("namespace %q: %v", name, err)
-			}
 			ns.OnStoreFailure = string(p)
-			return nil
-		},
+			return err
+		}),
 		"window_sizes": func() error {
 			var args []string
 			if err := cfargs.List(d, &args); err != nil {
@@ -162,15 +161,7 @@ func (a *App) unmarshalNamespace(d *caddyfile.Dispenser) error {
 			ns.StrategyRaw = caddyconfig.JSONModuleObject(unm, "module", module, nil)
 			return nil
 		},
-	}, "window_sizes")
-	if err != nil {
-		return err
 	}
-	if a.Namespaces == nil {
-		a.Namespaces = make(map[string]*NamespaceConfig)
-	}
-	a.Namespaces[name] = ns
-	return nil
 }
 
 // Interface guards

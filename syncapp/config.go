@@ -178,12 +178,9 @@ func (r *SyncRate) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("sync_rate: want a string or a number, got %s", b)
 	}
-	v, err := ParseSyncRate(s)
-	if err != nil {
-		return err
-	}
-	*r = v
-	return nil
+	var err error
+	*r, err = ParseSyncRate(s)
+	return err
 }
 
 // validateSyncAbove refuses a sync_above outside (0, 1], or on a namespace
@@ -192,7 +189,7 @@ func validateSyncAbove(v *float64, mode Mode) error {
 	if v == nil {
 		return nil
 	}
-	if !(*v > 0 && *v <= 1) { // NaN too
+	if !isFraction(*v) {
 		return fmt.Errorf("sync_above: %v is not a fraction of a limit: want a number in (0, 1], such as 0.8", *v)
 	}
 	if mode != Periodic {
@@ -200,3 +197,6 @@ func validateSyncAbove(v *float64, mode Mode) error {
 	}
 	return nil
 }
+
+// isFraction says whether v is a fraction of a limit, in (0, 1]: not NaN.
+func isFraction(v float64) bool { return v > 0 && v <= 1 }
