@@ -269,7 +269,7 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 			continue
 		}
 		c.advance(f.k)
-		out[j] = c.sample(f, m)
+		out[j] = c.sample(f, now, m)
 	}
 }
 

@@ -57,13 +57,13 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		if rejected < 0 {
 			add(c, value)
 			if value > 0 {
-				c.curAt = stamp(f.r)
+				c.curAt = stamp(now - f.start)
 				if !synced {
 					noteLimit(s.limitOf(e, c), l.Max)
 				}
 			}
 		}
-		out[j] = c.sample(f, m)
+		out[j] = c.sample(f, now, m)
 		if rejected < 0 && out[j].Rate(fixed) > l.Max {
 			rejected = j
 		}
@@ -77,7 +77,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 			}
 			c := s.countsFor(e, size, false)
 			add(c, -value)
-			out[j] = c.sample(f, m)
+			out[j] = c.sample(f, now, m)
 		}
 	}
 	n.mark(s, i, e, !synced)

@@ -365,10 +365,10 @@ func (n *Namespace) increment(key string, size time.Duration, value float64, syn
 		c.cur.diff += value
 	}
 	if value > 0 {
-		c.curAt = stamp(f.r)
+		c.curAt = stamp(now - f.start)
 	}
 	n.mark(s, i, e, !synced)
-	out := c.sample(f, n.unsyncedWeight())
+	out := c.sample(f, now, n.unsyncedWeight())
 	s.mu.Unlock()
 	return out
 }
@@ -418,9 +418,9 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	if diff != nil {
 		c := *c
 		c.cur.diff = *diff
-		return c.sample(f, n.unsyncedWeight())
+		return c.sample(f, now, n.unsyncedWeight())
 	}
-	return c.sample(f, n.unsyncedWeight())
+	return c.sample(f, now, n.unsyncedWeight())
 }
 
 // mark lists a touched entry for the next Take, and flags it dirty when it
