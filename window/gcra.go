@@ -100,9 +100,18 @@ func Conform(tat, now int64, r Rate, cost float64) (next int64, wait time.Durati
 	if inc > tol {
 		return tat, Never
 	}
-	due := max(tat, now) + int64(inc)
-	if allowAt := due - int64(tol); allowAt > now {
-		return tat, time.Duration(allowAt - now)
+	next, w := ConformSpans(tat, now, int64(inc), int64(tol))
+	return next, time.Duration(w)
+}
+
+// ConformSpans is Conform's rule in any one unit of time (a store counts
+// microseconds), for a request that moves the TAT by inc, when the TAT
+// may get tol ahead of now: the TAT after it, and wait, 0 when the
+// request is admitted, else how long until it would be.
+func ConformSpans(tat, now, inc, tol int64) (next, wait int64) {
+	due := max(tat, now) + inc
+	if allowAt := due - tol; allowAt > now {
+		return tat, allowAt - now
 	}
 	return due, 0
 }

@@ -78,44 +78,37 @@ func (d *data) feedOf(namespace string, now int64) *nearFeed {
 // MarkNear makes marks (see strategy.NearFeed).
 func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
 	defer errs.MarkNear(&err, namespace, len(marks))
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.markNear(namespace, marks, s.now().UnixNano())
-	return nil
+	return s.run(ctx, nil, func(d *data, now int64) error {
+		d.markNear(namespace, marks, now)
+		return nil
+	})
 }
 
 // GetCountersNear is GetCounters, and the namespace's marks made after
 // version known that have not ended by now, then the marks of mark made
 // (see strategy.NearFeed).
-func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, marks []strategy.NearMark, version int64, _ error) {
 	counts, err := s.GetCounters(ctx, namespace, keys, sizes, now)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	defer errs.GetCounters(&err, namespace, len(keys))
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	defer d.markNear(namespace, mark, s.now().UnixNano()) // after the read, under d.mu
-	f := d.feedOf(namespace, s.now().UnixNano())
-	if f == nil {
-		return counts, nil, 0, nil
-	}
-	if f.version == known {
-		return counts, nil, known, nil
-	}
-	if known > f.version {
-		known = 0 // the reader is ahead: it reads every mark
-	}
-	var marks []strategy.NearMark
-	for _, m := range f.marks {
-		if m.after > known && m.until > now.UnixNano() {
-			marks = append(marks, strategy.NearMark{Key: m.key, Until: time.Unix(0, m.until)})
+	s.lock(func(d *data, clock int64) {
+		defer d.markNear(namespace, mark, clock) // after the read
+		f := d.feedOf(namespace, clock)
+		if f == nil {
+			return
 		}
-	}
-	return counts, marks, f.version, nil
+		if version = f.version; version == known {
+			return
+		}
+		if known > version {
+			known = 0 // the reader is ahead: it reads every mark
+		}
+		for _, m := range f.marks {
+			if m.after > known && m.until > now.UnixNano() {
+				marks = append(marks, strategy.NearMark{Key: m.key, Until: time.Unix(0, m.until)})
+			}
+		}
+	})
+	return counts, marks, version, nil
 }
