@@ -396,31 +396,21 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	if int64(size) >= minCode {
 		f = longFrame(now, int64(size))
 	}
-	out := Sample{Weight: f.w, Start: f.start, Size: size, At: now}
-	i := s.find(uint32(h), n.id, key)
-	if i < 0 {
-		if diff != nil {
-			out.Current = *diff
+	// A key or a size the zone does not hold reads as zero, but for diff.
+	c, m := counts{size: int64(size), index: f.k}, 1.0
+	if i := s.find(uint32(h), n.id, key); i >= 0 {
+		e := s.at(i)
+		e.flags |= flagRef
+		n.mark(s, i, e, false)
+		if held := s.countsFor(e, int64(size), false); held != nil {
+			held.advance(f.k)
+			c, m = *held, n.unsyncedWeight()
 		}
-		return out
 	}
-	e := s.at(i)
-	e.flags |= flagRef
-	n.mark(s, i, e, false)
-	c := s.countsFor(e, int64(size), false)
-	if c == nil {
-		if diff != nil {
-			out.Current = *diff
-		}
-		return out
-	}
-	c.advance(f.k)
 	if diff != nil {
-		c := *c
 		c.cur.diff = *diff
-		return c.sample(f, now, n.unsyncedWeight())
 	}
-	return c.sample(f, now, n.unsyncedWeight())
+	return c.sample(f, now, m)
 }
 
 // mark lists a touched entry for the next Take, and flags it dirty when it

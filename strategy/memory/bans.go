@@ -30,7 +30,7 @@ type namespaceBans struct {
 // anything changes, with an error that wraps strategy.ErrRejected.
 func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
 	defer errs.SetBans(&err, namespace, len(bans))
-	return s.run(ctx, strategy.CheckBans(bans, s.now()), func(d *data, now int64) error {
+	return s.run(ctx, strategy.CheckBans(bans, s.now()), func(d *data, now int64) {
 		nb := d.bansOf(namespace, now)
 		changed := false
 		for _, b := range bans {
@@ -51,7 +51,6 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 			nb.version++
 		}
 		d.dropBansIfNone(namespace, nb)
-		return nil
 	})
 }
 
@@ -67,18 +66,17 @@ func (d *data) dropBansIfNone(namespace string, nb *namespaceBans) {
 // known, the bans that have not ended by now (see strategy.Banner).
 func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (bans []strategy.Ban, version int64, err error) {
 	defer errs.GetBans(&err, namespace)
-	err = s.run(ctx, nil, func(d *data, clock int64) error {
+	err = s.run(ctx, nil, func(d *data, clock int64) {
 		nb := d.bansOf(namespace, clock)
 		defer d.dropBansIfNone(namespace, nb)
 		if version = nb.version; version == known {
-			return nil
+			return
 		}
 		for k, u := range nb.until {
 			if u > now.UnixNano() {
 				bans = append(bans, strategy.Ban{Key: k, Until: time.Unix(0, u)})
 			}
 		}
-		return nil
 	})
 	return bans, version, err
 }

@@ -28,10 +28,10 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 // whole with an error that wraps strategy.ErrRejected.
 func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	defer errs.PushDiffs(&err, b)
-	return s.run(ctx, checkBatch(b), func(d *data, now int64) error {
+	return s.run(ctx, checkBatch(b), func(d *data, now int64) {
 		m := marker{b.Namespace, b.ID}
 		if _, ok := d.markers.get(m, now); ok {
-			return nil // applied before: a retry, or the diffs of a hit
+			return // applied before: a retry, or the diffs of a hit
 		}
 		last := int64(math.MinInt64) // the latest expiry of the counters written
 		var marks []strategy.NearMark
@@ -57,7 +57,6 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		if last != math.MinInt64 {
 			d.markers.set(m, struct{}{}, max(last, now+int64(strategy.MinBatchIDLife)), now)
 		}
-		return nil
 	})
 }
 
@@ -85,7 +84,7 @@ func checkBatch(b strategy.Batch) error {
 // with an error that wraps strategy.ErrRejected.
 func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (counts []window.Count, err error) {
 	defer errs.GetCounters(&err, namespace, len(keys))
-	err = s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) error {
+	err = s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) {
 		d.lookups.Add(int64(2 * len(keys) * len(sizes)))
 		for _, key := range keys {
 			for _, size := range sizes {
@@ -97,7 +96,6 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 				}
 			}
 		}
-		return nil
 	})
 	return counts, err
 }
@@ -109,13 +107,12 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 // that wraps strategy.ErrRejected.
 func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
 	defer errs.Reset(&err, namespace)
-	return s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) error {
+	return s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) {
 		for _, size := range sizes {
 			cur := window.Start(now.UnixNano(), size)
 			d.put(counter{namespace, key, size, cur}, 0, clock)
 			d.put(counter{namespace, key, size, cur - int64(size)}, 0, clock)
 		}
-		return nil
 	})
 }
 
@@ -141,7 +138,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	if len(good) == 0 {
 		return
 	}
-	err := s.run(ctx, nil, func(d *data, now int64) error {
+	err := s.run(ctx, nil, func(d *data, now int64) {
 		apply := d.markHits(namespace, id, now, hits, good)
 		for _, i := range good {
 			h, r := &hits[i], &results[i]
@@ -164,7 +161,6 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 				r.Rate.TAT = next * 1e3
 			}
 		}
-		return nil
 	})
 	if err != nil {
 		errs.FailBatch(results, namespace, good, err)

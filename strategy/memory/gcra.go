@@ -46,12 +46,12 @@ func (d *data) setTAT(k rateKey, tat, now int64) { d.tats.set(k, tat, tat*1e3, n
 // anything changes, with an error that wraps strategy.ErrRejected.
 func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.RateRequest) (reply strategy.RateReply, err error) {
 	defer errs.Rate(&err, namespace)
-	err = s.run(ctx, strategy.CheckRate(id, false, r), func(d *data, now int64) error {
+	err = s.run(ctx, strategy.CheckRate(id, false, r), func(d *data, now int64) {
 		k, m := rateKey{namespace, key, r.Window}, marker{namespace, id}
 		tat, next, ok := d.turn(k, r, now)
 		if rec, known := d.rateIDs.get(m, now); known && (!r.Force || rec.state != 'r') {
 			reply = strategy.RateReply{OK: rec.state == 't', TAT: tat * 1e3, Now: now / 1e3 * 1e3}
-			return nil
+			return
 		}
 		if ok {
 			d.setTAT(k, next, now)
@@ -64,7 +64,6 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 			d.rateIDs.set(m, rec, now+int64(strategy.RateIDLife), now)
 		}
 		reply = strategy.RateReply{OK: ok, TAT: next * 1e3, Now: now / 1e3 * 1e3}
-		return nil
 	})
 	return reply, err
 }
@@ -74,18 +73,17 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 // refused with an error that wraps strategy.ErrRejected.
 func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window time.Duration) (err error) {
 	defer errs.GiveBack(&err, namespace)
-	return s.run(ctx, strategy.CheckRate(id, true, strategy.RateRequest{Window: window}), func(d *data, now int64) error {
+	return s.run(ctx, strategy.CheckRate(id, true, strategy.RateRequest{Window: window}), func(d *data, now int64) {
 		m := marker{namespace, id}
 		rec, _ := d.rateIDs.get(m, now)
 		if rec.state == 'g' {
-			return nil
+			return
 		}
 		d.rateIDs.set(m, rateRecord{state: 'g'}, now+int64(strategy.RateIDLife), now)
 		k := rateKey{namespace, key, window}
 		if tat, ok := d.tats.get(k, now); ok && rec.state == 't' {
 			d.setTAT(k, tat-rec.inc, now) // one at or before now is as good as none
 		}
-		return nil
 	})
 }
 

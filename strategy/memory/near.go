@@ -78,9 +78,8 @@ func (d *data) feedOf(namespace string, now int64) *nearFeed {
 // MarkNear makes marks (see strategy.NearFeed).
 func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
 	defer errs.MarkNear(&err, namespace, len(marks))
-	return s.run(ctx, nil, func(d *data, now int64) error {
+	return s.run(ctx, nil, func(d *data, now int64) {
 		d.markNear(namespace, marks, now)
-		return nil
 	})
 }
 

@@ -13,7 +13,7 @@ import (
 // members are counted.
 func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Duration) (members int, err error) {
 	defer errs.Attend(&err, namespace)
-	err = s.run(ctx, strategy.CheckAttend(node, ttl), func(d *data, now int64) error {
+	err = s.run(ctx, strategy.CheckAttend(node, ttl), func(d *data, now int64) {
 		fleet := d.fleets[namespace]
 		if fleet == nil {
 			fleet = make(map[string]int64)
@@ -26,7 +26,6 @@ func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Dur
 		}
 		fleet[node] = now + int64(ttl)
 		members = len(fleet)
-		return nil
 	})
 	return members, err
 }

@@ -23,10 +23,9 @@ type slotKey struct {
 // with an error that wraps strategy.ErrRejected.
 func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
 	defer errs.AcquireSlot(&err, namespace)
-	err = s.run(ctx, strategy.CheckAcquire(id, max, lease), func(d *data, now int64) error {
+	err = s.run(ctx, strategy.CheckAcquire(id, max, lease), func(d *data, now int64) {
 		r := d.acquireSlot(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease}, now)
 		held, ok = r.Held, r.OK
-		return nil
 	})
 	return held, ok, err
 }
@@ -75,14 +74,13 @@ func (d *data) putSlots(k slotKey, held map[string]int64, now int64) {
 // error that wraps strategy.ErrRejected.
 func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
 	defer errs.ReleaseSlots(&err, namespace, len(slots))
-	return s.run(ctx, strategy.CheckSlots(slots), func(d *data, now int64) error {
+	return s.run(ctx, strategy.CheckSlots(slots), func(d *data, now int64) {
 		for _, sl := range slots {
 			k := slotKey{namespace, sl.Key}
 			held := d.heldSlots(k, now)
 			delete(held, sl.ID)
 			d.putSlots(k, held, now)
 		}
-		return nil
 	})
 }
 
@@ -92,7 +90,7 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 // ReleaseSlots.
 func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
 	defer errs.RenewSlots(&err, namespace, len(slots))
-	return s.run(ctx, strategy.CheckRenew(slots, lease), func(d *data, now int64) error {
+	return s.run(ctx, strategy.CheckRenew(slots, lease), func(d *data, now int64) {
 		for _, sl := range slots {
 			k := slotKey{namespace, sl.Key}
 			held := d.heldSlots(k, now) // without those that expired: they are not renewed
@@ -101,7 +99,6 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 				d.putSlots(k, held, now)
 			}
 		}
-		return nil
 	})
 }
 

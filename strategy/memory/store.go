@@ -42,15 +42,15 @@ func (s *Store) check(ctx context.Context) error {
 
 // run runs f on the data set as lock does, unless the store cannot serve
 // (see check) or the input failed its check, bad.
-func (s *Store) run(ctx context.Context, bad error, f func(d *data, now int64) error) (err error) {
+func (s *Store) run(ctx context.Context, bad error, f func(d *data, now int64)) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
 	if bad != nil {
 		return bad
 	}
-	s.lock(func(d *data, now int64) { err = f(d, now) })
-	return err
+	s.lock(f)
+	return nil
 }
 
 // lock runs f on the data set at the store's clock (Unix nanoseconds),
