@@ -55,7 +55,7 @@ type data struct {
 	bans map[string]*namespaceBans
 	// near maps a namespace to its feed of keys near their limits (see
 	// near.go); a namespace without marks is removed.
-	near map[string]*nearFeed
+	near map[string][]nearMark
 	// fleets maps a namespace to its members (see roster.go): each node's
 	// expiry, in Unix nanoseconds. A namespace without members is
 	// removed.
@@ -69,7 +69,7 @@ type data struct {
 func newData() *data {
 	return &data{
 		bans:   make(map[string]*namespaceBans),
-		near:   make(map[string]*nearFeed),
+		near:   make(map[string][]nearMark),
 		fleets: make(map[string]map[string]int64),
 	}
 }
