@@ -227,6 +227,7 @@ func (z *Zone) Namespace(name string) (*Namespace, error) {
 		return nil, fmt.Errorf("zone holds too many namespaces (%d)", len(all))
 	}
 	n := &Namespace{zone: z, id: uint16(len(all)), name: name, backlog: make(chan struct{}, 1)}
+	n.SetUnsyncedWeight(1)
 	z.names[name] = n
 	next := append(all[:len(all):len(all)], n)
 	z.namespaces.Store(&next)
@@ -265,7 +266,7 @@ type Namespace struct {
 	orphans atomic.Int64 // diffs of keys that left the zone
 	backlog chan struct{}
 	// unsynced holds the bits of the weight of this node's unsynced
-	// counts (see SetUnsyncedWeight); 0 stands for 1.
+	// counts (see SetUnsyncedWeight).
 	unsynced atomic.Uint64
 }
 
@@ -281,20 +282,11 @@ func (n *Namespace) SetUnsyncedWeight(m float64) {
 	if !(m > 1) || math.IsInf(m, 1) {
 		m = 1
 	}
-	if m == 1 {
-		n.unsynced.Store(0)
-		return
-	}
 	n.unsynced.Store(math.Float64bits(m))
 }
 
 // unsyncedWeight returns the weight SetUnsyncedWeight set.
-func (n *Namespace) unsyncedWeight() float64 {
-	if b := n.unsynced.Load(); b != 0 {
-		return math.Float64frombits(b)
-	}
-	return 1
-}
+func (n *Namespace) unsyncedWeight() float64 { return math.Float64frombits(n.unsynced.Load()) }
 
 // Backlog receives when the zone holds as many diffs of evicted keys as
 // it holds keys: keys with diffs leave the zone faster than the namespace
