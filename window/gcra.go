@@ -100,9 +100,18 @@ func Conform(tat, now int64, r Rate, cost float64) (next int64, wait time.Durati
 	if inc > tol {
 		return tat, Never
 	}
-	due := max(tat, now) + int64(inc)
-	if allowAt := due - int64(tol); allowAt > now {
-		return tat, time.Duration(allowAt - now)
+	next, w := ConformSpans(tat, now, int64(inc), int64(tol))
+	return next, time.Duration(w)
+}
+
+// ConformSpans is Conform's rule in any one unit of time (a store counts
+// microseconds), for a request that moves the TAT by inc, when the TAT
+// may get tol ahead of now: the TAT after it, and wait, 0 when the
+// request is admitted, else how long until it would be.
+func ConformSpans(tat, now, inc, tol int64) (next, wait int64) {
+	due := max(tat, now) + inc
+	if allowAt := due - tol; allowAt > now {
+		return tat, allowAt - now
 	}
 	return due, 0
 }
@@ -180,22 +189,10 @@ func rateSize(window time.Duration) int64 { return -int64(window) }
 // a synchronous request whose round trip failed after it may have been
 // applied, whose increments go to the store under its round trip's ID.
 func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit, value float64, fixed, undo, synced bool, out []Sample, rs *RateSample) (rateOK bool, rejected int) {
-	s, i, now := n.lockEntry(key)
-	defer s.mu.Unlock()
-	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
-	next, wait := Conform(c.index, now, rate.share(n.unsyncedWeight()), cost)
-	*rs = RateSample{TAT: c.index, At: now}
-	if wait != 0 {
-		n.readEntry(s, i, now, limits, out)
-		return false, -1
-	}
-	// Counts never move while the lock is held (extras live in chunks
-	// that stay put), so c is still the rate's.
-	if rejected = n.hitEntry(s, i, now, limits, value, fixed, undo, synced, out); rejected < 0 {
-		c.index = next
-		rs.TAT = next
-	}
-	return true, rejected
+	rateOK, rejected, _ = n.hitAfterRate(key, rate, cost, limits, out, rs, func(s *shard, i int32, now int64) (int, time.Duration) {
+		return n.hitEntry(s, i, now, limits, value, fixed, undo, synced, out), 0
+	})
+	return rateOK, rejected
 }
 
 // HitRateIfRoom is HitIfRoom with a rate checked first, under one lock:
@@ -206,6 +203,16 @@ func (n *Namespace) HitRate(key string, rate Rate, cost float64, limits []Limit,
 // if no other comes (Never: it never fits). rs and out receive the
 // states as HitRate's do.
 func (n *Namespace) HitRateIfRoom(key string, rate Rate, cost float64, limits []Limit, value float64, out []Sample, rs *RateSample) (rateOK bool, rejected int, wait time.Duration) {
+	return n.hitAfterRate(key, rate, cost, limits, out, rs, func(s *shard, i int32, now int64) (int, time.Duration) {
+		return n.hitIfRoomEntry(s, i, now, limits, value, out)
+	})
+}
+
+// hitAfterRate decides a request of cost at the rate and, if the rate
+// admits it, has hit count it on the limits, under one lock of the key;
+// the TAT moves when hit returns -1, admitted by every limit. A request
+// the rate rejects only reads the limits, and waits for the rate.
+func (n *Namespace) hitAfterRate(key string, rate Rate, cost float64, limits []Limit, out []Sample, rs *RateSample, hit func(s *shard, i int32, now int64) (int, time.Duration)) (rateOK bool, rejected int, wait time.Duration) {
 	s, i, now := n.lockEntry(key)
 	defer s.mu.Unlock()
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
@@ -215,12 +222,12 @@ func (n *Namespace) HitRateIfRoom(key string, rate Rate, cost float64, limits []
 		n.readEntry(s, i, now, limits, out)
 		return false, -1, wait
 	}
-	if rejected, wait = n.hitIfRoomEntry(s, i, now, limits, value, out); rejected >= 0 {
-		return true, rejected, wait
+	// Counts never move while the lock is held (extras live in chunks
+	// that stay put), so c is still the rate's.
+	if rejected, wait = hit(s, i, now); rejected < 0 {
+		c.index, rs.TAT = next, next
 	}
-	c.index = next
-	rs.TAT = next
-	return true, -1, 0
+	return true, rejected, wait
 }
 
 // ReadRate returns key's state under the rate's window, without changing
@@ -269,7 +276,7 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 			continue
 		}
 		c.advance(f.k)
-		out[j] = c.sample(f, m)
+		out[j] = c.sample(f, now, m)
 	}
 }
 

@@ -1,6 +1,9 @@
 package window
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Limit is one limit a hit is checked against.
 type Limit struct {
@@ -9,6 +12,13 @@ type Limit struct {
 	// Max is the most the window's rate may be after a hit; past it the hit
 	// is rejected. math.Inf(1) never rejects.
 	Max float64
+}
+
+// Exceeds reports whether a rate is over a limit, Max: +Inf never is
+// exceeded and -Inf always is, whatever the rate. It is the one rule of
+// the zones and the stores that decide in Go.
+func Exceeds(rate, max float64) bool {
+	return rate > max && !math.IsInf(max, 1) || math.IsInf(max, -1)
 }
 
 // Hit counts one hit of value against limits, in the order given
@@ -57,14 +67,14 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		if rejected < 0 {
 			add(c, value)
 			if value > 0 {
-				c.curAt = stamp(f.r)
+				c.curAt = stamp(now - f.start)
 				if !synced {
 					noteLimit(s.limitOf(e, c), l.Max)
 				}
 			}
 		}
-		out[j] = c.sample(f, m)
-		if rejected < 0 && out[j].Rate(fixed) > l.Max {
+		out[j] = c.sample(f, now, m)
+		if rejected < 0 && Exceeds(out[j].Rate(fixed), l.Max) {
 			rejected = j
 		}
 	}
@@ -77,7 +87,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 			}
 			c := s.countsFor(e, size, false)
 			add(c, -value)
-			out[j] = c.sample(f, m)
+			out[j] = c.sample(f, now, m)
 		}
 	}
 	n.mark(s, i, e, !synced)

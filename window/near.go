@@ -50,7 +50,7 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 		f := frameAt(now, size)
 		c := s.countsFor(e, size, false) // the hit created it
 		c.cur.diff -= value
-		out[j] = c.sample(f, n.unsyncedWeight())
+		out[j] = c.sample(f, now, n.unsyncedWeight())
 		u := Unsynced{Taken: c.cur.diff}
 		if c.index == f.k {
 			u.Previous = c.prev.diff

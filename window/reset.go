@@ -39,7 +39,7 @@ func (n *Namespace) Inspect(key string) []KeyWindow {
 		f := frameAt(now, c.size)
 		cp := *c // advanced as a read would, without writing it back
 		cp.advance(f.k)
-		w := KeyWindow{Sample: cp.sample(f, 1), PendingCurrent: cp.cur.diff}
+		w := KeyWindow{Sample: cp.sample(f, now, 1), PendingCurrent: cp.cur.diff}
 		if cp.index <= f.k {
 			w.PendingPrevious = cp.prev.diff
 		}

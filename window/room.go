@@ -54,10 +54,10 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 		c := s.countsFor(e, size, false)
 		c.cur.diff += value
 		if value > 0 {
-			c.curAt = stamp(f.r)
+			c.curAt = stamp(now - f.start)
 			noteLimit(s.limitOf(e, c), l.Max)
 		}
-		out[j] = c.sample(f, m)
+		out[j] = c.sample(f, now, m)
 	}
 	n.mark(s, i, e, true)
 	return -1, 0

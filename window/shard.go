@@ -109,17 +109,17 @@ func (c *counts) cellAt(k int64) *cell {
 	return nil
 }
 
-// sample returns the counts' state at the instant of frame f, with this
+// sample returns the counts' state at the instant at, of frame f, with this
 // node's unsynced counts taken m times (see Namespace.SetUnsyncedWeight;
 // 1 is the counts as they are). Counts ahead of it (a hit that read the
 // clock later advanced them first) are those of the window after f's.
-func (c *counts) sample(f frame, m float64) Sample {
+func (c *counts) sample(f frame, at int64, m float64) Sample {
 	s := Sample{
 		Current: c.cur.weighted(m),
 		Weight:  f.w,
 		Start:   f.start,
 		Size:    timeDuration(c.size),
-		At:      f.start + f.r,
+		At:      at,
 	}
 	if c.index <= f.k {
 		s.Previous = c.prev.weighted(m)

@@ -231,5 +231,5 @@ func (n *Namespace) observe(key string, size time.Duration, start int64, current
 	n.mark(s, i, e, false)
 	f := frameAt(now, int64(size))
 	c.advance(f.k)
-	return c.sample(f, n.unsyncedWeight())
+	return c.sample(f, now, n.unsyncedWeight())
 }

@@ -39,13 +39,13 @@ func Weight(now int64, size time.Duration) float64 {
 }
 
 // frame is where an instant falls among the windows of a size: in window
-// k, which starts at start (k*size but for a calendar's) and ends at end,
-// r nanoseconds into it (flooring, so that times before the epoch fall in
-// the right window too); w is
-// the weight of the window before it then (0 for a calendar's). A zone
+// k, which starts at start (k*size but for a calendar's; flooring, so that
+// times before the epoch fall in the right window too) and ends at end; w
+// is the weight of the window before it then (0 for a calendar's). A zone
 // operation places the instant once per limit, and its samples read the
-// frame. frameAt is too large to inline, so the hottest paths (a hit, a
-// read) spell it out, for a window of fixed size to pay for calendars one
+// frame. It has four fields, so that the compiler keeps it in registers.
+// frameAt is too large to inline, so the hottest paths (a hit, a read)
+// spell it out, for a window of fixed size to pay for calendars one
 // comparison and no call:
 //
 //	f := fixedFrame(now, size)
@@ -53,8 +53,8 @@ func Weight(now int64, size time.Duration) float64 {
 //		f = longFrame(now, size)
 //	}
 type frame struct {
-	k, r, start, end int64
-	w                float64
+	k, start, end int64
+	w             float64
 }
 
 // frameAt returns the frame of now among the windows of a size.
@@ -69,7 +69,7 @@ func frameAt(now, size int64) frame {
 func longFrame(now, size int64) frame {
 	if c := calendarOf(size); c != nil {
 		p := c.place(now)
-		return frame{k: p.k, r: now - p.start, start: p.start, end: p.end}
+		return frame{k: p.k, start: p.start, end: p.end}
 	}
 	return fixedFrame(now, size)
 }
@@ -81,7 +81,7 @@ func fixedFrame(now, size int64) frame {
 		k, r = k-1, r+size
 	}
 	start := k * size
-	return frame{k: k, r: r, start: start, end: start + size, w: float64(size-r) / float64(size)}
+	return frame{k: k, start: start, end: start + size, w: float64(size-r) / float64(size)}
 }
 
 // Sample is the state of one key's window at one instant, as a zone or a

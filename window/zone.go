@@ -227,6 +227,7 @@ func (z *Zone) Namespace(name string) (*Namespace, error) {
 		return nil, fmt.Errorf("zone holds too many namespaces (%d)", len(all))
 	}
 	n := &Namespace{zone: z, id: uint16(len(all)), name: name, backlog: make(chan struct{}, 1)}
+	n.SetUnsyncedWeight(1)
 	z.names[name] = n
 	next := append(all[:len(all):len(all)], n)
 	z.namespaces.Store(&next)
@@ -265,7 +266,7 @@ type Namespace struct {
 	orphans atomic.Int64 // diffs of keys that left the zone
 	backlog chan struct{}
 	// unsynced holds the bits of the weight of this node's unsynced
-	// counts (see SetUnsyncedWeight); 0 stands for 1.
+	// counts (see SetUnsyncedWeight).
 	unsynced atomic.Uint64
 }
 
@@ -281,20 +282,11 @@ func (n *Namespace) SetUnsyncedWeight(m float64) {
 	if !(m > 1) || math.IsInf(m, 1) {
 		m = 1
 	}
-	if m == 1 {
-		n.unsynced.Store(0)
-		return
-	}
 	n.unsynced.Store(math.Float64bits(m))
 }
 
 // unsyncedWeight returns the weight SetUnsyncedWeight set.
-func (n *Namespace) unsyncedWeight() float64 {
-	if b := n.unsynced.Load(); b != 0 {
-		return math.Float64frombits(b)
-	}
-	return 1
-}
+func (n *Namespace) unsyncedWeight() float64 { return math.Float64frombits(n.unsynced.Load()) }
 
 // Backlog receives when the zone holds as many diffs of evicted keys as
 // it holds keys: keys with diffs leave the zone faster than the namespace
@@ -365,10 +357,10 @@ func (n *Namespace) increment(key string, size time.Duration, value float64, syn
 		c.cur.diff += value
 	}
 	if value > 0 {
-		c.curAt = stamp(f.r)
+		c.curAt = stamp(now - f.start)
 	}
 	n.mark(s, i, e, !synced)
-	out := c.sample(f, n.unsyncedWeight())
+	out := c.sample(f, now, n.unsyncedWeight())
 	s.mu.Unlock()
 	return out
 }
@@ -396,31 +388,21 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	if int64(size) >= minCode {
 		f = longFrame(now, int64(size))
 	}
-	out := Sample{Weight: f.w, Start: f.start, Size: size, At: now}
-	i := s.find(uint32(h), n.id, key)
-	if i < 0 {
-		if diff != nil {
-			out.Current = *diff
+	// A key or a size the zone does not hold reads as zero, but for diff.
+	c, m := counts{size: int64(size), index: f.k}, 1.0
+	if i := s.find(uint32(h), n.id, key); i >= 0 {
+		e := s.at(i)
+		e.flags |= flagRef
+		n.mark(s, i, e, false)
+		if held := s.countsFor(e, int64(size), false); held != nil {
+			held.advance(f.k)
+			c, m = *held, n.unsyncedWeight()
 		}
-		return out
 	}
-	e := s.at(i)
-	e.flags |= flagRef
-	n.mark(s, i, e, false)
-	c := s.countsFor(e, int64(size), false)
-	if c == nil {
-		if diff != nil {
-			out.Current = *diff
-		}
-		return out
-	}
-	c.advance(f.k)
 	if diff != nil {
-		c := *c
 		c.cur.diff = *diff
-		return c.sample(f, n.unsyncedWeight())
 	}
-	return c.sample(f, n.unsyncedWeight())
+	return c.sample(f, now, m)
 }
 
 // mark lists a touched entry for the next Take, and flags it dirty when it

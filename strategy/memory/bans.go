@@ -30,41 +30,28 @@ type namespaceBans struct {
 // anything changes, with an error that wraps strategy.ErrRejected.
 func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
 	defer errs.SetBans(&err, namespace, len(bans))
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	now := s.now()
-	if err := strategy.CheckBans(bans, now); err != nil {
-		return err
-	}
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	nb := d.bansOf(namespace, now.UnixNano())
-	changed := false
-	for _, b := range bans {
-		if b.Until.IsZero() {
-			if u, ok := nb.until[b.Key]; ok {
-				delete(nb.until, b.Key)
-				nb.lifted = max(nb.lifted, u)
+	return s.run(ctx, strategy.CheckBans(bans, s.now()), func(d *data, now int64) {
+		nb := d.bansOf(namespace, now)
+		changed := false
+		for _, b := range bans {
+			if b.Until.IsZero() {
+				if u, ok := nb.until[b.Key]; ok {
+					delete(nb.until, b.Key)
+					nb.lifted = max(nb.lifted, u)
+					changed = true
+				}
+			} else if u := b.Until.UnixNano(); u > now && u > nb.until[b.Key] {
+				nb.until[b.Key] = u
 				changed = true
 			}
-			continue
 		}
-		if u := b.Until.UnixNano(); u > now.UnixNano() && u > nb.until[b.Key] {
-			nb.until[b.Key] = u
-			changed = true
-		}
-	}
-	if changed {
-		if nb.version == 0 {
+		if changed && nb.version == 0 {
 			nb.version = banEpochs.Add(1) << strategy.BanEpochShift
-		} else {
+		} else if changed {
 			nb.version++
 		}
-	}
-	d.dropBansIfNone(namespace, nb)
-	return nil
+		d.dropBansIfNone(namespace, nb)
+	})
 }
 
 // dropBansIfNone forgets a namespace's bans when it holds none, and no
@@ -77,26 +64,21 @@ func (d *data) dropBansIfNone(namespace string, nb *namespaceBans) {
 
 // GetBans returns the version of the namespace's bans and, unless it is
 // known, the bans that have not ended by now (see strategy.Banner).
-func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
+func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (bans []strategy.Ban, version int64, err error) {
 	defer errs.GetBans(&err, namespace)
-	if err := s.check(ctx); err != nil {
-		return nil, 0, err
-	}
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	nb := d.bansOf(namespace, s.now().UnixNano())
-	defer d.dropBansIfNone(namespace, nb)
-	if nb.version == known {
-		return nil, known, nil
-	}
-	var bans []strategy.Ban
-	for k, u := range nb.until {
-		if u > now.UnixNano() {
-			bans = append(bans, strategy.Ban{Key: k, Until: time.Unix(0, u)})
+	err = s.run(ctx, nil, func(d *data, clock int64) {
+		nb := d.bansOf(namespace, clock)
+		defer d.dropBansIfNone(namespace, nb)
+		if version = nb.version; version == known {
+			return
 		}
-	}
-	return bans, nb.version, nil
+		for k, u := range nb.until {
+			if u > now.UnixNano() {
+				bans = append(bans, strategy.Ban{Key: k, Until: time.Unix(0, u)})
+			}
+		}
+	})
+	return bans, version, err
 }
 
 // bansOf returns the bans of a namespace, without those that ended by

@@ -28,9 +28,40 @@ var ErrInvalidWindow = strategy.ErrInvalidWindow
 // whole with an error that wraps strategy.ErrRejected.
 func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	defer errs.PushDiffs(&err, b)
-	if err := s.check(ctx); err != nil {
-		return err
-	}
+	return s.run(ctx, checkBatch(b), func(d *data, now int64) {
+		m := marker{b.Namespace, b.ID}
+		if _, ok := d.markers.get(m, now); ok {
+			return // applied before: a retry, or the diffs of a hit
+		}
+		last := int64(math.MinInt64) // the latest expiry of the counters written
+		var marks []strategy.NearMark
+		for i := range b.Diffs {
+			df := &b.Diffs[i]
+			c := counter{b.Namespace, df.Key, df.Size, df.Start}
+			if df.Value == 0 || !finite(df.Value) || c.expiresAt() <= now {
+				continue
+			}
+			count := d.add(c, df.Value, now)
+			last = max(last, c.expiresAt())
+			if strategy.Crosses(strategy.NearAt(b.Near, df), count, df.Value) {
+				marks = append(marks, strategy.NearMark{Key: df.Key, Until: strategy.NearUntil(df)})
+			}
+		}
+		d.markNear(b.Namespace, marks, now)
+		for _, r := range b.Rates {
+			k := rateKey{b.Namespace, r.Key, r.Window}
+			_, next, _ := d.turn(k, strategy.RateRequest{Window: r.Window, Increment: r.Increment, Force: true}, now)
+			d.setTAT(k, next, now)
+			last = max(last, now)
+		}
+		if last != math.MinInt64 {
+			d.markers.set(m, struct{}{}, max(last, now+int64(strategy.MinBatchIDLife)), now)
+		}
+	})
+}
+
+// checkBatch returns why a batch is refused whole, or nil.
+func checkBatch(b strategy.Batch) error {
 	if b.ID == "" {
 		return errs.Rejected("the batch has no ID")
 	}
@@ -42,47 +73,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	if err := strategy.CheckRateDiffs(b.Rates); err != nil {
 		return err
 	}
-	if err := strategy.CheckNear(b.Near); err != nil {
-		return err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	m := marker{b.Namespace, b.ID}
-	if d.marked(m, now) {
-		return nil // applied before: a retry, or the diffs of a hit
-	}
-	last := int64(math.MinInt64) // the latest expiry of the counters written
-	var marks []strategy.NearMark
-	for i := range b.Diffs {
-		df := &b.Diffs[i]
-		c := cell{df.Key, df.Size, df.Start}
-		if df.Value == 0 || !finite(df.Value) || c.expiresAt() <= now {
-			continue
-		}
-		count := d.add(b.Namespace, c, df.Value, now)
-		last = max(last, c.expiresAt())
-		if strategy.Crosses(strategy.NearAt(b.Near, df), count, df.Value) {
-			marks = append(marks, strategy.NearMark{Key: df.Key, Until: strategy.NearUntil(df)})
-		}
-	}
-	d.markNear(b.Namespace, marks, now)
-	if len(b.Rates) > 0 {
-		rd := d.ratesLocked()
-		rd.sweep(now)
-		for _, r := range b.Rates {
-			k := rateKey{b.Namespace, r.Key, r.Window}
-			next, _ := strategy.ConformMicros(rd.tat(k), now/1e3, r.Increment.Microseconds(), 0, true)
-			rd.setTAT(k, next)
-		}
-		last = max(last, now)
-	}
-	if last != math.MinInt64 {
-		d.mark(m, max(last, now+int64(strategy.MinBatchIDLife)))
-	}
-	return nil
+	return strategy.CheckNear(b.Near)
 }
 
 // GetCounters returns the counts of the current and previous windows, at
@@ -91,34 +82,22 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 // held, with the value zero. It looks up 2*len(keys)*len(sizes) counters,
 // whatever the size of the namespace. A size that is not valid is refused
 // with an error that wraps strategy.ErrRejected.
-func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (_ []window.Count, err error) {
+func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time) (counts []window.Count, err error) {
 	defer errs.GetCounters(&err, namespace, len(keys))
-	if err := s.check(ctx); err != nil {
-		return nil, err
-	}
-	if err := strategy.CheckSizes(sizes); err != nil {
-		return nil, err
-	}
-	if len(keys) == 0 || len(sizes) == 0 {
-		return nil, nil
-	}
-	at, clock := now.UnixNano(), s.now().UnixNano()
-	d := s.data
-	d.lookups.Add(int64(2 * len(keys) * len(sizes)))
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var counts []window.Count
-	for _, key := range keys {
-		for _, size := range sizes {
-			cur := window.Start(at, size)
-			for _, start := range [2]int64{cur, cur - int64(size)} {
-				if v, ok := d.get(namespace, cell{key, size, start}, clock); ok {
-					counts = append(counts, window.Count{Key: key, Size: size, Start: start, Value: v})
+	err = s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) {
+		d.lookups.Add(int64(2 * len(keys) * len(sizes)))
+		for _, key := range keys {
+			for _, size := range sizes {
+				cur := window.Start(now.UnixNano(), size)
+				for _, start := range [2]int64{cur, cur - int64(size)} {
+					if v, ok := d.get(counter{namespace, key, size, start}, clock); ok {
+						counts = append(counts, window.Count{Key: key, Size: size, Start: start, Value: v})
+					}
 				}
 			}
 		}
-	}
-	return counts, nil
+	})
+	return counts, err
 }
 
 // Reset sets key's counters of the window holding now and of the one
@@ -128,23 +107,13 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 // that wraps strategy.ErrRejected.
 func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.Duration, now time.Time) (err error) {
 	defer errs.Reset(&err, namespace)
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	if err := strategy.CheckSizes(sizes); err != nil {
-		return err
-	}
-	at, clock := now.UnixNano(), s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(clock)
-	for _, size := range sizes {
-		cur := window.Start(at, size)
-		d.put(namespace, cell{key, size, cur}, 0, clock)
-		d.put(namespace, cell{key, size, cur - int64(size)}, 0, clock)
-	}
-	return nil
+	return s.run(ctx, strategy.CheckSizes(sizes), func(d *data, clock int64) {
+		for _, size := range sizes {
+			cur := window.Start(now.UnixNano(), size)
+			d.put(counter{namespace, key, size, cur}, 0, clock)
+			d.put(counter{namespace, key, size, cur - int64(size)}, 0, clock)
+		}
+	})
 }
 
 // Hit applies one synchronous hit as a batch of one (see HitBatch, and
@@ -169,121 +138,100 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	if len(good) == 0 {
 		return
 	}
-	if err := s.check(ctx); err != nil {
+	err := s.run(ctx, nil, func(d *data, now int64) {
+		apply := d.markHits(namespace, id, now, hits, good)
+		for _, i := range good {
+			h, r := &hits[i], &results[i]
+			if h.Slot != nil {
+				r.Slot = d.acquireSlot(namespace, h.Key, *h.Slot, now)
+				continue
+			}
+			if h.Rate == nil {
+				r.Counts, r.Rejected = d.hit(namespace, h, apply, now)
+				continue
+			}
+			k := rateKey{namespace, h.Key, h.Rate.Window}
+			tat, next, ok := d.turn(k, *h.Rate, now)
+			r.Rate = strategy.RateReply{OK: ok, TAT: tat * 1e3, Now: now / 1e3 * 1e3}
+			r.Counts, r.Rejected = d.hit(namespace, h, apply && ok, now)
+			if !ok {
+				r.Rejected = -1 // the rate refused it; its windows were only read
+			} else if apply && r.Rejected < 0 {
+				d.setTAT(k, next, now)
+				r.Rate.TAT = next * 1e3
+			}
+		}
+	})
+	if err != nil {
 		errs.FailBatch(results, namespace, good, err)
-		return
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	var windows []strategy.WindowHit
-	for _, i := range good {
-		windows = append(windows, hits[i].Windows...)
-	}
-	apply := d.markHits(namespace, id, now, windows)
-	for _, i := range good {
-		h, r := &hits[i], &results[i]
-		if h.Slot != nil {
-			r.Slot = d.acquireSlot(namespace, h.Key, *h.Slot, now)
-			continue
-		}
-		if h.Rate == nil {
-			r.Counts, r.Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply, now)
-			continue
-		}
-		rd := d.ratesLocked()
-		rd.sweep(now)
-		k := rateKey{namespace, h.Key, h.Rate.Window}
-		tat := rd.tat(k)
-		nowUs := now / 1e3
-		next, ok := strategy.ConformMicros(tat, nowUs, h.Rate.Increment.Microseconds(), h.Rate.Tolerance.Microseconds(), false)
-		r.Rate = strategy.RateReply{OK: ok, TAT: tat * 1e3, Now: nowUs * 1e3}
-		r.Counts, r.Rejected = d.hit(namespace, h.Key, h.Windows, h.Undo, apply && ok, now)
-		if !ok {
-			r.Rejected = -1 // the rate refused it; its windows were only read
-		} else if apply && r.Rejected < 0 {
-			rd.setTAT(k, next)
-			r.Rate.TAT = next * 1e3
-		}
 	}
 }
 
-// markHits records, unless id is empty, that the hits of ID id with these
-// windows were applied at now, and reports whether they are to be applied:
-// not if the ID was applied before (the same hits again, or their batch
-// came first). The marker lives as long as the latest of the windows'
-// counters, but at least strategy.MinHitIDLife and at most
-// strategy.MaxHitIDLife.
-func (d *data) markHits(namespace, id string, now int64, windows []strategy.WindowHit) bool {
+// markHits records, unless id is empty, that the good hits of ID id were
+// applied at now, and reports whether they are to be applied: not if the
+// ID was applied before (the same hits again, or their batch came first).
+// The marker lives as long as the latest of the hits' counters, but at
+// least strategy.MinHitIDLife and at most strategy.MaxHitIDLife.
+func (d *data) markHits(namespace, id string, now int64, hits []strategy.HitRequest, good []int) bool {
+	m := marker{namespace, id}
 	if id == "" {
 		return true
-	}
-	m := marker{namespace, id}
-	if d.marked(m, now) {
+	} else if _, ok := d.markers.get(m, now); ok {
 		return false
 	}
 	last := int64(math.MinInt64)
-	for _, w := range windows {
-		last = max(last, cell{"", w.Size, w.Start}.expiresAt())
+	for _, i := range good {
+		for _, w := range hits[i].Windows {
+			last = max(last, counter{size: w.Size, start: w.Start}.expiresAt())
+		}
 	}
 	life := min(max(last-now, int64(strategy.MinHitIDLife)), int64(strategy.MaxHitIDLife))
-	d.mark(m, now+life)
+	d.markers.set(m, struct{}{}, now+life, now)
 	return true
 }
 
-// hit applies one hit of key to its windows, as Hit does, unless apply is
-// false: then it only reads the counts and decides on them. It returns
-// each window's counts and the index of the window that rejected the hit,
-// or -1.
-func (d *data) hit(namespace, key string, windows []strategy.WindowHit, undo, apply bool, now int64) ([]strategy.WindowCounts, int) {
-	counts := make([]strategy.WindowCounts, len(windows))
+// hit applies one hit to its windows in Kong's order, deciding each by
+// window's rule (window.Exceeds), unless apply is false: then it only
+// reads the counts and decides on them. It returns each window's counts
+// and the index of the window that rejected the hit, or -1.
+func (d *data) hit(namespace string, h *strategy.HitRequest, apply bool, now int64) ([]strategy.WindowCounts, int) {
+	counts := make([]strategy.WindowCounts, len(h.Windows))
 	rejected := -1
-	for i, w := range windows {
-		cur := cell{key, w.Size, w.Start}
+	for i, w := range h.Windows {
+		cur := counter{namespace, h.Key, w.Size, w.Start}
 		c := &counts[i]
+		c.Current, _ = d.get(cur, now)
 		if apply && rejected < 0 && w.Value != 0 {
-			c.Current = d.add(namespace, cur, w.Value, now)
-		} else {
-			c.Current, _ = d.get(namespace, cur, now)
+			c.Current = d.add(cur, w.Value, now)
 		}
-		c.Previous, _ = d.get(namespace, cell{key, w.Size, w.Start - int64(w.Size)}, now)
-		if rejected < 0 && exceeds(c.Current+c.Previous*w.Weight, w.Max) {
+		c.Previous, _ = d.get(counter{namespace, h.Key, w.Size, w.Start - int64(w.Size)}, now)
+		sample := window.Sample{Current: c.Current, Previous: c.Previous, Weight: w.Weight}
+		if rejected < 0 && window.Exceeds(sample.Sliding(), w.Max) {
 			rejected = i
 		}
 	}
-	if apply && undo && rejected >= 0 {
+	if apply && h.Undo && rejected >= 0 {
 		// Every window up to the one that rejected was incremented.
-		for i, w := range windows[:rejected+1] {
+		for i, w := range h.Windows[:rejected+1] {
 			if w.Value != 0 {
-				counts[i].Current = d.add(namespace, cell{key, w.Size, w.Start}, -w.Value, now)
+				counts[i].Current = d.add(counter{namespace, h.Key, w.Size, w.Start}, -w.Value, now)
 			}
 		}
 	}
 	return counts, rejected
 }
 
-// exceeds reports whether a rate exceeds a limit: +Inf never is exceeded
-// and -Inf always is, whatever the rate, as in Redis.
-func exceeds(rate, limit float64) bool {
-	switch {
-	case math.IsInf(limit, 1):
-		return false
-	case math.IsInf(limit, -1):
-		return true
-	}
-	return rate > limit
-}
-
 // Counters returns how many counters the data set holds for a namespace,
 // after dropping the expired ones.
-func (s *Store) Counters(namespace string) int {
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(s.now().UnixNano())
-	return len(d.spaces[namespace])
+func (s *Store) Counters(namespace string) (n int) {
+	s.lock(func(d *data, _ int64) {
+		for c := range d.counters.m {
+			if c.namespace == namespace {
+				n++
+			}
+		}
+	})
+	return n
 }
 
 // finite reports whether v can be added to a counter.

@@ -29,39 +29,37 @@ func shared(name string) *data {
 	return d
 }
 
-// data is one data set: the counters, ID markers and concurrency slots
-// that the stores opened under one name share. One mutex guards it all, so every operation
-// of a store is atomic, as a Redis script is.
+// data is one data set: the counters, ID markers, concurrency slots,
+// rates, bans, marks and fleets that the stores opened under one name
+// share. One mutex guards it all, so every operation of a store is
+// atomic, as a Redis script is.
 type data struct {
 	mu sync.Mutex
-	// spaces maps a namespace to its counters. A namespace without
-	// counters is removed, so that namespaces come and go freely.
-	spaces map[string]map[cell]float64
-	// markers maps the IDs of applied batches and hits to when they
-	// expire, in Unix nanoseconds.
-	markers map[marker]int64
-	// slots maps a (namespace, key) to its concurrency slots: each slot's
-	// id to when it expires, in Unix nanoseconds. A key without slots is
-	// removed.
-	slots map[slotKey]map[string]int64
+	// counters are the counters of every namespace, each until its window
+	// can no longer be anyone's previous window.
+	counters timed[counter, float64]
+	// markers are the IDs of applied batches and hits.
+	markers timed[marker, struct{}]
+	// slots are the concurrency slots of each (namespace, key): each
+	// slot's id to when it expires, in Unix nanoseconds, until the last
+	// of them expires.
+	slots timed[slotKey, map[string]int64]
+	// tats are the TATs of rates, in Unix microseconds as the other stores
+	// count them, until they have passed (the key then has its whole
+	// burst, as a key never seen does); rateIDs what the IDs of Rate and
+	// GiveBack did (see gcra.go).
+	tats    timed[rateKey, int64]
+	rateIDs timed[marker, rateRecord]
 	// bans maps a namespace to its bans; a namespace without bans is
 	// removed.
 	bans map[string]*namespaceBans
 	// near maps a namespace to its feed of keys near their limits (see
 	// near.go); a namespace without marks is removed.
-	near map[string]*nearFeed
+	near map[string][]nearMark
 	// fleets maps a namespace to its members (see roster.go): each node's
 	// expiry, in Unix nanoseconds. A namespace without members is
 	// removed.
 	fleets map[string]map[string]int64
-	// expiries lists what expires when, earliest first: one entry per
-	// counter or marker created, and per slot taken or renewed, so that a
-	// sweep drops exactly what has expired, at a cost of O(log n) per entry
-	// over its life.
-	expiries expiryHeap
-	// rates holds the TATs of rates and the records of their IDs (see
-	// gcra.go), made by the first Rate.
-	rates *rateData
 
 	// lookups counts the counters GetCounters looked up (see
 	// Store.Lookups). It is atomic so that reading it takes no lock.
@@ -70,31 +68,55 @@ type data struct {
 
 func newData() *data {
 	return &data{
-		spaces:  make(map[string]map[cell]float64),
-		markers: make(map[marker]int64),
-		slots:   make(map[slotKey]map[string]int64),
-		bans:    make(map[string]*namespaceBans),
-		near:    make(map[string]*nearFeed),
+		bans:   make(map[string]*namespaceBans),
+		near:   make(map[string][]nearMark),
+		fleets: make(map[string]map[string]int64),
 	}
 }
 
-// cell names a counter within a namespace: a key's window of a size that
-// starts at start (Unix nanoseconds). Keys are compared as whole strings,
+// sweep drops everything that has expired at now. Every operation calls
+// it, so the data set holds little more than what is live.
+func (d *data) sweep(now int64) {
+	d.counters.sweep(now)
+	d.markers.sweep(now)
+	d.slots.sweep(now)
+	d.tats.sweep(now)
+	d.rateIDs.sweep(now)
+}
+
+// counter names a key's window of a size that starts at start (Unix
+// nanoseconds), within a namespace. Keys are compared as whole strings,
 // so no byte of a key can make two counters one.
-type cell struct {
-	key   string
-	size  time.Duration
-	start int64
+type counter struct {
+	namespace string
+	key       string
+	size      time.Duration
+	start     int64
 }
 
 // expiresAt returns when the counter expires: once its window can no
 // longer be anyone's previous window, at start + 2*size. It saturates
 // rather than overflow for windows that would outlive int64 nanoseconds.
-func (c cell) expiresAt() int64 {
+func (c counter) expiresAt() int64 {
 	if int64(c.size) > (math.MaxInt64-c.start)/2 {
 		return math.MaxInt64
 	}
 	return c.start + 2*int64(c.size)
+}
+
+// get returns a counter's value at now, and whether it is held.
+func (d *data) get(c counter, now int64) (float64, bool) { return d.counters.get(c, now) }
+
+// put sets a counter's value, unless its window has expired (as Redis
+// drops a key whose expiry is in the past).
+func (d *data) put(c counter, v float64, now int64) { d.counters.set(c, v, c.expiresAt(), now) }
+
+// add adds v to a counter and returns its new value, which it has even
+// when its window has expired and it is not stored.
+func (d *data) add(c counter, v float64, now int64) float64 {
+	old, _ := d.get(c, now)
+	d.put(c, old+v, now)
+	return old + v
 }
 
 // marker names a batch or hit ID within a namespace: a Hit and a Batch with
@@ -104,117 +126,89 @@ type marker struct {
 	id        string
 }
 
-// get returns a counter's value at now (Unix nanoseconds), and whether it
-// is held; an expired counter is not, even before a sweep drops it.
-func (d *data) get(namespace string, c cell, now int64) (float64, bool) {
-	if c.expiresAt() <= now {
-		return 0, false
+// timed is a map whose entries expire by the store's clock (Unix
+// nanoseconds): an entry is gone once its time has come, and a later
+// sweep drops it, at the cost of O(log n) per entry over its life.
+type timed[K comparable, V any] struct {
+	m map[K]timedValue[V]
+	q dueHeap[K]
+}
+
+// timedValue is an entry of a timed map: its value, when it expires, and
+// when its place in the heap falls due. An entry whose expiry moves on
+// (a busy key's TAT, a renewed slot) keeps its one place, moved on when
+// it falls due, rather than one per move.
+type timedValue[V any] struct {
+	v        V
+	exp, due int64
+}
+
+// get returns k's value and whether it is held at now.
+func (t *timed[K, V]) get(k K, now int64) (V, bool) {
+	e, ok := t.m[k]
+	if !ok || e.exp <= now {
+		var zero V
+		return zero, false
 	}
-	v, ok := d.spaces[namespace][c]
-	return v, ok
+	return e.v, true
 }
 
-// add adds v to a counter and returns its new value. A counter of a window
-// that has already expired is not stored (as Redis drops a key whose
-// expiry is in the past), but the value it would have had is returned.
-func (d *data) add(namespace string, c cell, v float64, now int64) float64 {
-	old, _ := d.get(namespace, c, now)
-	d.put(namespace, c, old+v, now)
-	return old + v
-}
-
-// put sets a counter's value, unless its window has expired.
-func (d *data) put(namespace string, c cell, v float64, now int64) {
-	exp := c.expiresAt()
+// set holds v under k until exp; an exp that has come removes k.
+func (t *timed[K, V]) set(k K, v V, exp, now int64) {
 	if exp <= now {
+		delete(t.m, k)
 		return
 	}
-	space := d.spaces[namespace]
-	if space == nil {
-		space = make(map[cell]float64)
-		d.spaces[namespace] = space
+	if t.m == nil {
+		t.m = make(map[K]timedValue[V])
 	}
-	if _, ok := space[c]; !ok {
-		heap.Push(&d.expiries, expiry{at: exp, namespace: namespace, cell: c})
+	e, ok := t.m[k]
+	if !ok || exp < e.due {
+		e.due = exp
+		heap.Push(&t.q, due[K]{exp, k})
 	}
-	space[c] = v
+	e.v, e.exp = v, exp
+	t.m[k] = e
 }
 
-// marked reports whether an ID marker is set and not expired at now.
-func (d *data) marked(m marker, now int64) bool {
-	exp, ok := d.markers[m]
-	return ok && exp > now
-}
-
-// mark sets an ID marker until exp (Unix nanoseconds).
-func (d *data) mark(m marker, exp int64) {
-	d.markers[m] = exp
-	heap.Push(&d.expiries, expiry{at: exp, namespace: m.namespace, id: m.id, isMarker: true})
-}
-
-// sweep drops every counter and marker that has expired at now. Every
-// write calls it, so the data set holds little more than what is live, and
-// its cost is one heap pop per entry ever created.
-func (d *data) sweep(now int64) {
-	for len(d.expiries) > 0 && d.expiries[0].at <= now {
-		e := heap.Pop(&d.expiries).(expiry)
-		if e.isSlot {
-			// A slot renewed since has a later expiry and an entry of its
-			// own: keep it.
-			k := slotKey{e.namespace, e.cell.key}
-			held := d.slots[k]
-			if exp, ok := held[e.id]; ok && exp <= now {
-				delete(held, e.id)
-				if len(held) == 0 {
-					delete(d.slots, k)
-				}
-			}
-			continue
-		}
-		if e.isMarker {
-			// A marker that expired and was set again has a later
-			// expiry and an entry of its own: keep it.
-			m := marker{e.namespace, e.id}
-			if exp, ok := d.markers[m]; ok && exp <= now {
-				delete(d.markers, m)
-			}
-			continue
-		}
-		space := d.spaces[e.namespace]
-		delete(space, e.cell)
-		if space != nil && len(space) == 0 {
-			delete(d.spaces, e.namespace)
+// sweep drops the entries that have expired at now.
+func (t *timed[K, V]) sweep(now int64) {
+	for len(t.q) > 0 && t.q[0].at <= now {
+		x := heap.Pop(&t.q).(due[K])
+		e, ok := t.m[x.k]
+		switch {
+		case !ok || e.due != x.at: // removed, or not its place
+		case e.exp <= now:
+			delete(t.m, x.k)
+		default: // moved on
+			e.due = e.exp
+			t.m[x.k] = e
+			heap.Push(&t.q, due[K]{e.exp, x.k})
 		}
 	}
 	// Give back the heap's memory after a burst has expired.
-	if c := cap(d.expiries); c > 1024 && len(d.expiries) < c/4 {
-		d.expiries = append(make(expiryHeap, 0, 2*len(d.expiries)), d.expiries...)
+	if c := cap(t.q); c > 1024 && len(t.q) < c/4 {
+		t.q = append(make(dueHeap[K], 0, 2*len(t.q)), t.q...)
 	}
 }
 
-// expiry is one entry of the expiry heap: a counter; a marker when
-// isMarker is set; or, when isSlot is set, the slot id of the key
-// cell.key.
-type expiry struct {
-	at        int64
-	namespace string
-	cell      cell
-	id        string
-	isMarker  bool
-	isSlot    bool
+// due is a place in a timed map's heap: when entry k falls due.
+type due[K comparable] struct {
+	at int64
+	k  K
 }
 
-// expiryHeap is a min-heap of expiries by time (container/heap).
-type expiryHeap []expiry
+// dueHeap is a min-heap of places by time (container/heap).
+type dueHeap[K comparable] []due[K]
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
-func (h *expiryHeap) Pop() any {
+func (h dueHeap[K]) Len() int           { return len(h) }
+func (h dueHeap[K]) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h dueHeap[K]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap[K]) Push(x any)        { *h = append(*h, x.(due[K])) }
+func (h *dueHeap[K]) Pop() any {
 	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = expiry{} // let the strings go
+	x := old[len(old)-1]
+	old[len(old)-1] = due[K]{} // let the strings go
 	*h = old[:len(old)-1]
-	return e
+	return x
 }

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,15 +18,9 @@ const maxNearMarks = 1 << 16
 // version is never reused, even by a feed whose marks all ended.
 var nearVersions atomic.Int64
 
-// nearFeed is one namespace's marks, oldest first, and the version of the
-// newest.
-type nearFeed struct {
-	marks   []nearMark
-	version int64
-}
-
-// nearMark is one mark of a feed: its key, its end in Unix nanoseconds,
-// and the version of the push that made it.
+// nearMark is one mark of a namespace's feed: its key, its end in Unix
+// nanoseconds, and the version of the push that made it. A feed holds
+// its marks oldest first, so its version is its newest mark's.
 type nearMark struct {
 	key          string
 	until, after int64
@@ -38,84 +33,61 @@ func (d *data) markNear(namespace string, marks []strategy.NearMark, now int64) 
 	if len(marks) == 0 {
 		return
 	}
-	f := d.feedOf(namespace, now)
-	if f == nil {
-		f = &nearFeed{}
-		d.near[namespace] = f
-	}
-	f.version = nearVersions.Add(1)
+	version := nearVersions.Add(1)
+	feed := d.feedOf(namespace, now)
 	for _, m := range marks {
-		f.marks = append(f.marks, nearMark{m.Key, m.Until.UnixNano(), f.version})
+		feed = append(feed, nearMark{m.Key, m.Until.UnixNano(), version})
 	}
-	if over := len(f.marks) - maxNearMarks; over > 0 {
-		f.marks = append(f.marks[:0], f.marks[over:]...)
+	if over := len(feed) - maxNearMarks; over > 0 {
+		feed = append(feed[:0], feed[over:]...)
 	}
+	d.near[namespace] = feed
 }
 
-// feedOf returns a namespace's feed without the marks that ended by now,
-// or nil when it holds none: a feed whose marks all ended is dropped, so
-// that namespaces come and go freely. The caller holds d.mu.
-func (d *data) feedOf(namespace string, now int64) *nearFeed {
-	f := d.near[namespace]
-	if f == nil {
-		return nil
-	}
-	live := f.marks[:0]
-	for _, m := range f.marks {
-		if m.until > now {
-			live = append(live, m)
-		}
-	}
-	clear(f.marks[len(live):])
-	f.marks = live
-	if len(live) == 0 {
+// feedOf returns a namespace's feed without the marks that ended by now:
+// a feed whose marks all ended is dropped, so that namespaces come and go
+// freely. The caller holds d.mu.
+func (d *data) feedOf(namespace string, now int64) []nearMark {
+	feed := slices.DeleteFunc(d.near[namespace], func(m nearMark) bool { return m.until <= now })
+	if d.near[namespace] = feed; len(feed) == 0 {
 		delete(d.near, namespace)
-		return nil
 	}
-	return f
+	return feed
 }
 
 // MarkNear makes marks (see strategy.NearFeed).
 func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy.NearMark) (err error) {
 	defer errs.MarkNear(&err, namespace, len(marks))
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.markNear(namespace, marks, s.now().UnixNano())
-	return nil
+	return s.run(ctx, nil, func(d *data, now int64) {
+		d.markNear(namespace, marks, now)
+	})
 }
 
 // GetCountersNear is GetCounters, and the namespace's marks made after
 // version known that have not ended by now, then the marks of mark made
 // (see strategy.NearFeed).
-func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, _ []strategy.NearMark, _ int64, err error) {
+func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []string, sizes []time.Duration, now time.Time, known int64, mark []strategy.NearMark) (_ []window.Count, marks []strategy.NearMark, version int64, _ error) {
 	counts, err := s.GetCounters(ctx, namespace, keys, sizes, now)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	defer errs.GetCounters(&err, namespace, len(keys))
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	defer d.markNear(namespace, mark, s.now().UnixNano()) // after the read, under d.mu
-	f := d.feedOf(namespace, s.now().UnixNano())
-	if f == nil {
-		return counts, nil, 0, nil
-	}
-	if f.version == known {
-		return counts, nil, known, nil
-	}
-	if known > f.version {
-		known = 0 // the reader is ahead: it reads every mark
-	}
-	var marks []strategy.NearMark
-	for _, m := range f.marks {
-		if m.after > known && m.until > now.UnixNano() {
-			marks = append(marks, strategy.NearMark{Key: m.key, Until: time.Unix(0, m.until)})
+	s.lock(func(d *data, clock int64) {
+		defer d.markNear(namespace, mark, clock) // after the read
+		feed := d.feedOf(namespace, clock)
+		if len(feed) == 0 {
+			return
 		}
-	}
-	return counts, marks, f.version, nil
+		if version = feed[len(feed)-1].after; version == known {
+			return
+		}
+		if known > version {
+			known = 0 // the reader is ahead: it reads every mark
+		}
+		for _, m := range feed {
+			if m.after > known && m.until > now.UnixNano() {
+				marks = append(marks, strategy.NearMark{Key: m.key, Until: time.Unix(0, m.until)})
+			}
+		}
+	})
+	return counts, marks, version, nil
 }

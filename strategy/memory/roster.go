@@ -13,31 +13,21 @@ import (
 // members are counted.
 func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Duration) (members int, err error) {
 	defer errs.Attend(&err, namespace)
-	if err := s.check(ctx); err != nil {
-		return 0, err
-	}
-	if err := strategy.CheckAttend(node, ttl); err != nil {
-		return 0, err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.fleets == nil {
-		d.fleets = make(map[string]map[string]int64)
-	}
-	fleet := d.fleets[namespace]
-	if fleet == nil {
-		fleet = make(map[string]int64)
-		d.fleets[namespace] = fleet
-	}
-	for n, until := range fleet {
-		if until <= now {
-			delete(fleet, n)
+	err = s.run(ctx, strategy.CheckAttend(node, ttl), func(d *data, now int64) {
+		fleet := d.fleets[namespace]
+		if fleet == nil {
+			fleet = make(map[string]int64)
+			d.fleets[namespace] = fleet
 		}
-	}
-	fleet[node] = now + int64(ttl)
-	return len(fleet), nil
+		for n, until := range fleet {
+			if until <= now {
+				delete(fleet, n)
+			}
+		}
+		fleet[node] = now + int64(ttl)
+		members = len(fleet)
+	})
+	return members, err
 }
 
 var _ strategy.Roster = (*Store)(nil)

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"container/heap"
 	"context"
 	"math"
 	"time"
@@ -22,37 +21,51 @@ type slotKey struct {
 // it. An id of 1 to 256 bytes, a max of at least 1 and a lease from 1ms
 // to an hour are taken; other input is refused, before anything changes,
 // with an error that wraps strategy.ErrRejected.
-func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (_ int, _ bool, err error) {
+func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max int, lease time.Duration) (held int, ok bool, err error) {
 	defer errs.AcquireSlot(&err, namespace)
-	if err := s.check(ctx); err != nil {
-		return 0, false, err
-	}
-	if err := strategy.CheckAcquire(id, max, lease); err != nil {
-		return 0, false, err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now)
-	r := d.acquireSlot(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease}, now)
-	return r.Held, r.OK, nil
+	err = s.run(ctx, strategy.CheckAcquire(id, max, lease), func(d *data, now int64) {
+		r := d.acquireSlot(namespace, key, strategy.SlotRequest{ID: id, Max: max, Lease: lease}, now)
+		held, ok = r.Held, r.OK
+	})
+	return held, ok, err
 }
 
 // acquireSlot takes a slot of key as AcquireSlot does, at now (Unix
-// nanoseconds). The caller holds d.mu and swept d.
+// nanoseconds). The caller holds d.mu.
 func (d *data) acquireSlot(namespace, key string, slot strategy.SlotRequest, now int64) strategy.SlotReply {
 	k := slotKey{namespace, key}
-	held := d.slots[k]
+	held := d.heldSlots(k, now)
 	if _, mine := held[slot.ID]; !mine && len(held) >= slot.Max {
 		return strategy.SlotReply{Held: len(held)}
 	}
 	if held == nil {
 		held = make(map[string]int64)
-		d.slots[k] = held
 	}
-	d.leaseSlot(k, held, slot.ID, slotExpiry(now, slot.Lease))
+	held[slot.ID] = slotExpiry(now, slot.Lease)
+	d.putSlots(k, held, now)
 	return strategy.SlotReply{Held: len(held), OK: true}
+}
+
+// heldSlots returns the slots of k that have not expired at now. The
+// caller holds d.mu.
+func (d *data) heldSlots(k slotKey, now int64) map[string]int64 {
+	held, _ := d.slots.get(k, now)
+	for id, exp := range held {
+		if exp <= now {
+			delete(held, id)
+		}
+	}
+	return held
+}
+
+// putSlots stores the slots of k, held until the last of them expires
+// (none: at once). The caller holds d.mu.
+func (d *data) putSlots(k slotKey, held map[string]int64, now int64) {
+	last := int64(0)
+	for _, exp := range held {
+		last = max(last, exp)
+	}
+	d.slots.set(k, held, last, now)
 }
 
 // ReleaseSlots frees the given slots of a namespace, atomically; slots
@@ -61,24 +74,14 @@ func (d *data) acquireSlot(namespace, key string, slot strategy.SlotRequest, now
 // error that wraps strategy.ErrRejected.
 func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []strategy.Slot) (err error) {
 	defer errs.ReleaseSlots(&err, namespace, len(slots))
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	if err := strategy.CheckSlots(slots); err != nil {
-		return err
-	}
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, sl := range slots {
-		k := slotKey{namespace, sl.Key}
-		held := d.slots[k]
-		delete(held, sl.ID)
-		if held != nil && len(held) == 0 {
-			delete(d.slots, k)
+	return s.run(ctx, strategy.CheckSlots(slots), func(d *data, now int64) {
+		for _, sl := range slots {
+			k := slotKey{namespace, sl.Key}
+			held := d.heldSlots(k, now)
+			delete(held, sl.ID)
+			d.putSlots(k, held, now)
 		}
-	}
-	return nil
+	})
 }
 
 // RenewSlots extends the given slots of a namespace that are still held
@@ -87,49 +90,29 @@ func (s *Store) ReleaseSlots(ctx context.Context, namespace string, slots []stra
 // ReleaseSlots.
 func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strategy.Slot, lease time.Duration) (err error) {
 	defer errs.RenewSlots(&err, namespace, len(slots))
-	if err := s.check(ctx); err != nil {
-		return err
-	}
-	if err := strategy.CheckRenew(slots, lease); err != nil {
-		return err
-	}
-	now := s.now().UnixNano()
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(now) // drops the slots that expired: they are not renewed
-	exp := slotExpiry(now, lease)
-	for _, sl := range slots {
-		k := slotKey{namespace, sl.Key}
-		held := d.slots[k]
-		if _, ok := held[sl.ID]; ok {
-			d.leaseSlot(k, held, sl.ID, exp)
+	return s.run(ctx, strategy.CheckRenew(slots, lease), func(d *data, now int64) {
+		for _, sl := range slots {
+			k := slotKey{namespace, sl.Key}
+			held := d.heldSlots(k, now) // without those that expired: they are not renewed
+			if _, ok := held[sl.ID]; ok {
+				held[sl.ID] = slotExpiry(now, lease)
+				d.putSlots(k, held, now)
+			}
 		}
-	}
-	return nil
+	})
 }
 
 // Slots returns how many slots the data set holds for a namespace, over
 // all its keys, after dropping the expired ones.
-func (s *Store) Slots(namespace string) int {
-	d := s.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.sweep(s.now().UnixNano())
-	n := 0
-	for k, held := range d.slots {
-		if k.namespace == namespace {
-			n += len(held)
+func (s *Store) Slots(namespace string) (n int) {
+	s.lock(func(d *data, now int64) {
+		for k := range d.slots.m {
+			if k.namespace == namespace {
+				n += len(d.heldSlots(k, now))
+			}
 		}
-	}
+	})
 	return n
-}
-
-// leaseSlot sets a slot of held, the slots of k, to expire at exp, and
-// records when in the expiry heap.
-func (d *data) leaseSlot(k slotKey, held map[string]int64, id string, exp int64) {
-	held[id] = exp
-	heap.Push(&d.expiries, expiry{at: exp, namespace: k.namespace, cell: cell{key: k.key}, id: id, isSlot: true})
 }
 
 // slotExpiry returns when a slot leased at now (Unix nanoseconds) expires:

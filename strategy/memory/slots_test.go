@@ -84,7 +84,7 @@ func TestSlotsLeaveNothingBehind(t *testing.T) {
 	if n := s.Slots("ns"); n != 0 {
 		t.Fatalf("after every lease ended, %d slots held, want 0", n)
 	}
-	if len(s.data.slots) != 0 || len(s.data.expiries) != 0 {
-		t.Errorf("after every lease ended, the data set holds %d keys of slots and %d expiry entries, want none", len(s.data.slots), len(s.data.expiries))
+	if len(s.data.slots.m) != 0 || len(s.data.slots.q) != 0 {
+		t.Errorf("after every lease ended, the data set holds %d keys of slots and %d expiry entries, want none", len(s.data.slots.m), len(s.data.slots.q))
 	}
 }

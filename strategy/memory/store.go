@@ -40,6 +40,30 @@ func (s *Store) check(ctx context.Context) error {
 	return nil
 }
 
+// run runs f on the data set as lock does, unless the store cannot serve
+// (see check) or the input failed its check, bad.
+func (s *Store) run(ctx context.Context, bad error, f func(d *data, now int64)) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	if bad != nil {
+		return bad
+	}
+	s.lock(f)
+	return nil
+}
+
+// lock runs f on the data set at the store's clock (Unix nanoseconds),
+// under the data set's lock and after a sweep.
+func (s *Store) lock(f func(d *data, now int64)) {
+	now := s.now().UnixNano()
+	d := s.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweep(now)
+	f(d, now)
+}
+
 // Close marks the store closed: its later calls fail with an error that
 // wraps strategy.ErrNotSent. The data set, and the other stores that share
 // it, are not affected. Closing it again does nothing.

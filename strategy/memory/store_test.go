@@ -19,6 +19,13 @@ func newTestStore() (*Store, *fakeclock.Clock) {
 	return s, c
 }
 
+// marked reports whether the batch or hit ID id of namespace ns is marked
+// as applied, at the store's clock.
+func marked(s *Store, id string) bool {
+	_, ok := s.data.markers.get(marker{"ns", id}, s.now().UnixNano())
+	return ok
+}
+
 func TestCountersExpireAtStartPlusTwiceTheSize(t *testing.T) {
 	s, clock := newTestStore()
 	ctx := t.Context()
@@ -47,14 +54,14 @@ func TestCountersExpireAtStartPlusTwiceTheSize(t *testing.T) {
 	if n := s.Counters("ns"); n != 0 {
 		t.Fatalf("at expiry: held %d counters, want 0", n)
 	}
-	if _, ok := s.data.spaces["ns"]; ok {
-		t.Error("an empty namespace was kept")
+	if len(s.data.counters.m) != 0 || len(s.data.counters.q) != 0 {
+		t.Error("an expired counter was kept")
 	}
 	// A diff of an expired window is not stored, and records no ID.
 	if err := s.PushDiffs(ctx, strategy.Batch{ID: "2", Namespace: "ns", Diffs: []window.Diff{d}}); err != nil {
 		t.Fatal(err)
 	}
-	if n, marked := s.Counters("ns"), s.data.marked(marker{"ns", "2"}, clock.UnixNano()); n != 0 || marked {
+	if n, marked := s.Counters("ns"), marked(s, "2"); n != 0 || marked {
 		t.Errorf("after a push of an expired window: %d counters, ID recorded: %v; want none", n, marked)
 	}
 }
@@ -84,20 +91,20 @@ func TestSweepsKeepMemoryBounded(t *testing.T) {
 	if n := s.Counters("ns"); n > 4 {
 		t.Errorf("%d counters are held, want at most 4", n)
 	}
-	if n, most := len(d.markers), 500+6000+2; n > most {
+	if n, most := len(d.markers.m), 500+6000+2; n > most {
 		t.Errorf("%d markers are held, want at most %d", n, most)
 	}
-	if n, m := len(d.expiries), len(d.markers)+s.Counters("ns"); n != m {
-		t.Errorf("the expiry heap holds %d entries for %d counters and markers", n, m)
+	if n, m := len(d.counters.q)+len(d.markers.q), len(d.markers.m)+s.Counters("ns"); n != m {
+		t.Errorf("the expiry heaps hold %d entries for %d counters and markers", n, m)
 	}
 	// Once all has expired, nothing is left, and the heap gave back its
 	// memory.
 	clock.Advance(strategy.MaxHitIDLife)
 	s.Reset(ctx, "other", "k", nil, clock.Now()) // any write sweeps
-	if len(d.markers) != 0 || len(d.spaces) != 0 || len(d.expiries) != 0 {
-		t.Errorf("after everything expired: %d markers, %d namespaces, %d heap entries", len(d.markers), len(d.spaces), len(d.expiries))
+	if n := len(d.markers.m) + len(d.counters.m) + len(d.markers.q) + len(d.counters.q); n != 0 {
+		t.Errorf("after everything expired: %d markers, %d counters, %d heap entries", len(d.markers.m), len(d.counters.m), len(d.markers.q)+len(d.counters.q))
 	}
-	if c := cap(d.expiries); c > 1024 {
+	if c := max(cap(d.markers.q), cap(d.counters.q)); c > 1024 {
 		t.Errorf("the empty expiry heap keeps a capacity of %d", c)
 	}
 }
@@ -112,7 +119,7 @@ func TestMarkerLives(t *testing.T) {
 	}
 	value := func(s *Store, size time.Duration, start int64) float64 {
 		t.Helper()
-		v, _ := s.data.get("ns", cell{"k", size, start}, s.now().UnixNano())
+		v, _ := s.data.get(counter{"ns", "k", size, start}, s.now().UnixNano())
 		return v
 	}
 
@@ -161,11 +168,11 @@ func TestMarkerLives(t *testing.T) {
 			t.Fatal(err)
 		}
 		clock.Advance(tc.life - 1)
-		if !s.data.marked(marker{"ns", "h"}, clock.UnixNano()) {
+		if !marked(s, "h") {
 			t.Errorf("size %v: the hit's marker expired before %v", tc.size, tc.life)
 		}
 		clock.Advance(1)
-		if s.data.marked(marker{"ns", "h"}, clock.UnixNano()) {
+		if marked(s, "h") {
 			t.Errorf("size %v: the hit's marker lived longer than %v", tc.size, tc.life)
 		}
 	}
