@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
@@ -50,7 +48,7 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		}
 		until = append(until, ms)
 	}
-	conn, err := s.acquireBans(ctx)
+	conn, err := s.acquire(ctx, &s.banPart)
 	if err != nil {
 		return err
 	}
@@ -70,7 +68,7 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 	if s.isClosed() {
 		return nil, 0, errs.Closed()
 	}
-	conn, err := s.acquireBans(ctx)
+	conn, err := s.acquire(ctx, &s.banPart)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -96,10 +94,4 @@ func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now 
 		return nil, 0, s.sent(err)
 	}
 	return bans, version, nil
-}
-
-// acquireBans returns a connection as acquire does, with the bans' part
-// of the schema in place too.
-func (s *Store) acquireBans(ctx context.Context) (*pgxpool.Conn, error) {
-	return s.acquirePart(ctx, s.sql.banSchema, &s.bansReady, "the bans tables")
 }

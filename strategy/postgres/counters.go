@@ -72,105 +72,108 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		return err
 	}
 	now := s.now()
-	nowNs := now.UnixNano()
-	// The diffs to send, sorted by counter, so that the diffs of one
-	// counter are neighbours, to be summed (an upsert may not touch a row
-	// twice), and the rows are locked in a set order (see pushSQL); the
-	// diffs of a counter stay in the batch's order, in which they mark.
-	order := make([]int32, 0, len(b.Diffs))
-	keyBytes := 0
-	for i := range b.Diffs {
-		d := &b.Diffs[i]
-		if keep(d, nowNs) {
-			order = append(order, int32(i))
-			keyBytes += min(len(d.Key), maxStoredKey+1)
-		}
-	}
-	if len(order) == 0 && len(b.Rates) == 0 {
+	p := newPushArgs(b, now.UnixNano())
+	if len(p.values) == 0 && len(b.Rates) == 0 {
 		return nil
-	}
-	slices.SortFunc(order, func(i, j int32) int {
-		x, y := &b.Diffs[i], &b.Diffs[j]
-		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
-	})
-	n := len(order)
-	var (
-		keys   = make([][]byte, 0, n)
-		sizes  = make([]int64, 0, n)
-		starts = make([]int64, 0, n)
-		values = make([]float64, 0, n)
-		// One buffer holds every key: one allocation, not one per key. It
-		// is never nil, so that an empty key is not sent as NULL.
-		buf  = make([]byte, 0, keyBytes)
-		last = int64(math.MinInt64) // the latest expiry of the counters
-	)
-	var (
-		prev *window.Diff
-		near *nearArgs // the diffs that may mark, when Near is above 0
-	)
-	if b.Near > 0 {
-		near = new(nearArgs)
-	}
-	for _, i := range order {
-		d := &b.Diffs[i]
-		if prev != nil && d.Key == prev.Key && d.Size == prev.Size && d.Start == prev.Start {
-			values[len(values)-1] += d.Value
-			if near != nil {
-				near.add(b.Near, d, len(values), values[len(values)-1])
-			}
-			continue
-		}
-		prev = d
-		if near != nil {
-			near.add(b.Near, d, len(values)+1, d.Value)
-		}
-		at := len(buf)
-		buf = appendStored(buf, d.Key, maxStoredKey)
-		keys = append(keys, buf[at:len(buf):len(buf)])
-		sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
-		sizes = append(sizes, sizeMs)
-		starts = append(starts, startMs)
-		values = append(values, d.Value)
-		last = max(last, expiresAtMs(sizeMs, startMs))
 	}
 	// The ID's record lives as long as the counters, and at least
 	// strategy.MinBatchIDLife; a record outlives its expiry until the next
 	// purge.
-	idExpires := max(last, now.Add(strategy.MinBatchIDLife).UnixMilli())
-	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, keys, sizes, starts, values}
-	query := s.sql.push
+	idExpires := max(p.last, now.Add(strategy.MinBatchIDLife).UnixMilli())
+	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, p.keys, p.sizes, p.starts, p.values}
+	query, marking := s.sql.push, s.sql.nearPush
+	var parts []*part
 	if len(b.Rates) > 0 {
-		if err := s.ensurePart(ctx, s.rateSQL.schema, "the rates tables", &s.ratesReady); err != nil {
-			return err
-		}
 		rkeys, rwins, rincs := rateDiffArgs(b.Rates)
-		query, args = s.sql.pushRates, append(args, rkeys, rwins, rincs)
+		query, marking, args, parts = s.sql.pushRates, s.sql.nearPushRates, append(args, rkeys, rwins, rincs), []*part{&s.ratePart}
 	}
-	if near != nil && len(near.counters) > 0 {
+	if m := p.near; m != nil && len(m.counters) > 0 {
 		on, err := s.nearOn(ctx)
 		if err != nil {
 			return err
 		}
-		if !on {
-			near = nil // the role may not make the feed: a push as before
+		if on { // otherwise the role may not make the feed: a push as before
+			query, args = marking, append(args, m.counters, m.keys, m.after, m.values, m.at, m.until)
 		}
 	}
-	if near != nil && len(near.counters) > 0 {
-		near.settle(values)
-		query = s.nearSQL.push
-		if len(b.Rates) > 0 {
-			query = s.nearSQL.pushRates
-		}
-		args = append(args, near.counters, near.keys, near.after, near.values, near.at, near.until)
-	}
-
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquire(ctx, parts...)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
 	_, err = conn.Exec(ctx, query, args...)
 	return s.sent(err)
+}
+
+// pushArgs are the diffs of a batch as pushSQL takes them, one counter
+// each, with the candidates to mark when the batch's Near is above 0,
+// and the latest expiry of the counters.
+type pushArgs struct {
+	keys          [][]byte
+	sizes, starts []int64
+	values        []float64
+	near          *nearArgs
+	last          int64
+}
+
+// newPushArgs returns the diffs of b that are kept at now (Unix
+// nanoseconds), sorted by counter, so that the diffs of one counter are
+// neighbours, to be summed (an upsert may not touch a row twice), and
+// the rows are locked in a set order (see pushSQL); the diffs of a
+// counter stay in the batch's order, in which they mark.
+func newPushArgs(b strategy.Batch, now int64) *pushArgs {
+	order := make([]int32, 0, len(b.Diffs))
+	for i := range b.Diffs {
+		if keep(&b.Diffs[i], now) {
+			order = append(order, int32(i))
+		}
+	}
+	slices.SortFunc(order, func(i, j int32) int {
+		x, y := &b.Diffs[i], &b.Diffs[j]
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
+	})
+	p := &pushArgs{last: math.MinInt64}
+	if b.Near > 0 {
+		p.near = new(nearArgs)
+	}
+	var prev *window.Diff
+	var firsts []int32 // the first diff of each counter
+	for _, i := range order {
+		d := &b.Diffs[i]
+		if prev == nil || d.Key != prev.Key || d.Size != prev.Size || d.Start != prev.Start {
+			prev, firsts = d, append(firsts, i)
+			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+			p.sizes, p.starts, p.values = append(p.sizes, sizeMs), append(p.starts, startMs), append(p.values, 0)
+			p.last = max(p.last, expiresAtMs(sizeMs, startMs))
+		}
+		p.values[len(p.values)-1] += d.Value
+		if p.near != nil {
+			p.near.add(b.Near, d, len(p.values), p.values[len(p.values)-1])
+		}
+	}
+	p.keys = storedKeys(len(firsts), func(i int) string { return b.Diffs[firsts[i]].Key })
+	if p.near != nil {
+		p.near.settle(p.values)
+	}
+	return p
+}
+
+// storedKeys returns n keys as the tables hold them (see appendStored),
+// in one buffer: one allocation, not one per key. None is nil, so that an
+// empty key is not sent as NULL.
+func storedKeys(n int, key func(i int) string) [][]byte {
+	size := 0
+	for i := range n {
+		size += min(len(key(i)), maxStoredKey+1)
+	}
+	buf := make([]byte, 0, size)
+	keys := make([][]byte, n)
+	for i := range keys {
+		at := len(buf)
+		buf = appendStored(buf, key(i), maxStoredKey)
+		keys[i] = buf[at:len(buf):len(buf)]
+	}
+	return keys
 }
 
 // rateDiffArgs returns the rates of a batch as pushRatesSQL takes them:
@@ -256,19 +259,8 @@ type fetchArgs struct {
 // newFetchArgs returns the arguments of a fetch of keys' windows of sizes
 // at now.
 func newFetchArgs(keys []string, sizes []time.Duration, now time.Time) *fetchArgs {
-	f := new(fetchArgs)
+	f := &fetchArgs{keys: storedKeys(len(keys), func(i int) string { return keys[i] })}
 	f.sizes, f.starts = windowsAt(sizes, now)
-	keyBytes := 0
-	for _, k := range keys {
-		keyBytes += min(len(k), maxStoredKey+1)
-	}
-	buf := make([]byte, 0, keyBytes)
-	f.keys = make([][]byte, len(keys))
-	for i, k := range keys {
-		at := len(buf)
-		buf = appendStored(buf, k, maxStoredKey)
-		f.keys[i] = buf[at:len(buf):len(buf)]
-	}
 	return f
 }
 

@@ -251,54 +251,35 @@ func checkTable(table string) error {
 	return nil
 }
 
-// names are the quoted names of the store's objects in the database, and
-// the keys of its advisory locks.
+// names are what the store's objects in the database are named after:
+// the table, and the keys of its advisory locks.
 type names struct {
-	counters, ids, hits                    string // qualified and quoted
-	slots, acquire, renew, release         string // the same, for concurrency slots
-	bans, banVersions, setBans             string // the same, for bans
-	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
-	countersExpRef, idsExpRef, slotsExpRef string // the same, qualified
-	schemaLock, purgeLock                  int64
+	counters              string // the table, qualified and quoted
+	base                  string // its name, unqualified
+	schema                []string
+	schemaLock, purgeLock int64
 	// slotSeed is the FNV-1a state after "caddy-ratelimit slot <table> ",
 	// where the keys of the advisory locks of slots start (see slotLock).
 	slotSeed uint64
-	// base is the table's name, unqualified, and qualified qualifies a
-	// name in the table's schema: the names of the rates' part (gcra.go).
-	base      string
-	qualified func(name string) string
 }
 
 func newNames(table string) *names {
 	parts := strings.Split(table, ".")
-	base := parts[len(parts)-1]
-	qualified := func(name string) string {
-		id := append(pgx.Identifier{}, parts[:len(parts)-1]...)
-		return append(id, name).Sanitize()
+	n := &names{
+		base:       parts[len(parts)-1],
+		schema:     parts[:len(parts)-1],
+		schemaLock: lockKey("schema", table),
+		purgeLock:  lockKey("purge", table),
+		slotSeed:   fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
 	}
-	return &names{
-		counters:       qualified(base),
-		ids:            qualified(base + "_ids"),
-		hits:           qualified(base + "_hits"),
-		slots:          qualified(base + "_slots"),
-		acquire:        qualified(base + "_acquire"),
-		renew:          qualified(base + "_renew"),
-		release:        qualified(base + "_release"),
-		bans:           qualified(base + "_bans"),
-		banVersions:    qualified(base + "_banver"),
-		setBans:        qualified(base + "_set_bans"),
-		countersExpIdx: pgx.Identifier{base + "_exp"}.Sanitize(),
-		idsExpIdx:      pgx.Identifier{base + "_ids_exp"}.Sanitize(),
-		slotsExpIdx:    pgx.Identifier{base + "_slotexp"}.Sanitize(),
-		countersExpRef: qualified(base + "_exp"),
-		idsExpRef:      qualified(base + "_ids_exp"),
-		slotsExpRef:    qualified(base + "_slotexp"),
-		schemaLock:     lockKey("schema", table),
-		purgeLock:      lockKey("purge", table),
-		slotSeed:       fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
-		base:           base,
-		qualified:      qualified,
-	}
+	n.counters = n.qualified("")
+	return n
+}
+
+// qualified returns the name <table><suffix> in the table's schema,
+// qualified and quoted.
+func (n *names) qualified(suffix string) string {
+	return append(append(pgx.Identifier{}, n.schema...), n.base+suffix).Sanitize()
 }
 
 // lockKey returns the key of an advisory lock of the store's table: FNV-1a

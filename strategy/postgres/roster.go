@@ -21,7 +21,7 @@ func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Dur
 	if err := strategy.CheckAttend(node, ttl); err != nil {
 		return 0, err
 	}
-	conn, err := s.acquirePart(ctx, s.sql.fleetSchema, &s.fleetReady, "the members' table")
+	conn, err := s.acquire(ctx, &s.fleetPart)
 	if err != nil {
 		return 0, err
 	}

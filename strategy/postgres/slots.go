@@ -35,7 +35,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
-	conn, err := s.acquireSlots(ctx)
+	conn, err := s.acquire(ctx, &s.slotPart)
 	if err != nil {
 		return 0, false, err
 	}
@@ -122,7 +122,7 @@ func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []s
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
 
-	conn, err := s.acquireSlots(ctx)
+	conn, err := s.acquire(ctx, &s.slotPart)
 	if err != nil {
 		return err
 	}
@@ -140,13 +140,13 @@ func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []s
 // holds, expired or not (a purge drops the expired ones), for tests and
 // tools.
 func (s *Store) Slots(ctx context.Context, namespace string) (int, error) {
-	conn, err := s.acquireSlots(ctx)
+	conn, err := s.acquire(ctx, &s.slotPart)
 	if err != nil {
 		return 0, fmt.Errorf("counting slots: %w", err)
 	}
 	defer conn.Release()
 	var n int
-	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.slots+" WHERE namespace = $1",
+	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified("_slots")+" WHERE namespace = $1",
 		stored(namespace, maxStoredNamespace)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("counting slots: %w", s.sent(err))
