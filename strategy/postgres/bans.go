@@ -20,9 +20,6 @@ import (
 // strategy.MaxBanLength away.
 func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
 	defer errs.SetBans(&err, namespace, len(bans))
-	if s.isClosed() {
-		return errs.Closed()
-	}
 	if err := strategy.CheckBans(bans, time.Now()); err != nil {
 		return err
 	}
@@ -33,9 +30,8 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 	for i, b := range bans {
 		last[b.Key] = i
 	}
-	ids := make([][]byte, 0, len(last))
-	keys := make([][]byte, 0, len(last))
-	until := make([]int64, 0, len(last))
+	var ids, keys [][]byte
+	var until []int64
 	for i, b := range bans {
 		if last[b.Key] != i {
 			continue
@@ -65,32 +61,13 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 // its bans when the version is known.
 func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
 	defer errs.GetBans(&err, namespace)
-	if s.isClosed() {
-		return nil, 0, errs.Closed()
-	}
 	conn, err := s.acquire(ctx, &s.banPart)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, s.sql.getBans, stored(namespace, maxStoredNamespace), known, now.UnixMilli())
+	bans, version, err := readVersioned[strategy.Ban](conn.Query(ctx, s.sql.getBans, stored(namespace, maxStoredNamespace), known, now.UnixMilli()))
 	if err != nil {
-		return nil, 0, s.sent(err)
-	}
-	defer rows.Close()
-	var bans []strategy.Ban
-	var version int64
-	for rows.Next() {
-		var key []byte
-		var until *int64
-		if err := rows.Scan(&version, &key, &until); err != nil {
-			return nil, 0, err
-		}
-		if until != nil {
-			bans = append(bans, strategy.Ban{Key: string(key), Until: time.UnixMilli(*until)})
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, 0, s.sent(err)
 	}
 	return bans, version, nil

@@ -97,10 +97,6 @@ type batchCounter struct {
 	sizeMs, startMs int64
 }
 
-func compareCounters(x, y batchCounter) int {
-	return cmp.Or(strings.Compare(x.key, y.key), cmp.Compare(x.sizeMs, y.sizeMs), cmp.Compare(x.startMs, y.startMs))
-}
-
 // batchArgs are the arguments of the batch hit function for the hits
 // that count (see hitsBodySQL): the counters, each once, sorted by key,
 // size and start, as pushes sort theirs, so that both lock shared rows
@@ -131,17 +127,11 @@ func newBatchArgs(hits []strategy.HitRequest, good []int) *batchArgs {
 			a.last = max(a.last, expiresAtMs(sizeMs, startMs))
 		}
 	}
-	counters := slices.Clone(refs)
-	slices.SortFunc(counters, compareCounters)
-	counters = slices.Compact(counters)
+	counters, index := sortedSet(refs)
 	for _, c := range counters {
 		a.ckeys, a.csizes, a.cstarts = append(a.ckeys, stored(c.key, maxStoredKey)), append(a.csizes, c.sizeMs), append(a.cstarts, c.startMs)
 	}
 	a.cwrite = make([]bool, len(counters))
-	index := func(c batchCounter) int32 {
-		j, _ := slices.BinarySearchFunc(counters, c, compareCounters)
-		return int32(j + 1) // 1-based, as SQL arrays count
-	}
 	for w := range a.values {
 		a.cur, a.prev = append(a.cur, index(refs[2*w])), append(a.prev, index(refs[2*w+1]))
 		a.cwrite[a.cur[w]-1] = a.cwrite[a.cur[w]-1] || a.values[w] != 0
@@ -223,33 +213,41 @@ type batchRates struct {
 }
 
 func newBatchRates(hits []strategy.HitRequest, good []int) batchRates {
-	type tat struct {
-		key      string
-		windowMs int64
-	}
-	var tats []tat
+	var tats []batchCounter // with the window's size, and no start
 	for _, i := range good {
 		if r := hits[i].Rate; r != nil {
-			tats = append(tats, tat{hits[i].Key, r.Window.Milliseconds()})
+			tats = append(tats, batchCounter{key: hits[i].Key, sizeMs: r.Window.Milliseconds()})
 		}
 	}
 	if len(tats) == 0 {
 		return batchRates{}
 	}
-	slices.SortFunc(tats, func(a, b tat) int { return cmp.Or(strings.Compare(a.key, b.key), cmp.Compare(a.windowMs, b.windowMs)) })
-	tats = slices.Compact(tats)
+	tats, index := sortedSet(tats)
 	br := batchRates{hitRate: make([]int32, len(good)), inc: make([]int64, len(good)), tol: make([]int64, len(good))}
-	index := make(map[tat]int32, len(tats))
-	for j, t := range tats {
-		index[t] = int32(j + 1)
-		br.keys = append(br.keys, stored(t.key, maxStoredKey))
-		br.windows = append(br.windows, t.windowMs)
+	for _, t := range tats {
+		br.keys, br.windows = append(br.keys, stored(t.key, maxStoredKey)), append(br.windows, t.sizeMs)
 	}
 	for x, i := range good {
 		if r := hits[i].Rate; r != nil {
-			br.hitRate[x] = index[tat{hits[i].Key, r.Window.Milliseconds()}]
+			br.hitRate[x] = index(batchCounter{key: hits[i].Key, sizeMs: r.Window.Milliseconds()})
 			br.inc[x], br.tol[x] = r.Increment.Microseconds(), r.Tolerance.Microseconds()
 		}
 	}
 	return br
+}
+
+// sortedSet returns the counters cs, each once, sorted by key, size and
+// start, and a function that returns the 1-based index (as SQL arrays
+// count) of one of them in it.
+func sortedSet(cs []batchCounter) ([]batchCounter, func(batchCounter) int32) {
+	compare := func(x, y batchCounter) int {
+		return cmp.Or(strings.Compare(x.key, y.key), cmp.Compare(x.sizeMs, y.sizeMs), cmp.Compare(x.startMs, y.startMs))
+	}
+	set := slices.Clone(cs)
+	slices.SortFunc(set, compare)
+	set = slices.Compact(set)
+	return set, func(c batchCounter) int32 {
+		j, _ := slices.BinarySearchFunc(set, c, compare)
+		return int32(j + 1)
+	}
 }

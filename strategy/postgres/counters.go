@@ -215,7 +215,7 @@ func windowsAt(sizes []time.Duration, now time.Time) (sizesMs, startsMs []int64)
 // keep reports whether a diff of a valid window is pushed at now (Unix
 // nanoseconds): it adds something, to a window that has not expired.
 func keep(d *window.Diff, now int64) bool {
-	return d.Value != 0 && finite(d.Value) && d.Start+2*int64(d.Size) > now
+	return d.Value != 0 && !math.IsNaN(d.Value) && !math.IsInf(d.Value, 0) && d.Start+2*int64(d.Size) > now
 }
 
 // GetCounters returns the counts of the current and previous windows, at
@@ -241,35 +241,35 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), f.keys, f.sizes, f.starts)
-	if err != nil {
-		return nil, s.sent(err)
-	}
-	counts, err := f.scan(rows, keys, sizes)
+	counts, err := f.scan(conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), f.keys, f.sizes, f.starts))
 	return counts, s.sent(err)
 }
 
 // fetchArgs are the arguments of fetchSQL but the namespace: the keys as
-// the table holds them, and the windows asked (see windowsAt).
+// the table holds them, and the windows asked (see windowsAt); and what
+// was asked, to read the reply.
 type fetchArgs struct {
 	keys          [][]byte
 	sizes, starts []int64
+	asked         []string
+	askedSizes    []time.Duration
 }
 
 // newFetchArgs returns the arguments of a fetch of keys' windows of sizes
 // at now.
 func newFetchArgs(keys []string, sizes []time.Duration, now time.Time) *fetchArgs {
-	f := &fetchArgs{keys: storedKeys(len(keys), func(i int) string { return keys[i] })}
+	f := &fetchArgs{keys: storedKeys(len(keys), func(i int) string { return keys[i] }), asked: keys, askedSizes: sizes}
 	f.sizes, f.starts = windowsAt(sizes, now)
 	return f
 }
 
-// scan reads the rows of a fetch of keys' windows of sizes, made with f,
-// as counts, and closes them. Its errors are the rows' own, for sent to
-// classify.
-func (f *fetchArgs) scan(rows pgx.Rows, keys []string, sizes []time.Duration) ([]window.Count, error) {
+// scan reads the reply of a fetch made with f as counts, and closes its
+// rows. Its errors are the query's own, for sent to classify.
+func (f *fetchArgs) scan(rows pgx.Rows, err error) ([]window.Count, error) {
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
-	winSizes, winStarts := f.sizes, f.starts
 	var (
 		counts             []window.Count
 		i, sizeMs, startMs int64
@@ -279,28 +279,19 @@ func (f *fetchArgs) scan(rows pgx.Rows, keys []string, sizes []time.Duration) ([
 		if err := rows.Scan(&i, &sizeMs, &startMs, &v); err != nil {
 			return nil, err
 		}
-		if i < 1 || int(i) > len(keys) {
+		if i < 1 || int(i) > len(f.asked) {
 			return nil, fmt.Errorf("the fetch query returned the key index %d, out of range", i)
 		}
 		// Which window asked for is it? Few are asked: a loop will do.
 		j := 0
-		for j < len(winSizes) && (winSizes[j] != sizeMs || winStarts[j] != startMs) {
+		for j < len(f.sizes) && (f.sizes[j] != sizeMs || f.starts[j] != startMs) {
 			j++
 		}
-		if j == len(winSizes) {
-			continue // a size of one window with the start of another
+		if j < len(f.sizes) { // else a size of one window with the start of another
+			counts = append(counts, window.Count{Key: f.asked[i-1], Size: f.askedSizes[j/2], Start: startMs * int64(time.Millisecond), Value: v})
 		}
-		counts = append(counts, window.Count{
-			Key:   keys[i-1],
-			Size:  sizes[j/2],
-			Start: startMs * int64(time.Millisecond),
-			Value: v,
-		})
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return counts, nil
+	return counts, rows.Err()
 }
 
 // Reset sets key's counters of the window holding now and of the one
@@ -314,9 +305,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 		return err
 	}
 	// Each size once: an upsert may not touch a row twice.
-	sizes = slices.Clone(sizes)
-	slices.Sort(sizes)
-	sizes = slices.Compact(sizes)
+	sizes = slices.Compact(slices.Sorted(slices.Values(sizes)))
 	if len(sizes) == 0 {
 		return nil
 	}
@@ -375,6 +364,3 @@ func appendStored(buf []byte, s string, bound int) []byte {
 	sum := sha256.Sum256([]byte(s))
 	return append(buf, sum[:]...)
 }
-
-// finite reports whether v can be added to a counter.
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

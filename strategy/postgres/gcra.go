@@ -143,16 +143,9 @@ func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window 
 // RateKeys returns how many keys' TATs of a namespace the table holds,
 // passed or not (a purge drops those that passed), for tests and tools.
 func (s *Store) RateKeys(ctx context.Context, namespace string) (int, error) {
-	conn, err := s.acquire(ctx, &s.ratePart)
+	n, err := s.countRows(ctx, &s.ratePart, "_rates", namespace)
 	if err != nil {
 		return 0, fmt.Errorf("counting rate keys: %w", err)
-	}
-	defer conn.Release()
-	var n int
-	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified("_rates")+" WHERE namespace = $1",
-		stored(namespace, maxStoredNamespace)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("counting rate keys: %w", s.sent(err))
 	}
 	return n, nil
 }

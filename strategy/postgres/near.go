@@ -41,10 +41,6 @@ func markingPush(push string, first int, n *names, r *strings.Replacer) string {
 // goes without the feed before it tries to make them again.
 const nearRetry = time.Minute
 
-// insufficientPrivilege is PostgreSQL's SQLSTATE for a statement the role
-// may not run.
-const insufficientPrivilege = "42501"
-
 // nearOn makes the feed's part of the schema when it is missing, and
 // reports whether the feed can be used. A role that may not create the
 // tables (an upgrade whose DBA has not made them yet: insufficient
@@ -81,7 +77,7 @@ func (s *Store) nearOn(ctx context.Context) (bool, error) {
 // role may not run.
 func refused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == insufficientPrivilege
+	return errors.As(err, &pgErr) && pgErr.Code == "42501" // insufficient_privilege
 }
 
 // markSQL follows the counters' upsert of a push that may mark. The
@@ -229,10 +225,8 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 		return err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, s.sql.mark, stored(namespace, maxStoredNamespace), keys, untils); err != nil {
-		return s.sent(err)
-	}
-	return nil
+	_, err = conn.Exec(ctx, s.sql.mark, stored(namespace, maxStoredNamespace), keys, untils)
+	return s.sent(err)
 }
 
 // markArgs returns the keys and ends of marks, as the mark statement
@@ -291,29 +285,29 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 	defer br.Close()
 	var counts []window.Count
 	if fetch != nil {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
-		if counts, err = fetch.scan(rows, keys, sizes); err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
+		counts, err = fetch.scan(br.Query())
 	}
-	marks, version, err := readMarks(br)
+	var marks []strategy.NearMark
+	var version int64
+	if err == nil {
+		marks, version, err = readVersioned[strategy.NearMark](br.Query())
+	}
+	if err == nil && len(mark) > 0 {
+		_, err = br.Exec()
+	}
 	if err != nil {
 		return nil, nil, 0, s.sent(err)
-	}
-	if len(mark) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
 	}
 	return counts, marks, version, nil
 }
 
-// readMarks reads the reply of the read of the marks from a pipeline.
-func readMarks(br pgx.BatchResults) (marks []strategy.NearMark, version int64, err error) {
-	rows, err := br.Query()
+// readVersioned reads the reply of the read of the marks, or of the
+// bans: rows of a version and a key with its end in Unix milliseconds,
+// or one row of the version with NULLs when there are none.
+func readVersioned[T ~struct {
+	Key   string
+	Until time.Time
+}](rows pgx.Rows, err error) (list []T, version int64, _ error) {
 	if err != nil {
 		return nil, 0, err
 	}
@@ -325,8 +319,8 @@ func readMarks(br pgx.BatchResults) (marks []strategy.NearMark, version int64, e
 			return nil, 0, err
 		}
 		if until != nil {
-			marks = append(marks, strategy.NearMark{Key: string(key), Until: time.UnixMilli(*until)})
+			list = append(list, T{Key: string(key), Until: time.UnixMilli(*until)})
 		}
 	}
-	return marks, version, rows.Err()
+	return list, version, rows.Err()
 }

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -211,15 +210,7 @@ func (p *Postgres) openStore() (*Store, error) {
 // strategy.Strategy): the DSN, after placeholders, the table and
 // max_conns. It holds the password.
 func (p *Postgres) StoreKey() string {
-	b, err := json.Marshal(struct {
-		DSN      string `json:"dsn"`
-		Table    string `json:"table"`
-		MaxConns int32  `json:"max_conns"`
-	}{p.DSN, p.Table, p.MaxConns})
-	if err != nil { // strings and a number always encode
-		panic(fmt.Sprintf("postgres strategy: encoding the store key: %v", err))
-	}
-	return string(b)
+	return fmt.Sprintf("dsn=%q table=%q max_conns=%d", p.DSN, p.Table, p.MaxConns)
 }
 
 // ValidateWindow refuses a window size that the table cannot hold: one
@@ -322,11 +313,9 @@ func dsnError(dsn string, err error) error {
 	return fmt.Errorf("dsn: %q does not parse: %s", redacted, msg)
 }
 
-var (
-	// kvPassword matches a password keyword of a keyword/value DSN, or a
-	// password parameter of a URL, with its value.
-	kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)`)
-)
+// kvPassword matches a password keyword of a keyword/value DSN, or a
+// password parameter of a URL, with its value.
+var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)`)
 
 // redactDSN returns dsn with every password it may hold replaced by
 // xxxxx, and those passwords (as written, and URL-decoded). It errs on the

@@ -15,9 +15,6 @@ import (
 // holds about one row per node and namespace.
 func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Duration) (members int, err error) {
 	defer errs.Attend(&err, namespace)
-	if s.isClosed() {
-		return 0, errs.Closed()
-	}
 	if err := strategy.CheckAttend(node, ttl); err != nil {
 		return 0, err
 	}

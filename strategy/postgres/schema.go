@@ -44,43 +44,28 @@ func purgeOf(table, where string) purgeStatement {
 	}
 }
 
-// newParts makes the parts of the schema of the table n names, in the
-// order the purge goes through them: the feed's last, as its purge never
-// waits for a row lock while the purge holds rows of the feed.
+// newParts makes the parts of the schema of the table n names (see
+// docs/stores.md for the tables), in the order the purge goes through
+// them: the feed's last, as its purge never waits for a row lock while
+// the purge holds rows of the feed. Counters' expires_at never changes
+// once a row is written, so updates of a value leave the indexes alone
+// and, with the free space fillfactor keeps, stay on their page (HOT
+// updates); the same goes for TATs. Purges skip the rows that a call
+// holds, so that a purge never waits for a row lock and no call waits for
+// it for long, but those of counters and IDs, which calls hold briefly.
 func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
-	define := func(p *part, what string, ddl string, purges ...purgeStatement) *part {
-		p.what, p.sql = what, r.Replace(n.ddl(ddl))
-		for _, q := range purges {
-			q.sql = r.Replace(q.sql)
-			p.purges = append(p.purges, q)
-		}
-		return p
-	}
-	// Counters: one row per (namespace, key, window size, window start),
-	// in milliseconds, with its value and when it expires (Unix
-	// milliseconds). expires_at never changes once a row is written, so
-	// updates of a value leave the indexes alone and, with the free space
-	// fillfactor keeps, stay on their page (HOT updates). IDs: one row per
-	// batch or hit ID applied, per namespace, until it expires. Counters
-	// and IDs are purged by the node's clock, without skipping locked
-	// rows.
 	return []*part{
-		define(&s.core, "the tables",
+		s.core.define(r, "the tables", n.ddl(
 			n.table("", `namespace bytea NOT NULL, key bytea NOT NULL, size_ms bigint NOT NULL, start_ms bigint NOT NULL,
 			value double precision NOT NULL, expires_at bigint NOT NULL,
 			PRIMARY KEY (namespace, key, size_ms, start_ms)`, " WITH (fillfactor = 80)")+
 				n.index("_exp", "", "expires_at")+
 				n.table("_ids", `namespace bytea NOT NULL, id bytea NOT NULL, expires_at bigint NOT NULL,
 			PRIMARY KEY (namespace, id)`, "")+
-				n.index("_ids_exp", "_ids", "expires_at"),
+				n.index("_ids_exp", "_ids", "expires_at")),
 			purgeOf("{counters}", "expires_at < $2 LIMIT $1"),
 			purgeOf("{ids}", "expires_at < $2 LIMIT $1")),
-		// TATs: one row per (namespace, key, window), the TAT in Unix
-		// microseconds by the server's clock, until a purge finds it has
-		// passed (the key then has its whole burst, as a key without a row
-		// does). ID records: what an ID did ('t' took a turn of inc_us, 'r'
-		// was refused, 'g' gave it back), until it expires.
-		define(&s.ratePart, "the rates tables",
+		s.ratePart.define(r, "the rates tables", n.ddl(
 			n.table("_rates", `namespace bytea NOT NULL, key bytea NOT NULL, window_ms bigint NOT NULL, tat_us bigint NOT NULL,
 			PRIMARY KEY (namespace, key, window_ms)`, " WITH (fillfactor = 80)")+
 				n.index("_rates_tat", "_rates", "tat_us")+
@@ -91,14 +76,10 @@ func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
 			p_inc bigint, p_tol bigint, p_force boolean, p_id_life bigint,
 			OUT ok boolean, OUT tat bigint, OUT now_us bigint`, "", rateBodySQL)+
 				n.function("_give_back", `p_namespace bytea, p_key bytea, p_window_ms bigint, p_id bytea, p_id_life bigint`,
-					" RETURNS boolean", giveBackBodySQL),
+					" RETURNS boolean", giveBackBodySQL)),
 			purgeOf("{rates}", "tat_us <= "+serverMicros+" LIMIT $1 FOR UPDATE SKIP LOCKED"),
 			purgeOf("{rate_ids}", "expires_us <= "+serverMicros+" LIMIT $1 FOR UPDATE SKIP LOCKED")),
-		// Slots: one row per concurrency slot held, until it expires by the
-		// server's clock. Their purge skips the rows that an acquisition, a
-		// renewal or a release holds, so that it never waits for a row
-		// lock, and no writer of slots waits for it for long.
-		define(&s.slotPart, "the slots table",
+		s.slotPart.define(r, "the slots table", n.ddl(
 			n.table("_slots", `namespace bytea NOT NULL, key bytea NOT NULL, id bytea NOT NULL,
 			expires_at timestamptz NOT NULL, PRIMARY KEY (namespace, key, id)`, "")+
 				n.index("_slotexp", "_slots", "expires_at")+
@@ -107,16 +88,10 @@ func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
 				n.function("_renew", `p_namespace bytea, p_keys bytea[], p_ids bytea[], p_lease_ms bigint, p_locks bigint[],
 			OUT renewed bigint`, "", renewBodySQL)+
 				n.function("_release", `p_namespace bytea, p_keys bytea[], p_ids bytea[], p_locks bigint[],
-			OUT released bigint`, "", releaseBodySQL),
+			OUT released bigint`, "", releaseBodySQL)),
 			purgeOf("{slots}", "expires_at <= clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED")),
-		// Bans: one row per banned key, keyed by the key as the tables hold
-		// keys but keeping the whole key, to read back; and one row per
-		// namespace with bans, holding their version and when the latest
-		// ban lifted would have ended (see setBansBodySQL), which a table of
-		// an older version gains. A version row stays until the namespace's
-		// next set_bans call, which deletes it if the namespace has no ban
-		// left: it reads as version 0 meanwhile (getBansSQL).
-		define(&s.banPart, "the bans tables",
+		// A <table>_banver of an older version gains lifted_until_ms.
+		s.banPart.define(r, "the bans tables", n.ddl(
 			n.table("_bans", `namespace bytea NOT NULL, key_id bytea NOT NULL, key bytea NOT NULL, until_ms bigint NOT NULL,
 			PRIMARY KEY (namespace, key_id)`, "")+`
 	IF to_regclass('{banver}') IS NULL THEN
@@ -126,23 +101,16 @@ func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
 		ALTER TABLE {banver} ADD COLUMN lifted_until_ms bigint NOT NULL DEFAULT 0;
 	END IF;`+
 				n.function("_set_bans", `p_namespace bytea, p_key_ids bytea[], p_keys bytea[], p_until bigint[], p_lock bigint,
-			OUT changed boolean`, "", setBansBodySQL),
+			OUT changed boolean`, "", setBansBodySQL)),
 			purgeOf("{bans}", "until_ms < $2 LIMIT $1 FOR UPDATE SKIP LOCKED")),
-		// Marks: one row per mark of a namespace, numbered n in the order
-		// made, with the whole key (a reader needs it back) and its end in
-		// Unix milliseconds. Versions: one row per namespace with marks,
-		// holding the number of its newest mark and the latest end of its
-		// marks. Their purge keeps them the expiry margin past their end,
-		// and skips the rows a push holds (pushes lock version rows while
-		// they hold counters, which a purge may have waited for).
-		define(&s.nearPart, "the near marks tables",
+		s.nearPart.define(r, "the near marks tables", n.ddl(
 			n.table("_near", `namespace bytea NOT NULL, n bigint NOT NULL, key bytea NOT NULL, until_ms bigint NOT NULL,
 			PRIMARY KEY (namespace, n)`, "")+
 				n.index("_nearexp", "_near", "until_ms")+
-				n.table("_nearver", `namespace bytea PRIMARY KEY, version bigint NOT NULL, until_ms bigint NOT NULL`, ""),
+				n.table("_nearver", `namespace bytea PRIMARY KEY, version bigint NOT NULL, until_ms bigint NOT NULL`, "")),
 			purgeOf("{near}", "until_ms < $2::bigint - {margin} LIMIT $1 FOR UPDATE SKIP LOCKED"),
 			purgeOf("{nearver}", "until_ms < $2::bigint - {margin} LIMIT $1 FOR UPDATE SKIP LOCKED")),
-		define(&s.batchPart, "the batch hit function",
+		s.batchPart.define(r, "the batch hit function", n.ddl(
 			n.function("_hits", `p_namespace bytea, p_id bytea, p_id_expires bigint,
 			p_ckeys bytea[], p_csizes bigint[], p_cstarts bigint[], p_cwrite boolean[],
 			p_undo boolean[], p_nwin integer[],
@@ -150,14 +118,21 @@ func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
 			p_maxes double precision[], p_weights double precision[],
 			p_rkeys bytea[], p_rwins bigint[], p_hrate integer[], p_hinc bigint[], p_htol bigint[],
 			OUT rejected integer[], OUT currents double precision[], OUT previouses double precision[],
-			OUT rate_ok boolean[], OUT rate_tats bigint[], OUT now_us bigint`, "", hitsBodySQL)),
-		// Members: one row per node of a namespace's fleet, until its
-		// attendance expires, in Unix milliseconds by the server's clock;
-		// the namespace's next attendance deletes the expired ones.
-		define(&s.fleetPart, "the members' table",
+			OUT rate_ok boolean[], OUT rate_tats bigint[], OUT now_us bigint`, "", hitsBodySQL))),
+		s.fleetPart.define(r, "the members' table", n.ddl(
 			n.table("_fleet", `namespace bytea NOT NULL, node bytea NOT NULL, until_ms bigint NOT NULL,
-			PRIMARY KEY (namespace, node)`, "")),
+			PRIMARY KEY (namespace, node)`, ""))),
 	}
+}
+
+// define sets p up, its statements' placeholders replaced by r.
+func (p *part) define(r *strings.Replacer, what, ddl string, purges ...purgeStatement) *part {
+	p.what, p.sql = what, r.Replace(ddl)
+	for _, q := range purges {
+		q.sql = r.Replace(q.sql)
+		p.purges = append(p.purges, q)
+	}
+	return p
 }
 
 // serverMicros is the server's clock in Unix microseconds, in SQL.

@@ -42,8 +42,7 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	defer conn.Release()
 	var reply strategy.SlotReply
 	slot := strategy.SlotRequest{ID: id, Max: max, Lease: lease}
-	err = scanSlot(conn.QueryRow(ctx, s.sql.acquire, s.acquireArgs(namespace, key, slot, s.names.slotLock(namespace, key))...), &reply)
-	if err != nil {
+	if err := scanSlot(conn.QueryRow(ctx, s.sql.acquire, s.acquireArgs(namespace, key, slot, s.names.slotLock(namespace, key))...), &reply); err != nil {
 		return 0, false, s.sent(err)
 	}
 	return reply.Held, reply.OK, nil
@@ -100,9 +99,6 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 // so that every call takes them in one order. With no slots, it sends
 // nothing.
 func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []strategy.Slot, leaseMs *int64) error {
-	if s.isClosed() {
-		return errs.Closed()
-	}
 	if len(slots) == 0 {
 		return nil
 	}
@@ -140,18 +136,24 @@ func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []s
 // holds, expired or not (a purge drops the expired ones), for tests and
 // tools.
 func (s *Store) Slots(ctx context.Context, namespace string) (int, error) {
-	conn, err := s.acquire(ctx, &s.slotPart)
+	n, err := s.countRows(ctx, &s.slotPart, "_slots", namespace)
 	if err != nil {
 		return 0, fmt.Errorf("counting slots: %w", err)
 	}
-	defer conn.Release()
-	var n int
-	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified("_slots")+" WHERE namespace = $1",
-		stored(namespace, maxStoredNamespace)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("counting slots: %w", s.sent(err))
-	}
 	return n, nil
+}
+
+// countRows returns how many rows of a namespace the table <table><suffix>
+// of part p holds.
+func (s *Store) countRows(ctx context.Context, p *part, suffix, namespace string) (n int, err error) {
+	conn, err := s.acquire(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified(suffix)+" WHERE namespace = $1",
+		stored(namespace, maxStoredNamespace)).Scan(&n)
+	return n, s.sent(err)
 }
 
 // slotLock returns the key of the transaction advisory lock that the

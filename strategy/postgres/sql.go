@@ -35,7 +35,7 @@ func (n *names) placeholders() *strings.Replacer {
 func newStatements(n *names, r *strings.Replacer) *statements {
 	s := &statements{
 		push:      r.Replace(pushSQL),
-		pushRates: r.Replace(pushRatesSQL),
+		pushRates: r.Replace(strings.Replace(pushSQL, "\n)\n", ratedSQL+"\n", 1)),
 		fetch:     r.Replace(fetchSQL),
 		reset:     r.Replace(resetSQL),
 		hitBatch: r.Replace(`SELECT rejected, currents, previouses, rate_ok, rate_tats, now_us
@@ -368,16 +368,13 @@ FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS 
 WHERE EXISTS (SELECT FROM marker)
 ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
 
-// pushRatesSQL is pushSQL for a batch with rates (see strategy.RateBatcher):
-// with the diffs, under the same record of the ID, it moves each TAT of
-// $8 keys and $9 windows (milliseconds, each once, sorted) by $10
-// microseconds, the sum of the batch's turns of it, as forced requests
-// do: to greatest(TAT, now) + increment, by the server's clock.
-const pushRatesSQL = `
-WITH marker AS (
-	INSERT INTO {ids} (namespace, id, expires_at) VALUES ($1, $2, $3)
-	ON CONFLICT DO NOTHING
-	RETURNING 1
+// ratedSQL turns pushSQL into the push of a batch with rates (see
+// strategy.RateBatcher): a CTE after the record of the ID that, only if
+// the ID was recorded, moves each TAT of $8 keys and $9 windows
+// (milliseconds, each once, sorted) by $10 microseconds, the sum of the
+// batch's turns of it, as forced requests do: to greatest(TAT, now) +
+// increment, by the server's clock.
+const ratedSQL = `
 ), clock AS (
 	SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
 ), rated AS (
@@ -387,12 +384,7 @@ WITH marker AS (
 	WHERE EXISTS (SELECT FROM marker)
 	ON CONFLICT (namespace, key, window_ms) DO UPDATE
 	SET tat_us = greatest(t.tat_us, (SELECT now_us FROM clock)) + excluded.tat_us - (SELECT now_us FROM clock)
-)
-INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
-SELECT $1, d.key, d.size_ms, d.start_ms, d.value, d.start_ms + 2 * d.size_ms + {margin}
-FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS d(key, size_ms, start_ms, value)
-WHERE EXISTS (SELECT FROM marker)
-ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
+)`
 
 // fetchSQL reads the counters of every key asked ($2) in the windows
 // asked ($3 sizes and $4 starts, in milliseconds: the current and the

@@ -134,18 +134,15 @@ func (s *Store) acquire(ctx context.Context, parts ...*part) (*pgxpool.Conn, err
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		if s.isClosed() {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
 			return nil, fmt.Errorf("%w: %w", errs.Closed(), err)
 		}
 		return nil, errs.NotSent(err)
 	}
 	return conn, nil
-}
-
-func (s *Store) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
 }
 
 // sent classifies an error of a request that was handed to a connection:
@@ -269,19 +266,20 @@ func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
 // on its own every 30 seconds, skipping a turn when another node is
 // purging; Purge is for tests and tools that need the expired rows gone
 // now.
-func (s *Store) Purge(ctx context.Context) (int64, error) {
+func (s *Store) Purge(ctx context.Context) (n int64, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("purging expired counters: %w", err)
+		}
+	}()
 	pool, err := s.getPool()
 	if err == nil {
 		err = s.ensure(ctx, &s.core)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("purging expired counters: %w", err)
+		return 0, err
 	}
-	n, err := s.purge(ctx, pool, true, -1)
-	if err != nil {
-		return n, fmt.Errorf("purging expired counters: %w", err)
-	}
-	return n, nil
+	return s.purge(ctx, pool, true, -1)
 }
 
 // purge deletes expired rows in chunks of purgeChunk, each in a short
@@ -295,11 +293,11 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 		nowMs := s.now().UnixMilli()
 		locked, more := true, false
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			lock := "SELECT pg_try_advisory_xact_lock($1)"
 			if wait {
-				if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.names.purgeLock); err != nil {
-					return err
-				}
-			} else if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.names.purgeLock).Scan(&locked); err != nil || !locked {
+				lock = "SELECT true FROM pg_advisory_xact_lock($1)"
+			}
+			if err := tx.QueryRow(ctx, lock, s.names.purgeLock).Scan(&locked); err != nil || !locked {
 				return err
 			}
 			for _, p := range s.parts {
@@ -328,6 +326,18 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	return total, nil
 }
 
+// Ping takes a connection of the pool, with the schema in place, and runs
+// an empty statement on it (see strategy.Pinger).
+func (s *Store) Ping(ctx context.Context) (err error) {
+	defer errs.Ping(&err)
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return conn.Ping(ctx)
+}
+
 // Interface guards
 var (
 	_ strategy.BatchHitter = (*Store)(nil)
@@ -336,4 +346,5 @@ var (
 	_ strategy.NearFeed    = (*Store)(nil)
 	_ strategy.Roster      = (*Store)(nil)
 	_ strategy.Maintainer  = (*Store)(nil)
+	_ strategy.Pinger      = (*Store)(nil)
 )
