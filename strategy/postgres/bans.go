@@ -9,7 +9,7 @@ import (
 
 // SetBans records bans of a namespace (see strategy.Banner) in one call of
 // the table's set_bans function: one round trip (plus, once per store, the
-// creation of the bans' tables when missing; see banSchemaSQL). The calls
+// creation of the bans' tables when missing; see newParts). The calls
 // of one namespace take turns under a transaction advisory lock of it.
 // Ends are kept in whole milliseconds; a key given twice takes its last
 // ban.

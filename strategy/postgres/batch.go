@@ -19,7 +19,7 @@ import (
 // other (see strategy.BatchHitter for the contract), in one call of the
 // table's batch hit function: one round trip (plus, once per pooled
 // connection, one to prepare the call; the first batch of a store also
-// creates the function if it is missing: see batchSchemaSQL). A counter
+// creates the function if it is missing: see newParts). A counter
 // that several hits share costs one read and two writes for the whole
 // batch (one upsert locks it, or makes it at 0, and one writes its final
 // count): see hitsBodySQL. A batch of one hit is sent as Hit sends it.

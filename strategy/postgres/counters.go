@@ -176,9 +176,9 @@ func storedKeys(n int, key func(i int) string) [][]byte {
 	return keys
 }
 
-// rateDiffArgs returns the rates of a batch as pushRatesSQL takes them:
+// rateDiffArgs returns the rates of a batch as ratedSQL takes them:
 // each TAT once, sorted by key and window, with the sum of its turns'
-// increments in microseconds (forced turns add up: see pushRatesSQL).
+// increments in microseconds (forced turns add up: see ratedSQL).
 func rateDiffArgs(rates []strategy.RateDiff) (keys [][]byte, windows, incs []int64) {
 	sorted := slices.Clone(rates)
 	slices.SortFunc(sorted, func(x, y strategy.RateDiff) int {

@@ -152,7 +152,7 @@ func (s *Store) RateKeys(ctx context.Context, namespace string) (int, error) {
 
 // DecidesRatesInBatches marks the store as a strategy.RateBatcher: its
 // batch hit function decides hits' rates (see hitsBodySQL), and its push
-// takes a Batch's rates (see pushRatesSQL).
+// takes a Batch's rates (see ratedSQL).
 func (*Store) DecidesRatesInBatches() {}
 
 // Interface guard

@@ -19,7 +19,7 @@ import (
 // a reader reads: the newest (see strategy.NearFeed).
 const maxNearMarks = 1 << 16
 
-// markingPush returns a push statement (pushSQL or pushRatesSQL, whose
+// markingPush returns a push statement (pushSQL, or it with ratedSQL, whose
 // last part is the upsert of the counters) that marks the keys its diffs
 // bring near their limits too: the upsert becomes the CTE upserted, which
 // returns the counters' new values, and markSQL follows it, its
