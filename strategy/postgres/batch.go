@@ -71,18 +71,24 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 		return err
 	}
 	defer conn.Release()
-	// One pipeline, which PostgreSQL runs as one transaction: the hits'
-	// call, then the slots'.
+	idArg, idExpires := s.hitID(id, a.last)
+	args := []any{stored(namespace, maxStoredNamespace), idArg, idExpires,
+		a.ckeys, a.csizes, a.cstarts, a.cwrite, a.undo, a.nwin, a.cur, a.prev, a.values, a.maxes, a.weights,
+		a.rates.keys, a.rates.windows, a.rates.hitRate, a.rates.inc, a.rates.tol}
 	var reply batchReply
-	b := &pgx.Batch{}
-	if len(good) > 0 {
-		idArg, idExpires := s.hitID(id, a.last)
-		b.Queue(s.sql.hitBatch, stored(namespace, maxStoredNamespace), idArg, idExpires,
-			a.ckeys, a.csizes, a.cstarts, a.cwrite, a.undo, a.nwin, a.cur, a.prev, a.values, a.maxes, a.weights,
-			a.rates.keys, a.rates.windows, a.rates.hitRate, a.rates.inc, a.rates.tol).QueryRow(reply.scan)
+	if len(slots) == 0 {
+		err = reply.scan(conn.QueryRow(ctx, s.sql.hitBatch, args...))
+	} else {
+		// One pipeline, which PostgreSQL runs as one transaction: the
+		// hits' call, then the slots'.
+		b := &pgx.Batch{}
+		if len(good) > 0 {
+			b.Queue(s.sql.hitBatch, args...).QueryRow(reply.scan)
+		}
+		s.queueSlots(b, namespace, hits, slots, results)
+		err = conn.SendBatch(ctx, b).Close()
 	}
-	s.queueSlots(b, namespace, hits, slots, results)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return s.sent(err)
 	}
 	if len(good) == 0 {

@@ -132,12 +132,12 @@ func newPushArgs(b strategy.Batch, now int64) *pushArgs {
 		x, y := &b.Diffs[i], &b.Diffs[j]
 		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
 	})
-	p := &pushArgs{last: math.MinInt64}
+	p := &pushArgs{last: math.MinInt64, sizes: make([]int64, 0, len(order)), starts: make([]int64, 0, len(order)), values: make([]float64, 0, len(order))}
 	if b.Near > 0 {
 		p.near = new(nearArgs)
 	}
 	var prev *window.Diff
-	var firsts []int32 // the first diff of each counter
+	firsts := make([]int32, 0, len(order)) // the first diff of each counter
 	for _, i := range order {
 		d := &b.Diffs[i]
 		if prev == nil || d.Key != prev.Key || d.Size != prev.Size || d.Start != prev.Start {

@@ -117,12 +117,8 @@ func (p *Postgres) Provision(ctx caddy.Context) error {
 		return err
 	}
 	cc := p.poolConfig.ConnConfig
-	p.logger.Debug("postgres strategy configured",
-		zap.String("host", cc.Host),
-		zap.Uint16("port", cc.Port),
-		zap.String("database", cc.Database),
-		zap.String("user", cc.User),
-		zap.String("table", p.Table),
+	p.logger.Debug("postgres strategy configured", zap.String("host", cc.Host), zap.Uint16("port", cc.Port),
+		zap.String("database", cc.Database), zap.String("user", cc.User), zap.String("table", p.Table),
 		zap.Int32("max_conns", p.poolConfig.MaxConns))
 	return nil
 }

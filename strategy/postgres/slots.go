@@ -57,12 +57,7 @@ func (s *Store) acquireArgs(namespace, key string, slot strategy.SlotRequest, lo
 
 // scanSlot reads the answer of a call of the acquire function into reply.
 func scanSlot(row pgx.Row, reply *strategy.SlotReply) error {
-	var held int64
-	if err := row.Scan(&held, &reply.OK); err != nil {
-		return err
-	}
-	reply.Held = int(held)
-	return nil
+	return row.Scan(&reply.Held, &reply.OK)
 }
 
 // ReleaseSlots frees the given slots of a namespace, in one call of the
