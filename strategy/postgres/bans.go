@@ -4,14 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
 
 // SetBans records bans of a namespace (see strategy.Banner) in one call of
 // the table's set_bans function: one round trip (plus, once per store, the
-// creation of the bans' tables when missing; see banSchemaSQL). The calls
+// creation of the bans' tables when missing; see newParts). The calls
 // of one namespace take turns under a transaction advisory lock of it.
 // Ends are kept in whole milliseconds; a key given twice takes its last
 // ban.
@@ -22,9 +20,6 @@ import (
 // strategy.MaxBanLength away.
 func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.Ban) (err error) {
 	defer errs.SetBans(&err, namespace, len(bans))
-	if s.isClosed() {
-		return errs.Closed()
-	}
 	if err := strategy.CheckBans(bans, time.Now()); err != nil {
 		return err
 	}
@@ -35,9 +30,8 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 	for i, b := range bans {
 		last[b.Key] = i
 	}
-	ids := make([][]byte, 0, len(last))
-	keys := make([][]byte, 0, len(last))
-	until := make([]int64, 0, len(last))
+	var ids, keys [][]byte
+	var until []int64
 	for i, b := range bans {
 		if last[b.Key] != i {
 			continue
@@ -50,7 +44,7 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 		}
 		until = append(until, ms)
 	}
-	conn, err := s.acquireBans(ctx)
+	conn, err := s.acquire(ctx, &s.banPart)
 	if err != nil {
 		return err
 	}
@@ -67,39 +61,14 @@ func (s *Store) SetBans(ctx context.Context, namespace string, bans []strategy.B
 // its bans when the version is known.
 func (s *Store) GetBans(ctx context.Context, namespace string, known int64, now time.Time) (_ []strategy.Ban, _ int64, err error) {
 	defer errs.GetBans(&err, namespace)
-	if s.isClosed() {
-		return nil, 0, errs.Closed()
-	}
-	conn, err := s.acquireBans(ctx)
+	conn, err := s.acquire(ctx, &s.banPart)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, s.sql.getBans, stored(namespace, maxStoredNamespace), known, now.UnixMilli())
+	bans, version, err := readVersioned[strategy.Ban](conn.Query(ctx, s.sql.getBans, stored(namespace, maxStoredNamespace), known, now.UnixMilli()))
 	if err != nil {
 		return nil, 0, s.sent(err)
 	}
-	defer rows.Close()
-	var bans []strategy.Ban
-	var version int64
-	for rows.Next() {
-		var key []byte
-		var until *int64
-		if err := rows.Scan(&version, &key, &until); err != nil {
-			return nil, 0, err
-		}
-		if until != nil {
-			bans = append(bans, strategy.Ban{Key: string(key), Until: time.UnixMilli(*until)})
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, s.sent(err)
-	}
 	return bans, version, nil
-}
-
-// acquireBans returns a connection as acquire does, with the bans' part
-// of the schema in place too.
-func (s *Store) acquireBans(ctx context.Context) (*pgxpool.Conn, error) {
-	return s.acquirePart(ctx, s.sql.banSchema, &s.bansReady, "the bans tables")
 }

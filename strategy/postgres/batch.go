@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
@@ -20,7 +19,7 @@ import (
 // other (see strategy.BatchHitter for the contract), in one call of the
 // table's batch hit function: one round trip (plus, once per pooled
 // connection, one to prepare the call; the first batch of a store also
-// creates the function if it is missing: see batchSchemaSQL). A counter
+// creates the function if it is missing: see newParts). A counter
 // that several hits share costs one read and two writes for the whole
 // batch (one upsert locks it, or makes it at 0, and one writes its final
 // count): see hitsBodySQL. A batch of one hit is sent as Hit sends it.
@@ -53,118 +52,38 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 	}
 }
 
-// batchCounter is one counter of a batch of hits.
-type batchCounter struct {
-	key             string
-	sizeMs, startMs int64
-	write           bool // some hit increments it
-}
-
 // hitBatch sends the good hits of a batch, those that count (good) and
 // those that take slots, and fills their results.
 func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strategy.HitRequest, good, slots []int, results []strategy.HitResult) error {
-	// The counters, each once, then sorted by key, size and start, as
-	// pushes sort theirs, so that both lock shared rows in one order.
-	var (
-		counters []batchCounter
-		index    = make(map[batchCounter]int)
-		refs     []int // for each window, its current and previous counters
-		last     = int64(math.MinInt64)
-		nw       int
-	)
-	counter := func(c batchCounter) int {
-		j, ok := index[c]
-		if !ok {
-			j = len(counters)
-			index[c] = j
-			counters = append(counters, c)
-		}
-		return j
+	a := newBatchArgs(hits, good)
+	var parts []*part
+	if len(good) > 0 {
+		parts = append(parts, &s.batchPart)
 	}
-	for _, i := range good {
-		for _, w := range hits[i].Windows {
-			sizeMs, startMs := int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
-			cur := counter(batchCounter{key: hits[i].Key, sizeMs: sizeMs, startMs: startMs})
-			counters[cur].write = counters[cur].write || w.Value != 0
-			refs = append(refs, cur, counter(batchCounter{key: hits[i].Key, sizeMs: sizeMs, startMs: startMs - sizeMs}))
-			last = max(last, expiresAtMs(sizeMs, startMs))
-			nw++
-		}
+	if len(a.rates.keys) > 0 {
+		parts = append(parts, &s.ratePart)
 	}
-	order := make([]int, len(counters))
-	for j := range order {
-		order[j] = j
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		x, y := &counters[a], &counters[b]
-		return cmp.Or(strings.Compare(x.key, y.key), cmp.Compare(x.sizeMs, y.sizeMs), cmp.Compare(x.startMs, y.startMs))
-	})
-	rank := make([]int32, len(counters)) // 1-based, as SQL arrays count
-	var (
-		ckeys   = make([][]byte, len(counters))
-		csizes  = make([]int64, len(counters))
-		cstarts = make([]int64, len(counters))
-		cwrite  = make([]bool, len(counters))
-	)
-	for r, j := range order {
-		c := &counters[j]
-		rank[j] = int32(r + 1)
-		ckeys[r], csizes[r], cstarts[r], cwrite[r] = stored(c.key, maxStoredKey), c.sizeMs, c.startMs, c.write
-	}
-	var (
-		undo    = make([]bool, len(good))
-		nwin    = make([]int32, len(good))
-		cur     = make([]int32, 0, nw)
-		prev    = make([]int32, 0, nw)
-		values  = make([]float64, 0, nw)
-		maxes   = make([]float64, 0, nw)
-		weights = make([]float64, 0, nw)
-	)
-	for x, i := range good {
-		undo[x], nwin[x] = hits[i].Undo, int32(len(hits[i].Windows))
-		for _, w := range hits[i].Windows {
-			cur, prev = append(cur, rank[refs[2*len(cur)]]), append(prev, rank[refs[2*len(prev)+1]])
-			values, maxes, weights = append(values, w.Value), append(maxes, w.Max), append(weights, w.Weight)
-		}
-	}
-	idArg, idExpires := s.hitID(id, last)
-	rt := newBatchRates(hits, good)
-	if len(rt.keys) > 0 {
-		if err := s.ensurePart(ctx, s.rateSQL.schema, "the rates tables", &s.ratesReady); err != nil {
-			return err
-		}
-	}
-
 	if len(slots) > 0 {
-		if err := s.ensurePart(ctx, s.sql.slotSchema, "the slots table", &s.slotsReady); err != nil {
-			return err
-		}
+		parts = append(parts, &s.slotPart)
 	}
-
-	conn, err := s.acquireBatch(ctx)
+	conn, err := s.acquire(ctx, parts...)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	var (
-		rej        []int32
-		curs, prvs []float64
-		rateOK     []bool
-		tats       []int64
-		nowUs      *int64
-	)
+	idArg, idExpires := s.hitID(id, a.last)
 	args := []any{stored(namespace, maxStoredNamespace), idArg, idExpires,
-		ckeys, csizes, cstarts, cwrite, undo, nwin, cur, prev, values, maxes, weights,
-		rt.keys, rt.windows, rt.hitRate, rt.inc, rt.tol}
-	scan := func(row pgx.Row) error { return row.Scan(&rej, &curs, &prvs, &rateOK, &tats, &nowUs) }
+		a.ckeys, a.csizes, a.cstarts, a.cwrite, a.undo, a.nwin, a.cur, a.prev, a.values, a.maxes, a.weights,
+		a.rates.keys, a.rates.windows, a.rates.hitRate, a.rates.inc, a.rates.tol}
+	var reply batchReply
 	if len(slots) == 0 {
-		err = scan(conn.QueryRow(ctx, s.sql.hitBatch, args...))
+		err = reply.scan(conn.QueryRow(ctx, s.sql.hitBatch, args...))
 	} else {
 		// One pipeline, which PostgreSQL runs as one transaction: the
 		// hits' call, then the slots'.
 		b := &pgx.Batch{}
 		if len(good) > 0 {
-			b.Queue(s.sql.hitBatch, args...).QueryRow(scan)
+			b.Queue(s.sql.hitBatch, args...).QueryRow(reply.scan)
 		}
 		s.queueSlots(b, namespace, hits, slots, results)
 		err = conn.SendBatch(ctx, b).Close()
@@ -175,26 +94,95 @@ func (s *Store) hitBatch(ctx context.Context, namespace, id string, hits []strat
 	if len(good) == 0 {
 		return nil
 	}
-	if len(rt.keys) > 0 && (len(rateOK) != len(good) || len(tats) != len(good) || nowUs == nil) {
-		return fmt.Errorf("the batch hit function returned %d rate decisions, %d TATs and a time of %v, for %d hits", len(rateOK), len(tats), nowUs, len(good))
+	return reply.fill(a, hits, good, results)
+}
+
+// batchCounter is one counter of a batch of hits.
+type batchCounter struct {
+	key             string
+	sizeMs, startMs int64
+}
+
+// batchArgs are the arguments of the batch hit function for the hits
+// that count (see hitsBodySQL): the counters, each once, sorted by key,
+// size and start, as pushes sort theirs, so that both lock shared rows
+// in one order; the hits' windows, flattened, which refer to them by
+// 1-based index; the rates; and the latest expiry of the counters.
+type batchArgs struct {
+	ckeys                  [][]byte
+	csizes, cstarts        []int64
+	cwrite, undo           []bool
+	nwin, cur, prev        []int32
+	values, maxes, weights []float64
+	rates                  batchRates
+	last                   int64
+}
+
+func newBatchArgs(hits []strategy.HitRequest, good []int) *batchArgs {
+	// Arrays that are never nil: NULL would make the function fail.
+	a := &batchArgs{undo: make([]bool, len(good)), nwin: make([]int32, len(good)), last: math.MinInt64,
+		ckeys: [][]byte{}, csizes: []int64{}, cstarts: []int64{}, cur: []int32{}, prev: []int32{},
+		values: []float64{}, maxes: []float64{}, weights: []float64{}}
+	var refs []batchCounter // each window's current and previous counters
+	for x, i := range good {
+		a.undo[x], a.nwin[x] = hits[i].Undo, int32(len(hits[i].Windows))
+		for _, w := range hits[i].Windows {
+			sizeMs, startMs := int64(w.Size/time.Millisecond), w.Start/int64(time.Millisecond)
+			refs = append(refs, batchCounter{hits[i].Key, sizeMs, startMs}, batchCounter{hits[i].Key, sizeMs, startMs - sizeMs})
+			a.values, a.maxes, a.weights = append(a.values, w.Value), append(a.maxes, w.Max), append(a.weights, w.Weight)
+			a.last = max(a.last, expiresAtMs(sizeMs, startMs))
+		}
 	}
-	if len(rej) != len(good) || len(curs) != nw || len(prvs) != nw {
-		return fmt.Errorf("the batch hit function returned %d decisions and %d and %d counts, for %d hits of %d windows", len(rej), len(curs), len(prvs), len(good), nw)
+	counters, index := sortedSet(refs)
+	for _, c := range counters {
+		a.ckeys, a.csizes, a.cstarts = append(a.ckeys, stored(c.key, maxStoredKey)), append(a.csizes, c.sizeMs), append(a.cstarts, c.startMs)
+	}
+	a.cwrite = make([]bool, len(counters))
+	for w := range a.values {
+		a.cur, a.prev = append(a.cur, index(refs[2*w])), append(a.prev, index(refs[2*w+1]))
+		a.cwrite[a.cur[w]-1] = a.cwrite[a.cur[w]-1] || a.values[w] != 0
+	}
+	a.rates = newBatchRates(hits, good)
+	return a
+}
+
+// batchReply is what the batch hit function answers.
+type batchReply struct {
+	rej        []int32
+	curs, prvs []float64
+	rateOK     []bool
+	tats       []int64
+	nowUs      *int64
+}
+
+func (r *batchReply) scan(row pgx.Row) error {
+	return row.Scan(&r.rej, &r.curs, &r.prvs, &r.rateOK, &r.tats, &r.nowUs)
+}
+
+// fill sets the results of the good hits from the reply, once it checked
+// that the reply matches the hits.
+func (r *batchReply) fill(a *batchArgs, hits []strategy.HitRequest, good []int, results []strategy.HitResult) error {
+	nw := len(a.values)
+	if len(a.rates.keys) > 0 && (len(r.rateOK) != len(good) || len(r.tats) != len(good) || r.nowUs == nil) {
+		return fmt.Errorf("the batch hit function returned %d rate decisions, %d TATs and a time of %v, for %d hits", len(r.rateOK), len(r.tats), r.nowUs, len(good))
+	}
+	if len(r.rej) != len(good) || len(r.curs) != nw || len(r.prvs) != nw {
+		return fmt.Errorf("the batch hit function returned %d decisions and %d and %d counts, for %d hits of %d windows", len(r.rej), len(r.curs), len(r.prvs), len(good), nw)
 	}
 	at := 0
 	for x, i := range good {
 		n := len(hits[i].Windows)
-		if rej[x] < -1 || int(rej[x]) >= n {
-			return fmt.Errorf("the batch hit function returned window %d for hits[%d], of %d windows", rej[x], i, n)
+		if r.rej[x] < -1 || int(r.rej[x]) >= n {
+			return fmt.Errorf("the batch hit function returned window %d for hits[%d], of %d windows", r.rej[x], i, n)
 		}
 		counts := make([]strategy.WindowCounts, n)
 		for w := range counts {
-			counts[w] = strategy.WindowCounts{Current: curs[at+w], Previous: prvs[at+w]}
+			counts[w] = strategy.WindowCounts{Current: r.curs[at+w], Previous: r.prvs[at+w]}
 		}
 		at += n
-		results[i] = strategy.HitResult{Counts: counts, Rejected: int(rej[x])}
-		if rt.hitRate != nil && rt.hitRate[x] > 0 {
-			results[i].Rate = strategy.RateReply{OK: rateOK[x], TAT: tats[x] * 1e3, Now: *nowUs * 1e3}
+		results[i] = strategy.HitResult{Counts: counts, Rejected: int(r.rej[x])}
+		if a.rates.hitRate != nil && a.rates.hitRate[x] > 0 {
+			results[i].Rate = strategy.RateReply{OK: r.rateOK[x], TAT: r.tats[x] * 1e3, Now: *r.nowUs * 1e3}
 		}
 	}
 	return nil
@@ -231,39 +219,41 @@ type batchRates struct {
 }
 
 func newBatchRates(hits []strategy.HitRequest, good []int) batchRates {
-	type tat struct {
-		key      string
-		windowMs int64
-	}
-	var tats []tat
+	var tats []batchCounter // with the window's size, and no start
 	for _, i := range good {
 		if r := hits[i].Rate; r != nil {
-			tats = append(tats, tat{hits[i].Key, r.Window.Milliseconds()})
+			tats = append(tats, batchCounter{key: hits[i].Key, sizeMs: r.Window.Milliseconds()})
 		}
 	}
 	if len(tats) == 0 {
 		return batchRates{}
 	}
-	slices.SortFunc(tats, func(a, b tat) int { return cmp.Or(strings.Compare(a.key, b.key), cmp.Compare(a.windowMs, b.windowMs)) })
-	tats = slices.Compact(tats)
+	tats, index := sortedSet(tats)
 	br := batchRates{hitRate: make([]int32, len(good)), inc: make([]int64, len(good)), tol: make([]int64, len(good))}
-	index := make(map[tat]int32, len(tats))
-	for j, t := range tats {
-		index[t] = int32(j + 1)
-		br.keys = append(br.keys, stored(t.key, maxStoredKey))
-		br.windows = append(br.windows, t.windowMs)
+	for _, t := range tats {
+		br.keys, br.windows = append(br.keys, stored(t.key, maxStoredKey)), append(br.windows, t.sizeMs)
 	}
 	for x, i := range good {
 		if r := hits[i].Rate; r != nil {
-			br.hitRate[x] = index[tat{hits[i].Key, r.Window.Milliseconds()}]
+			br.hitRate[x] = index(batchCounter{key: hits[i].Key, sizeMs: r.Window.Milliseconds()})
 			br.inc[x], br.tol[x] = r.Increment.Microseconds(), r.Tolerance.Microseconds()
 		}
 	}
 	return br
 }
 
-// acquireBatch returns a connection as acquire does, with the batch hit
-// function in place too.
-func (s *Store) acquireBatch(ctx context.Context) (*pgxpool.Conn, error) {
-	return s.acquirePart(ctx, s.sql.batchSchema, &s.batchReady, "the batch hit function")
+// sortedSet returns the counters cs, each once, sorted by key, size and
+// start, and a function that returns the 1-based index (as SQL arrays
+// count) of one of them in it.
+func sortedSet(cs []batchCounter) ([]batchCounter, func(batchCounter) int32) {
+	compare := func(x, y batchCounter) int {
+		return cmp.Or(strings.Compare(x.key, y.key), cmp.Compare(x.sizeMs, y.sizeMs), cmp.Compare(x.startMs, y.startMs))
+	}
+	set := slices.Clone(cs)
+	slices.SortFunc(set, compare)
+	set = slices.Compact(set)
+	return set, func(c batchCounter) int32 {
+		j, _ := slices.BinarySearchFunc(set, c, compare)
+		return int32(j + 1)
+	}
 }

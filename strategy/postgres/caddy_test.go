@@ -58,7 +58,7 @@ func TestLoadFromJSON(t *testing.T) {
 	if got := p.poolConfig.ConnConfig.RuntimeParams["application_name"]; got != applicationName {
 		t.Errorf("application_name = %q", got)
 	}
-	if p.names.counters != `"edge"."counters"` || p.names.ids != `"edge"."counters_ids"` || p.names.hits != `"edge"."counters_hits"` {
+	if p.names.counters != `"edge"."counters"` || p.names.qualified("_ids") != `"edge"."counters_ids"` || p.names.qualified("_hits") != `"edge"."counters_hits"` {
 		t.Errorf("names = %+v", p.names)
 	}
 	key := s.StoreKey()

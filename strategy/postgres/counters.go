@@ -72,99 +72,31 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		return err
 	}
 	now := s.now()
-	nowNs := now.UnixNano()
-	// The diffs to send, sorted by counter, so that the diffs of one
-	// counter are neighbours, to be summed (an upsert may not touch a row
-	// twice), and the rows are locked in a set order (see pushSQL); the
-	// diffs of a counter stay in the batch's order, in which they mark.
-	order := make([]int32, 0, len(b.Diffs))
-	keyBytes := 0
-	for i := range b.Diffs {
-		d := &b.Diffs[i]
-		if keep(d, nowNs) {
-			order = append(order, int32(i))
-			keyBytes += min(len(d.Key), maxStoredKey+1)
-		}
-	}
-	if len(order) == 0 && len(b.Rates) == 0 {
+	p := newPushArgs(b, now.UnixNano())
+	if len(p.values) == 0 && len(b.Rates) == 0 {
 		return nil
-	}
-	slices.SortFunc(order, func(i, j int32) int {
-		x, y := &b.Diffs[i], &b.Diffs[j]
-		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
-	})
-	n := len(order)
-	var (
-		keys   = make([][]byte, 0, n)
-		sizes  = make([]int64, 0, n)
-		starts = make([]int64, 0, n)
-		values = make([]float64, 0, n)
-		// One buffer holds every key: one allocation, not one per key. It
-		// is never nil, so that an empty key is not sent as NULL.
-		buf  = make([]byte, 0, keyBytes)
-		last = int64(math.MinInt64) // the latest expiry of the counters
-	)
-	var (
-		prev *window.Diff
-		near *nearArgs // the diffs that may mark, when Near is above 0
-	)
-	if b.Near > 0 {
-		near = new(nearArgs)
-	}
-	for _, i := range order {
-		d := &b.Diffs[i]
-		if prev != nil && d.Key == prev.Key && d.Size == prev.Size && d.Start == prev.Start {
-			values[len(values)-1] += d.Value
-			if near != nil {
-				near.add(b.Near, d, len(values), values[len(values)-1])
-			}
-			continue
-		}
-		prev = d
-		if near != nil {
-			near.add(b.Near, d, len(values)+1, d.Value)
-		}
-		at := len(buf)
-		buf = appendStored(buf, d.Key, maxStoredKey)
-		keys = append(keys, buf[at:len(buf):len(buf)])
-		sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
-		sizes = append(sizes, sizeMs)
-		starts = append(starts, startMs)
-		values = append(values, d.Value)
-		last = max(last, expiresAtMs(sizeMs, startMs))
 	}
 	// The ID's record lives as long as the counters, and at least
 	// strategy.MinBatchIDLife; a record outlives its expiry until the next
 	// purge.
-	idExpires := max(last, now.Add(strategy.MinBatchIDLife).UnixMilli())
-	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, keys, sizes, starts, values}
-	query := s.sql.push
+	idExpires := max(p.last, now.Add(strategy.MinBatchIDLife).UnixMilli())
+	args := []any{stored(b.Namespace, maxStoredNamespace), stored(b.ID, maxStoredID), idExpires, p.keys, p.sizes, p.starts, p.values}
+	query, marking := s.sql.push, s.sql.nearPush
+	var parts []*part
 	if len(b.Rates) > 0 {
-		if err := s.ensurePart(ctx, s.rateSQL.schema, "the rates tables", &s.ratesReady); err != nil {
-			return err
-		}
 		rkeys, rwins, rincs := rateDiffArgs(b.Rates)
-		query, args = s.sql.pushRates, append(args, rkeys, rwins, rincs)
+		query, marking, args, parts = s.sql.pushRates, s.sql.nearPushRates, append(args, rkeys, rwins, rincs), []*part{&s.ratePart}
 	}
-	if near != nil && len(near.counters) > 0 {
+	if m := p.near; m != nil && len(m.counters) > 0 {
 		on, err := s.nearOn(ctx)
 		if err != nil {
 			return err
 		}
-		if !on {
-			near = nil // the role may not make the feed: a push as before
+		if on { // otherwise the role may not make the feed: a push as before
+			query, args = marking, append(args, m.counters, m.keys, m.after, m.values, m.at, m.until)
 		}
 	}
-	if near != nil && len(near.counters) > 0 {
-		near.settle(values)
-		query = s.nearSQL.push
-		if len(b.Rates) > 0 {
-			query = s.nearSQL.pushRates
-		}
-		args = append(args, near.counters, near.keys, near.after, near.values, near.at, near.until)
-	}
-
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquire(ctx, parts...)
 	if err != nil {
 		return err
 	}
@@ -173,9 +105,80 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 	return s.sent(err)
 }
 
-// rateDiffArgs returns the rates of a batch as pushRatesSQL takes them:
+// pushArgs are the diffs of a batch as pushSQL takes them, one counter
+// each, with the candidates to mark when the batch's Near is above 0,
+// and the latest expiry of the counters.
+type pushArgs struct {
+	keys          [][]byte
+	sizes, starts []int64
+	values        []float64
+	near          *nearArgs
+	last          int64
+}
+
+// newPushArgs returns the diffs of b that are kept at now (Unix
+// nanoseconds), sorted by counter, so that the diffs of one counter are
+// neighbours, to be summed (an upsert may not touch a row twice), and
+// the rows are locked in a set order (see pushSQL); the diffs of a
+// counter stay in the batch's order, in which they mark.
+func newPushArgs(b strategy.Batch, now int64) *pushArgs {
+	order := make([]int32, 0, len(b.Diffs))
+	for i := range b.Diffs {
+		if keep(&b.Diffs[i], now) {
+			order = append(order, int32(i))
+		}
+	}
+	slices.SortFunc(order, func(i, j int32) int {
+		x, y := &b.Diffs[i], &b.Diffs[j]
+		return cmp.Or(strings.Compare(x.Key, y.Key), cmp.Compare(x.Size, y.Size), cmp.Compare(x.Start, y.Start), cmp.Compare(i, j))
+	})
+	p := &pushArgs{last: math.MinInt64, sizes: make([]int64, 0, len(order)), starts: make([]int64, 0, len(order)), values: make([]float64, 0, len(order))}
+	if b.Near > 0 {
+		p.near = new(nearArgs)
+	}
+	var prev *window.Diff
+	firsts := make([]int32, 0, len(order)) // the first diff of each counter
+	for _, i := range order {
+		d := &b.Diffs[i]
+		if prev == nil || d.Key != prev.Key || d.Size != prev.Size || d.Start != prev.Start {
+			prev, firsts = d, append(firsts, i)
+			sizeMs, startMs := int64(d.Size/time.Millisecond), d.Start/int64(time.Millisecond)
+			p.sizes, p.starts, p.values = append(p.sizes, sizeMs), append(p.starts, startMs), append(p.values, 0)
+			p.last = max(p.last, expiresAtMs(sizeMs, startMs))
+		}
+		p.values[len(p.values)-1] += d.Value
+		if p.near != nil {
+			p.near.add(b.Near, d, len(p.values), p.values[len(p.values)-1])
+		}
+	}
+	p.keys = storedKeys(len(firsts), func(i int) string { return b.Diffs[firsts[i]].Key })
+	if p.near != nil {
+		p.near.settle(p.values)
+	}
+	return p
+}
+
+// storedKeys returns n keys as the tables hold them (see appendStored),
+// in one buffer: one allocation, not one per key. None is nil, so that an
+// empty key is not sent as NULL.
+func storedKeys(n int, key func(i int) string) [][]byte {
+	size := 0
+	for i := range n {
+		size += min(len(key(i)), maxStoredKey+1)
+	}
+	buf := make([]byte, 0, size)
+	keys := make([][]byte, n)
+	for i := range keys {
+		at := len(buf)
+		buf = appendStored(buf, key(i), maxStoredKey)
+		keys[i] = buf[at:len(buf):len(buf)]
+	}
+	return keys
+}
+
+// rateDiffArgs returns the rates of a batch as ratedSQL takes them:
 // each TAT once, sorted by key and window, with the sum of its turns'
-// increments in microseconds (forced turns add up: see pushRatesSQL).
+// increments in microseconds (forced turns add up: see ratedSQL).
 func rateDiffArgs(rates []strategy.RateDiff) (keys [][]byte, windows, incs []int64) {
 	sorted := slices.Clone(rates)
 	slices.SortFunc(sorted, func(x, y strategy.RateDiff) int {
@@ -212,7 +215,7 @@ func windowsAt(sizes []time.Duration, now time.Time) (sizesMs, startsMs []int64)
 // keep reports whether a diff of a valid window is pushed at now (Unix
 // nanoseconds): it adds something, to a window that has not expired.
 func keep(d *window.Diff, now int64) bool {
-	return d.Value != 0 && finite(d.Value) && d.Start+2*int64(d.Size) > now
+	return d.Value != 0 && !math.IsNaN(d.Value) && !math.IsInf(d.Value, 0) && d.Start+2*int64(d.Size) > now
 }
 
 // GetCounters returns the counts of the current and previous windows, at
@@ -238,46 +241,35 @@ func (s *Store) GetCounters(ctx context.Context, namespace string, keys []string
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), f.keys, f.sizes, f.starts)
-	if err != nil {
-		return nil, s.sent(err)
-	}
-	counts, err := f.scan(rows, keys, sizes)
+	counts, err := f.scan(conn.Query(ctx, s.sql.fetch, stored(namespace, maxStoredNamespace), f.keys, f.sizes, f.starts))
 	return counts, s.sent(err)
 }
 
 // fetchArgs are the arguments of fetchSQL but the namespace: the keys as
-// the table holds them, and the windows asked (see windowsAt).
+// the table holds them, and the windows asked (see windowsAt); and what
+// was asked, to read the reply.
 type fetchArgs struct {
 	keys          [][]byte
 	sizes, starts []int64
+	asked         []string
+	askedSizes    []time.Duration
 }
 
 // newFetchArgs returns the arguments of a fetch of keys' windows of sizes
 // at now.
 func newFetchArgs(keys []string, sizes []time.Duration, now time.Time) *fetchArgs {
-	f := new(fetchArgs)
+	f := &fetchArgs{keys: storedKeys(len(keys), func(i int) string { return keys[i] }), asked: keys, askedSizes: sizes}
 	f.sizes, f.starts = windowsAt(sizes, now)
-	keyBytes := 0
-	for _, k := range keys {
-		keyBytes += min(len(k), maxStoredKey+1)
-	}
-	buf := make([]byte, 0, keyBytes)
-	f.keys = make([][]byte, len(keys))
-	for i, k := range keys {
-		at := len(buf)
-		buf = appendStored(buf, k, maxStoredKey)
-		f.keys[i] = buf[at:len(buf):len(buf)]
-	}
 	return f
 }
 
-// scan reads the rows of a fetch of keys' windows of sizes, made with f,
-// as counts, and closes them. Its errors are the rows' own, for sent to
-// classify.
-func (f *fetchArgs) scan(rows pgx.Rows, keys []string, sizes []time.Duration) ([]window.Count, error) {
+// scan reads the reply of a fetch made with f as counts, and closes its
+// rows. Its errors are the query's own, for sent to classify.
+func (f *fetchArgs) scan(rows pgx.Rows, err error) ([]window.Count, error) {
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
-	winSizes, winStarts := f.sizes, f.starts
 	var (
 		counts             []window.Count
 		i, sizeMs, startMs int64
@@ -287,28 +279,19 @@ func (f *fetchArgs) scan(rows pgx.Rows, keys []string, sizes []time.Duration) ([
 		if err := rows.Scan(&i, &sizeMs, &startMs, &v); err != nil {
 			return nil, err
 		}
-		if i < 1 || int(i) > len(keys) {
+		if i < 1 || int(i) > len(f.asked) {
 			return nil, fmt.Errorf("the fetch query returned the key index %d, out of range", i)
 		}
 		// Which window asked for is it? Few are asked: a loop will do.
 		j := 0
-		for j < len(winSizes) && (winSizes[j] != sizeMs || winStarts[j] != startMs) {
+		for j < len(f.sizes) && (f.sizes[j] != sizeMs || f.starts[j] != startMs) {
 			j++
 		}
-		if j == len(winSizes) {
-			continue // a size of one window with the start of another
+		if j < len(f.sizes) { // else a size of one window with the start of another
+			counts = append(counts, window.Count{Key: f.asked[i-1], Size: f.askedSizes[j/2], Start: startMs * int64(time.Millisecond), Value: v})
 		}
-		counts = append(counts, window.Count{
-			Key:   keys[i-1],
-			Size:  sizes[j/2],
-			Start: startMs * int64(time.Millisecond),
-			Value: v,
-		})
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return counts, nil
+	return counts, rows.Err()
 }
 
 // Reset sets key's counters of the window holding now and of the one
@@ -322,9 +305,7 @@ func (s *Store) Reset(ctx context.Context, namespace, key string, sizes []time.D
 		return err
 	}
 	// Each size once: an upsert may not touch a row twice.
-	sizes = slices.Clone(sizes)
-	slices.Sort(sizes)
-	sizes = slices.Compact(sizes)
+	sizes = slices.Compact(slices.Sorted(slices.Values(sizes)))
 	if len(sizes) == 0 {
 		return nil
 	}
@@ -383,6 +364,3 @@ func appendStored(buf []byte, s string, bound int) []byte {
 	sum := sha256.Sum256([]byte(s))
 	return append(buf, sum[:]...)
 }
-
-// finite reports whether v can be added to a counter.
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

@@ -3,105 +3,10 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratesync/caddy-ratelimit/strategy"
 )
-
-// rateStatements are the SQL texts of a store's rates (see
-// strategy.Rater): their part of the schema, made by the first rate call
-// as the slots' part is, the calls of the rate and give-back functions,
-// and the purge of what has passed.
-type rateStatements struct {
-	schema, rate, giveBack, purgeTATs, purgeIDs string
-}
-
-// newRateStatements makes the rates' statements from the names of the
-// table: <table>_rates, <table>_rate_ids, and the functions <table>_rate
-// and <table>_give_back.
-func newRateStatements(n *names) *rateStatements {
-	r := strings.NewReplacer(
-		"{rates}", n.qualified(n.base+"_rates"),
-		"{rate_ids}", n.qualified(n.base+"_rate_ids"),
-		"{rate}", n.qualified(n.base+"_rate"),
-		"{give_back}", n.qualified(n.base+"_give_back"),
-		"{rates_tat}", pgx.Identifier{n.base + "_rates_tat"}.Sanitize(),
-		"{rates_tat_ref}", n.qualified(n.base+"_rates_tat"),
-		"{rate_ids_exp}", pgx.Identifier{n.base + "_rate_ids_exp"}.Sanitize(),
-		"{rate_ids_exp_ref}", n.qualified(n.base+"_rate_ids_exp"),
-		"{schema_lock}", fmt.Sprint(n.schemaLock),
-	)
-	return &rateStatements{
-		schema: strings.NewReplacer(
-			"{rate_body}", r.Replace(rateBodySQL),
-			"{give_back_body}", r.Replace(giveBackBodySQL),
-		).Replace(r.Replace(rateSchemaSQL)),
-		rate:      r.Replace(`SELECT ok, tat, now_us FROM {rate}($1, $2, $3, $4, $5, $6, $7, $8)`),
-		giveBack:  r.Replace(`SELECT {give_back}($1, $2, $3, $4, $5)`),
-		purgeTATs: r.Replace(purgeTATsSQL),
-		purgeIDs:  r.Replace(purgeRateIDsSQL),
-	}
-}
-
-// rateSchemaSQL creates what rates need, when missing, as slotSchemaSQL
-// does, under the schema's lock, by the first rate call only.
-//
-// TATs: one row per (namespace, key, window), the TAT in Unix
-// microseconds by the server's clock, until a purge finds it has passed
-// (the key then has its whole burst, as a key without a row does). ID
-// records: one row per ID of a namespace, what it did ('t' took a turn
-// of inc_us, 'r' was refused, 'g' gave it back), until it expires.
-const rateSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{rates}') IS NULL THEN
-		CREATE TABLE {rates} (
-			namespace bytea NOT NULL,
-			key bytea NOT NULL,
-			window_ms bigint NOT NULL,
-			tat_us bigint NOT NULL,
-			PRIMARY KEY (namespace, key, window_ms)
-		) WITH (fillfactor = 80);
-	END IF;
-	IF to_regclass('{rates_tat_ref}') IS NULL THEN
-		CREATE INDEX {rates_tat} ON {rates} (tat_us);
-	END IF;
-	IF to_regclass('{rate_ids}') IS NULL THEN
-		CREATE TABLE {rate_ids} (
-			namespace bytea NOT NULL,
-			id bytea NOT NULL,
-			state "char" NOT NULL,
-			inc_us bigint NOT NULL,
-			expires_us bigint NOT NULL,
-			PRIMARY KEY (namespace, id)
-		);
-	END IF;
-	IF to_regclass('{rate_ids_exp_ref}') IS NULL THEN
-		CREATE INDEX {rate_ids_exp} ON {rate_ids} (expires_us);
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{rate}(bytea, bytea, bigint, bytea, bigint, bigint, boolean, bigint)')
-		AND prosrc = $body${rate_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {rate}(
-			p_namespace bytea, p_key bytea, p_window_ms bigint, p_id bytea,
-			p_inc bigint, p_tol bigint, p_force boolean, p_id_life bigint,
-			OUT ok boolean, OUT tat bigint, OUT now_us bigint)
-		LANGUAGE plpgsql AS $fn${rate_body}$fn$;
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{give_back}(bytea, bytea, bigint, bytea, bigint)')
-		AND prosrc = $body${give_back_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {give_back}(
-			p_namespace bytea, p_key bytea, p_window_ms bigint, p_id bytea, p_id_life bigint)
-		RETURNS boolean
-		LANGUAGE plpgsql AS $fn${give_back_body}$fn$;
-	END IF;
-END
-$do$;
-`
 
 // rateBodySQL is the body of the function that decides one request under
 // a rate (see strategy.Rater), as the Redis script does. The upsert of the
@@ -182,28 +87,6 @@ BEGIN
 END
 `
 
-// purgeTATsSQL deletes up to $1 TATs that have passed by the server's
-// clock, skipping those a rate call holds; purgeRateIDsSQL up to $1 ID
-// records that expired.
-const (
-	purgeTATsSQL = `
-DELETE FROM {rates} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {rates}
-	WHERE tat_us <= floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint
-	LIMIT $1 FOR UPDATE SKIP LOCKED))`
-	purgeRateIDsSQL = `
-DELETE FROM {rate_ids} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {rate_ids}
-	WHERE expires_us <= floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint
-	LIMIT $1 FOR UPDATE SKIP LOCKED))`
-)
-
-// acquireRates returns a connection as acquire does, with the rates'
-// part of the schema in place too.
-func (s *Store) acquireRates(ctx context.Context) (*pgxpool.Conn, error) {
-	return s.acquirePart(ctx, s.rateSQL.schema, &s.ratesReady, "the rates tables")
-}
-
 // Rate decides one request of key under a rate, by the server's clock, in
 // one call of the table's rate function: one round trip (see
 // strategy.Rater and rateBodySQL). Bad input is refused, before anything
@@ -215,7 +98,7 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 	if err := strategy.CheckRate(id, false, r); err != nil {
 		return strategy.RateReply{}, err
 	}
-	conn, err := s.acquireRates(ctx)
+	conn, err := s.acquire(ctx, &s.ratePart)
 	if err != nil {
 		return strategy.RateReply{}, err
 	}
@@ -225,7 +108,7 @@ func (s *Store) Rate(ctx context.Context, namespace, key, id string, r strategy.
 		idArg = stored(id, maxStoredID)
 	}
 	var rep strategy.RateReply
-	err = conn.QueryRow(ctx, s.rateSQL.rate,
+	err = conn.QueryRow(ctx, s.sql.rate,
 		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), r.Window.Milliseconds(), idArg,
 		r.Increment.Microseconds(), r.Tolerance.Microseconds(), r.Force, strategy.RateIDLife.Microseconds(),
 	).Scan(&rep.OK, &rep.TAT, &rep.Now)
@@ -246,56 +129,30 @@ func (s *Store) GiveBack(ctx context.Context, namespace, key, id string, window 
 	if err := strategy.CheckRate(id, true, strategy.RateRequest{Window: window}); err != nil {
 		return err
 	}
-	conn, err := s.acquireRates(ctx)
+	conn, err := s.acquire(ctx, &s.ratePart)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	_, err = conn.Exec(ctx, s.rateSQL.giveBack,
+	_, err = conn.Exec(ctx, s.sql.giveBack,
 		stored(namespace, maxStoredNamespace), stored(key, maxStoredKey), window.Milliseconds(),
 		stored(id, maxStoredID), strategy.RateIDLife.Microseconds())
 	return s.sent(err)
 }
 
-// purgeRates deletes, in the purge's transaction, up to purgeChunk TATs
-// that have passed and as many expired ID records, and returns the larger
-// count, by which the purge knows whether more are left. A store that
-// never decided a rate leaves them to the stores that do.
-func (s *Store) purgeRates(ctx context.Context, tx pgx.Tx) (int64, error) {
-	if !s.ratesReady.Load() {
-		return 0, nil
-	}
-	var most int64
-	for _, q := range []string{s.rateSQL.purgeTATs, s.rateSQL.purgeIDs} {
-		tag, err := tx.Exec(ctx, q, purgeChunk)
-		if err != nil {
-			return most, err
-		}
-		most = max(most, tag.RowsAffected())
-	}
-	return most, nil
-}
-
 // RateKeys returns how many keys' TATs of a namespace the table holds,
 // passed or not (a purge drops those that passed), for tests and tools.
 func (s *Store) RateKeys(ctx context.Context, namespace string) (int, error) {
-	conn, err := s.acquireRates(ctx)
+	n, err := s.countRows(ctx, &s.ratePart, "_rates", namespace)
 	if err != nil {
 		return 0, fmt.Errorf("counting rate keys: %w", err)
-	}
-	defer conn.Release()
-	var n int
-	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified(s.names.base+"_rates")+" WHERE namespace = $1",
-		stored(namespace, maxStoredNamespace)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("counting rate keys: %w", s.sent(err))
 	}
 	return n, nil
 }
 
 // DecidesRatesInBatches marks the store as a strategy.RateBatcher: its
 // batch hit function decides hits' rates (see hitsBodySQL), and its push
-// takes a Batch's rates (see pushRatesSQL).
+// takes a Batch's rates (see ratedSQL).
 func (*Store) DecidesRatesInBatches() {}
 
 // Interface guard

@@ -19,41 +19,7 @@ import (
 // a reader reads: the newest (see strategy.NearFeed).
 const maxNearMarks = 1 << 16
 
-// nearStatements are the SQL texts of a store's feed of keys near their
-// limits (see strategy.NearFeed): its part of the schema, made by the
-// first call that needs it as the bans' part is, the pushes that mark
-// (pushSQL and pushRatesSQL with the marking added), the read, and the
-// purge of ended marks.
-type nearStatements struct {
-	schema, push, pushRates, mark, read, purgeMarks, purgeVersions string
-}
-
-// newNearStatements makes the feed's statements from the names of the
-// table and the texts of the pushes they extend: <table>_near holds the
-// marks, <table>_nearver each namespace's version (suffixes of at most 8
-// bytes, as checkTable requires).
-func newNearStatements(n *names, push, pushRates string) *nearStatements {
-	r := strings.NewReplacer(
-		"{near}", n.qualified(n.base+"_near"),
-		"{near_versions}", n.qualified(n.base+"_nearver"),
-		"{near_exp}", pgx.Identifier{n.base + "_nearexp"}.Sanitize(),
-		"{near_exp_ref}", n.qualified(n.base+"_nearexp"),
-		"{schema_lock}", fmt.Sprint(n.schemaLock),
-		"{bound}", fmt.Sprint(maxNearMarks),
-		"{margin}", fmt.Sprint(expiryMarginMs),
-	)
-	return &nearStatements{
-		schema:        r.Replace(nearSchemaSQL),
-		push:          markingPush(push, 8, n, r),
-		pushRates:     markingPush(pushRates, 11, n, r),
-		mark:          r.Replace(markOnlySQL()),
-		read:          r.Replace(readNearSQL),
-		purgeMarks:    r.Replace(purgeNearSQL),
-		purgeVersions: r.Replace(purgeNearVersionsSQL),
-	}
-}
-
-// markingPush returns a push statement (pushSQL or pushRatesSQL, whose
+// markingPush returns a push statement (pushSQL, or it with ratedSQL, whose
 // last part is the upsert of the counters) that marks the keys its diffs
 // bring near their limits too: the upsert becomes the CTE upserted, which
 // returns the counters' new values, and markSQL follows it, its
@@ -75,10 +41,6 @@ func markingPush(push string, first int, n *names, r *strings.Replacer) string {
 // goes without the feed before it tries to make them again.
 const nearRetry = time.Minute
 
-// insufficientPrivilege is PostgreSQL's SQLSTATE for a statement the role
-// may not run.
-const insufficientPrivilege = "42501"
-
 // nearOn makes the feed's part of the schema when it is missing, and
 // reports whether the feed can be used. A role that may not create the
 // tables (an upgrade whose DBA has not made them yet: insufficient
@@ -87,23 +49,20 @@ const insufficientPrivilege = "42501"
 // without a feed, says so in a warning, and tries again nearRetry later.
 // Any other failure is the call's.
 func (s *Store) nearOn(ctx context.Context) (bool, error) {
-	if s.nearReady.Load() {
+	if s.nearPart.ready.Load() {
 		return true, nil
 	}
 	if time.Now().UnixNano() < s.nearOffUntil.Load() {
 		return false, nil
 	}
-	var err error
-	if !s.schemaReady.Load() {
-		// A store's first push or fetch makes the counters' part and the
-		// feed's in one transaction, one round trip: a node's start costs
-		// the store no more than without the feed.
-		err = s.ensurePart(ctx, s.sql.schema+s.nearSQL.schema, "the tables", &s.schemaReady, &s.nearReady)
-	}
-	if !s.nearReady.Load() && (err == nil || refused(err)) {
+	// A store's first push or fetch makes the counters' part and the
+	// feed's in one transaction, one round trip: a node's start costs the
+	// store no more than without the feed.
+	err := s.ensure(ctx, &s.core, &s.nearPart)
+	if !s.nearPart.ready.Load() && refused(err) {
 		// A role refused the feed's tables may still make or use the
 		// counters': the feed's part alone tells.
-		err = s.ensurePart(ctx, s.nearSQL.schema, "the near marks tables", &s.nearReady)
+		err = s.ensure(ctx, &s.nearPart)
 	}
 	if err == nil || !refused(err) {
 		return err == nil, err
@@ -118,47 +77,8 @@ func (s *Store) nearOn(ctx context.Context) (bool, error) {
 // role may not run.
 func refused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == insufficientPrivilege
+	return errors.As(err, &pgErr) && pgErr.Code == "42501" // insufficient_privilege
 }
-
-// nearSchemaSQL creates what the feed needs, when missing, as
-// slotSchemaSQL does for slots, under the same lock. The first push that
-// may mark or the first read runs it, after schemaSQL in one query when
-// the counters' part is missing too, and alone when that fails for want
-// of rights, so that a deployment whose role may not create objects keeps
-// its counters working when it upgrades, until its DBA creates these too.
-//
-// Marks: one row per mark of a namespace, numbered n in the order made,
-// with the whole key (not the key as the counters hold it: a reader needs
-// it back) and the mark's end in Unix milliseconds. Versions: one row per
-// namespace with marks, holding the number of its newest mark, which is
-// its version, and the latest end of its marks.
-const nearSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{near}') IS NULL THEN
-		CREATE TABLE {near} (
-			namespace bytea NOT NULL,
-			n bigint NOT NULL,
-			key bytea NOT NULL,
-			until_ms bigint NOT NULL,
-			PRIMARY KEY (namespace, n)
-		);
-	END IF;
-	IF to_regclass('{near_exp_ref}') IS NULL THEN
-		CREATE INDEX {near_exp} ON {near} (until_ms);
-	END IF;
-	IF to_regclass('{near_versions}') IS NULL THEN
-		CREATE TABLE {near_versions} (
-			namespace bytea PRIMARY KEY,
-			version bigint NOT NULL,
-			until_ms bigint NOT NULL
-		);
-	END IF;
-END
-$do$;
-`
 
 // markSQL follows the counters' upsert of a push that may mark. The
 // candidates come as six arrays ($n1 to $n6): the 1-based index of the
@@ -202,7 +122,7 @@ const markSQL = `, crossed AS (
 	ON u.key = $4[c.i] AND u.size_ms = $5[c.i] AND u.start_ms = $6[c.i]
 		AND u.value - c.after >= c.at AND u.value - c.after - c.value < c.at
 ), versioned AS (
-	INSERT INTO {near_versions} AS v (namespace, version, until_ms)
+	INSERT INTO {nearver} AS v (namespace, version, until_ms)
 	SELECT $1, greatest(floor(extract(epoch FROM clock_timestamp()) * 1000000000)::bigint,
 			(SELECT max(m.n) FROM {near} m WHERE m.namespace = $1)) + cardinality(x.keys), x.last
 	FROM crossed x
@@ -243,7 +163,7 @@ WITH crossed AS (
 // are none to return. The marks are one range of the primary key.
 const readNearSQL = `
 SELECT v.version, m.key, m.until_ms
-FROM (SELECT coalesce((SELECT r.version FROM {near_versions} r WHERE r.namespace = $1 AND r.until_ms > $3), 0) AS version) v
+FROM (SELECT coalesce((SELECT r.version FROM {nearver} r WHERE r.namespace = $1 AND r.until_ms > $3), 0) AS version) v
 LEFT JOIN LATERAL (
 	SELECT t.n, t.key, t.until_ms FROM {near} t
 	WHERE v.version <> $2 AND t.namespace = $1
@@ -252,21 +172,6 @@ LEFT JOIN LATERAL (
 	OFFSET 0
 ) m ON true
 ORDER BY m.n`
-
-// purgeNearSQL and purgeNearVersionsSQL delete up to $2 marks, and
-// version rows whose marks all ended, that ended more than the expiry
-// margin before $1 (Unix milliseconds), skipping rows that a push holds,
-// so that a purge never waits for one (pushes lock version rows while
-// they hold counters, which a purge may have waited for). A namespace's
-// row is deleted once its marks ended, not before.
-const (
-	purgeNearSQL = `
-DELETE FROM {near} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {near} WHERE until_ms < $1::bigint - {margin} LIMIT $2 FOR UPDATE SKIP LOCKED))`
-	purgeNearVersionsSQL = `
-DELETE FROM {near_versions} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {near_versions} WHERE until_ms < $1::bigint - {margin} LIMIT $2 FOR UPDATE SKIP LOCKED))`
-)
 
 // nearArgs are the candidates of a push that may mark, as markSQL takes
 // them.
@@ -320,10 +225,8 @@ func (s *Store) MarkNear(ctx context.Context, namespace string, marks []strategy
 		return err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, s.nearSQL.mark, stored(namespace, maxStoredNamespace), keys, untils); err != nil {
-		return s.sent(err)
-	}
-	return nil
+	_, err = conn.Exec(ctx, s.sql.mark, stored(namespace, maxStoredNamespace), keys, untils)
+	return s.sent(err)
 }
 
 // markArgs returns the keys and ends of marks, as the mark statement
@@ -373,38 +276,38 @@ func (s *Store) GetCountersNear(ctx context.Context, namespace string, keys []st
 		fetch = newFetchArgs(keys, sizes, now)
 		b.Queue(s.sql.fetch, ns, fetch.keys, fetch.sizes, fetch.starts)
 	}
-	b.Queue(s.nearSQL.read, ns, known, now.UnixMilli())
+	b.Queue(s.sql.readNear, ns, known, now.UnixMilli())
 	if len(mark) > 0 {
 		markKeys, untils := markArgs(mark)
-		b.Queue(s.nearSQL.mark, ns, markKeys, untils)
+		b.Queue(s.sql.mark, ns, markKeys, untils)
 	}
 	br := conn.SendBatch(ctx, &b)
 	defer br.Close()
 	var counts []window.Count
 	if fetch != nil {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
-		if counts, err = fetch.scan(rows, keys, sizes); err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
+		counts, err = fetch.scan(br.Query())
 	}
-	marks, version, err := readMarks(br)
+	var marks []strategy.NearMark
+	var version int64
+	if err == nil {
+		marks, version, err = readVersioned[strategy.NearMark](br.Query())
+	}
+	if err == nil && len(mark) > 0 {
+		_, err = br.Exec()
+	}
 	if err != nil {
 		return nil, nil, 0, s.sent(err)
-	}
-	if len(mark) > 0 {
-		if _, err := br.Exec(); err != nil {
-			return nil, nil, 0, s.sent(err)
-		}
 	}
 	return counts, marks, version, nil
 }
 
-// readMarks reads the reply of the read of the marks from a pipeline.
-func readMarks(br pgx.BatchResults) (marks []strategy.NearMark, version int64, err error) {
-	rows, err := br.Query()
+// readVersioned reads the reply of the read of the marks, or of the
+// bans: rows of a version and a key with its end in Unix milliseconds,
+// or one row of the version with NULLs when there are none.
+func readVersioned[T ~struct {
+	Key   string
+	Until time.Time
+}](rows pgx.Rows, err error) (list []T, version int64, _ error) {
 	if err != nil {
 		return nil, 0, err
 	}
@@ -416,28 +319,8 @@ func readMarks(br pgx.BatchResults) (marks []strategy.NearMark, version int64, e
 			return nil, 0, err
 		}
 		if until != nil {
-			marks = append(marks, strategy.NearMark{Key: string(key), Until: time.UnixMilli(*until)})
+			list = append(list, T{Key: string(key), Until: time.UnixMilli(*until)})
 		}
 	}
-	return marks, version, rows.Err()
-}
-
-// purgeNear deletes, in the purge's transaction, up to purgeChunk marks
-// that ended and as many version rows of namespaces whose marks all
-// ended, and returns the larger count. A store that never used the feed
-// leaves them to the stores that do. It runs last in the purge, as it
-// never waits for a row lock while the purge holds rows of the feed.
-func (s *Store) purgeNear(ctx context.Context, tx pgx.Tx, nowMs int64) (int64, error) {
-	if !s.nearReady.Load() {
-		return 0, nil
-	}
-	var most int64
-	for _, q := range []string{s.nearSQL.purgeMarks, s.nearSQL.purgeVersions} {
-		tag, err := tx.Exec(ctx, q, nowMs, purgeChunk)
-		if err != nil {
-			return most, err
-		}
-		most = max(most, tag.RowsAffected())
-	}
-	return most, nil
+	return list, version, rows.Err()
 }

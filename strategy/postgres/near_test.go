@@ -88,8 +88,8 @@ func TestNearPushStatements(t *testing.T) {
 		{"Near 0.5, no Limit", func(i int) error { return push(0.5, nil, nearHour(at, fmt.Sprint("z", i), 100, 0)) }, s.sql.push},
 		{"Near 0.5, a negative diff", func(i int) error { return push(0.5, nil, nearHour(at, "n", -1, 1)) }, s.sql.push},
 		{"Near 0 with rates", func(i int) error { return push(0, rate, nearHour(at, fmt.Sprint("a", i), 1, 1)) }, s.sql.pushRates},
-		{"Near 0.5", func(i int) error { return push(0.5, nil, nearHour(at, fmt.Sprint("m", i), 1, 1)) }, s.nearSQL.push},
-		{"Near 0.5 with rates", func(i int) error { return push(0.5, rate, nearHour(at, fmt.Sprint("q", i), 1, 1)) }, s.nearSQL.pushRates},
+		{"Near 0.5", func(i int) error { return push(0.5, nil, nearHour(at, fmt.Sprint("m", i), 1, 1)) }, s.sql.nearPush},
+		{"Near 0.5 with rates", func(i int) error { return push(0.5, rate, nearHour(at, fmt.Sprint("q", i), 1, 1)) }, s.sql.nearPushRates},
 		{"fetch of keys with the marks", func(int) error { return fetch([]string{"m0", "m1"}) }, ""},
 		{"fetch of the marks alone", func(int) error { return fetch(nil) }, ""},
 	} {
@@ -137,11 +137,11 @@ func TestNearSchemaWithTheCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	queries, batches, _, _ := tr.since(0, 0)
-	if len(queries) != 1 || queries[0] != s.sql.schema+s.nearSQL.schema || batches != 1 {
+	if len(queries) != 1 || queries[0] != s.core.sql+s.nearPart.sql || batches != 1 {
 		t.Errorf("a first fetch sent %d queries and %d pipelines, want the two parts of the schema in one and the fetch", len(queries), batches)
 	}
-	if !s.schemaReady.Load() || !s.nearReady.Load() {
-		t.Errorf("after a first fetch: counters' part made %v, feed's %v", s.schemaReady.Load(), s.nearReady.Load())
+	if !s.core.ready.Load() || !s.nearPart.ready.Load() {
+		t.Errorf("after a first fetch: counters' part made %v, feed's %v", s.core.ready.Load(), s.nearPart.ready.Load())
 	}
 }
 
@@ -162,7 +162,7 @@ func TestNearSchemaApart(t *testing.T) {
 	if err := app.PushDiffs(ctxT(t), strategy.Batch{ID: "app", Namespace: "ns", Diffs: []window.Diff{nearHour(at, "k", 1, 2)}, Near: 1}); err != nil {
 		t.Fatalf("a push that may mark, as a role that may not create the feed's tables: %v, want it pushed without marks", err)
 	}
-	if !app.nearReady.Load() && app.nearOffUntil.Load() == 0 {
+	if !app.nearPart.ready.Load() && app.nearOffUntil.Load() == 0 {
 		t.Fatal("the refused feed is neither made nor off")
 	}
 	counts, marks, v, err := app.GetCountersNear(ctxT(t), "ns", []string{"k"}, []time.Duration{time.Hour}, at, 0, nil)

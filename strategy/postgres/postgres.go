@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -118,12 +117,8 @@ func (p *Postgres) Provision(ctx caddy.Context) error {
 		return err
 	}
 	cc := p.poolConfig.ConnConfig
-	p.logger.Debug("postgres strategy configured",
-		zap.String("host", cc.Host),
-		zap.Uint16("port", cc.Port),
-		zap.String("database", cc.Database),
-		zap.String("user", cc.User),
-		zap.String("table", p.Table),
+	p.logger.Debug("postgres strategy configured", zap.String("host", cc.Host), zap.Uint16("port", cc.Port),
+		zap.String("database", cc.Database), zap.String("user", cc.User), zap.String("table", p.Table),
 		zap.Int32("max_conns", p.poolConfig.MaxConns))
 	return nil
 }
@@ -211,15 +206,7 @@ func (p *Postgres) openStore() (*Store, error) {
 // strategy.Strategy): the DSN, after placeholders, the table and
 // max_conns. It holds the password.
 func (p *Postgres) StoreKey() string {
-	b, err := json.Marshal(struct {
-		DSN      string `json:"dsn"`
-		Table    string `json:"table"`
-		MaxConns int32  `json:"max_conns"`
-	}{p.DSN, p.Table, p.MaxConns})
-	if err != nil { // strings and a number always encode
-		panic(fmt.Sprintf("postgres strategy: encoding the store key: %v", err))
-	}
-	return string(b)
+	return fmt.Sprintf("dsn=%q table=%q max_conns=%d", p.DSN, p.Table, p.MaxConns)
 }
 
 // ValidateWindow refuses a window size that the table cannot hold: one
@@ -251,54 +238,35 @@ func checkTable(table string) error {
 	return nil
 }
 
-// names are the quoted names of the store's objects in the database, and
-// the keys of its advisory locks.
+// names are what the store's objects in the database are named after:
+// the table, and the keys of its advisory locks.
 type names struct {
-	counters, ids, hits                    string // qualified and quoted
-	slots, acquire, renew, release         string // the same, for concurrency slots
-	bans, banVersions, setBans             string // the same, for bans
-	countersExpIdx, idsExpIdx, slotsExpIdx string // quoted, in the table's schema
-	countersExpRef, idsExpRef, slotsExpRef string // the same, qualified
-	schemaLock, purgeLock                  int64
+	counters              string // the table, qualified and quoted
+	base                  string // its name, unqualified
+	schema                []string
+	schemaLock, purgeLock int64
 	// slotSeed is the FNV-1a state after "caddy-ratelimit slot <table> ",
 	// where the keys of the advisory locks of slots start (see slotLock).
 	slotSeed uint64
-	// base is the table's name, unqualified, and qualified qualifies a
-	// name in the table's schema: the names of the rates' part (gcra.go).
-	base      string
-	qualified func(name string) string
 }
 
 func newNames(table string) *names {
 	parts := strings.Split(table, ".")
-	base := parts[len(parts)-1]
-	qualified := func(name string) string {
-		id := append(pgx.Identifier{}, parts[:len(parts)-1]...)
-		return append(id, name).Sanitize()
+	n := &names{
+		base:       parts[len(parts)-1],
+		schema:     parts[:len(parts)-1],
+		schemaLock: lockKey("schema", table),
+		purgeLock:  lockKey("purge", table),
+		slotSeed:   fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
 	}
-	return &names{
-		counters:       qualified(base),
-		ids:            qualified(base + "_ids"),
-		hits:           qualified(base + "_hits"),
-		slots:          qualified(base + "_slots"),
-		acquire:        qualified(base + "_acquire"),
-		renew:          qualified(base + "_renew"),
-		release:        qualified(base + "_release"),
-		bans:           qualified(base + "_bans"),
-		banVersions:    qualified(base + "_banver"),
-		setBans:        qualified(base + "_set_bans"),
-		countersExpIdx: pgx.Identifier{base + "_exp"}.Sanitize(),
-		idsExpIdx:      pgx.Identifier{base + "_ids_exp"}.Sanitize(),
-		slotsExpIdx:    pgx.Identifier{base + "_slotexp"}.Sanitize(),
-		countersExpRef: qualified(base + "_exp"),
-		idsExpRef:      qualified(base + "_ids_exp"),
-		slotsExpRef:    qualified(base + "_slotexp"),
-		schemaLock:     lockKey("schema", table),
-		purgeLock:      lockKey("purge", table),
-		slotSeed:       fnv1a(fnvOffset, "caddy-ratelimit slot "+table+" "),
-		base:           base,
-		qualified:      qualified,
-	}
+	n.counters = n.qualified("")
+	return n
+}
+
+// qualified returns the name <table><suffix> in the table's schema,
+// qualified and quoted.
+func (n *names) qualified(suffix string) string {
+	return append(append(pgx.Identifier{}, n.schema...), n.base+suffix).Sanitize()
 }
 
 // lockKey returns the key of an advisory lock of the store's table: FNV-1a
@@ -341,11 +309,9 @@ func dsnError(dsn string, err error) error {
 	return fmt.Errorf("dsn: %q does not parse: %s", redacted, msg)
 }
 
-var (
-	// kvPassword matches a password keyword of a keyword/value DSN, or a
-	// password parameter of a URL, with its value.
-	kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)`)
-)
+// kvPassword matches a password keyword of a keyword/value DSN, or a
+// password parameter of a URL, with its value.
+var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)`)
 
 // redactDSN returns dsn with every password it may hold replaced by
 // xxxxx, and those passwords (as written, and URL-decoded). It errs on the

@@ -15,13 +15,10 @@ import (
 // holds about one row per node and namespace.
 func (s *Store) Attend(ctx context.Context, namespace, node string, ttl time.Duration) (members int, err error) {
 	defer errs.Attend(&err, namespace)
-	if s.isClosed() {
-		return 0, errs.Closed()
-	}
 	if err := strategy.CheckAttend(node, ttl); err != nil {
 		return 0, err
 	}
-	conn, err := s.acquirePart(ctx, s.sql.fleetSchema, &s.fleetReady, "the members' table")
+	conn, err := s.acquire(ctx, &s.fleetPart)
 	if err != nil {
 		return 0, err
 	}

@@ -35,15 +35,14 @@ func (s *Store) AcquireSlot(ctx context.Context, namespace, key, id string, max 
 	if err := strategy.CheckAcquire(id, max, lease); err != nil {
 		return 0, false, err
 	}
-	conn, err := s.acquireSlots(ctx)
+	conn, err := s.acquire(ctx, &s.slotPart)
 	if err != nil {
 		return 0, false, err
 	}
 	defer conn.Release()
 	var reply strategy.SlotReply
 	slot := strategy.SlotRequest{ID: id, Max: max, Lease: lease}
-	err = scanSlot(conn.QueryRow(ctx, s.sql.acquire, s.acquireArgs(namespace, key, slot, s.names.slotLock(namespace, key))...), &reply)
-	if err != nil {
+	if err := scanSlot(conn.QueryRow(ctx, s.sql.acquire, s.acquireArgs(namespace, key, slot, s.names.slotLock(namespace, key))...), &reply); err != nil {
 		return 0, false, s.sent(err)
 	}
 	return reply.Held, reply.OK, nil
@@ -58,12 +57,7 @@ func (s *Store) acquireArgs(namespace, key string, slot strategy.SlotRequest, lo
 
 // scanSlot reads the answer of a call of the acquire function into reply.
 func scanSlot(row pgx.Row, reply *strategy.SlotReply) error {
-	var held int64
-	if err := row.Scan(&held, &reply.OK); err != nil {
-		return err
-	}
-	reply.Held = int(held)
-	return nil
+	return row.Scan(&reply.Held, &reply.OK)
 }
 
 // ReleaseSlots frees the given slots of a namespace, in one call of the
@@ -100,9 +94,6 @@ func (s *Store) RenewSlots(ctx context.Context, namespace string, slots []strate
 // so that every call takes them in one order. With no slots, it sends
 // nothing.
 func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []strategy.Slot, leaseMs *int64) error {
-	if s.isClosed() {
-		return errs.Closed()
-	}
 	if len(slots) == 0 {
 		return nil
 	}
@@ -122,7 +113,7 @@ func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []s
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
 
-	conn, err := s.acquireSlots(ctx)
+	conn, err := s.acquire(ctx, &s.slotPart)
 	if err != nil {
 		return err
 	}
@@ -140,18 +131,24 @@ func (s *Store) slotCall(ctx context.Context, query, namespace string, slots []s
 // holds, expired or not (a purge drops the expired ones), for tests and
 // tools.
 func (s *Store) Slots(ctx context.Context, namespace string) (int, error) {
-	conn, err := s.acquireSlots(ctx)
+	n, err := s.countRows(ctx, &s.slotPart, "_slots", namespace)
 	if err != nil {
 		return 0, fmt.Errorf("counting slots: %w", err)
 	}
-	defer conn.Release()
-	var n int
-	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.slots+" WHERE namespace = $1",
-		stored(namespace, maxStoredNamespace)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("counting slots: %w", s.sent(err))
-	}
 	return n, nil
+}
+
+// countRows returns how many rows of a namespace the table <table><suffix>
+// of part p holds.
+func (s *Store) countRows(ctx context.Context, p *part, suffix, namespace string) (n int, err error) {
+	conn, err := s.acquire(ctx, p)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+	err = conn.QueryRow(ctx, "SELECT count(*) FROM "+s.names.qualified(suffix)+" WHERE namespace = $1",
+		stored(namespace, maxStoredNamespace)).Scan(&n)
+	return n, s.sent(err)
 }
 
 // slotLock returns the key of the transaction advisory lock that the

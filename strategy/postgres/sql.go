@@ -5,31 +5,14 @@ import (
 	"strings"
 )
 
-// statements are the SQL texts of a store, made once per store from its
-// table's names. Names are quoted identifiers that the table setting's
-// check (checkTable) allows; every value, client keys first, travels as a
-// bound parameter.
+// statements are the SQL texts of a store's calls, made once per store
+// from its table's names. Names are quoted identifiers that the table
+// setting's check (checkTable) allows; every value, client keys first,
+// travels as a bound parameter.
 type statements struct {
-	schema        string
-	slotSchema    string
-	push          string
-	pushRates     string
-	fetch         string
-	reset         string
-	batchSchema   string
-	hitBatch      string
-	acquire       string
-	renew         string
-	release       string
-	purgeCounters string
-	purgeIDs      string
-	purgeSlots    string
-	banSchema     string
-	setBans       string
-	getBans       string
-	purgeBans     string
-	fleetSchema   string
-	attend        string
+	push, pushRates, nearPush, nearPushRates, fetch, reset string
+	hitBatch, acquire, renew, release, rate, giveBack      string
+	setBans, getBans, attend, mark, readNear               string
 }
 
 // expiryMarginMs keeps a counter a little past the end of its life as a
@@ -37,187 +20,41 @@ type statements struct {
 // not purge it while a node still reads it. Redis keeps the same margin.
 const expiryMarginMs = 1000
 
-func newStatements(n *names) *statements {
-	r := strings.NewReplacer(
-		"{counters}", n.counters,
-		"{ids}", n.ids,
-		"{hits}", n.hits,
-		"{rates}", n.qualified(n.base+"_rates"),
-		"{fleet}", n.qualified(n.base+"_fleet"),
-		"{slots}", n.slots,
-		"{acquire}", n.acquire,
-		"{renew}", n.renew,
-		"{release}", n.release,
-		"{bans}", n.bans,
-		"{ban_versions}", n.banVersions,
-		"{set_bans}", n.setBans,
-		"{slots_exp}", n.slotsExpIdx,
-		"{slots_exp_ref}", n.slotsExpRef,
-		"{counters_exp}", n.countersExpIdx,
-		"{ids_exp}", n.idsExpIdx,
-		"{counters_exp_ref}", n.countersExpRef,
-		"{ids_exp_ref}", n.idsExpRef,
-		"{schema_lock}", fmt.Sprint(n.schemaLock),
-		"{margin}", fmt.Sprint(expiryMarginMs),
-	)
-	return &statements{
-		schema: r.Replace(schemaSQL),
-		slotSchema: strings.NewReplacer(
-			"{acquire_body}", r.Replace(acquireBodySQL),
-			"{renew_body}", r.Replace(renewBodySQL),
-			"{release_body}", r.Replace(releaseBodySQL),
-		).Replace(r.Replace(slotSchemaSQL)),
-		push:          r.Replace(pushSQL),
-		pushRates:     r.Replace(pushRatesSQL),
-		fetch:         r.Replace(fetchSQL),
-		reset:         r.Replace(resetSQL),
-		batchSchema:   strings.ReplaceAll(r.Replace(batchSchemaSQL), "{hits_body}", r.Replace(hitsBodySQL)),
-		hitBatch:      r.Replace(hitBatchSQL),
-		acquire:       r.Replace(acquireSQL),
-		renew:         r.Replace(renewSQL),
-		release:       r.Replace(releaseSQL),
-		purgeCounters: r.Replace(purgeCountersSQL),
-		purgeIDs:      r.Replace(purgeIDsSQL),
-		purgeSlots:    r.Replace(purgeSlotsSQL),
-		banSchema:     strings.ReplaceAll(r.Replace(banSchemaSQL), "{set_bans_body}", r.Replace(setBansBodySQL)),
-		setBans:       r.Replace(setBansSQL),
-		getBans:       r.Replace(getBansSQL),
-		purgeBans:     r.Replace(purgeBansSQL),
-		fleetSchema:   r.Replace(fleetSchemaSQL),
-		attend:        r.Replace(attendSQL),
+// placeholders replaces the placeholders of the SQL texts: {counters},
+// the table, and {<suffix>}, the object <table>_<suffix> in its schema;
+// {margin} is expiryMarginMs, {bound} maxNearMarks.
+func (n *names) placeholders() *strings.Replacer {
+	args := []string{"{counters}", n.counters, "{margin}", fmt.Sprint(expiryMarginMs), "{bound}", fmt.Sprint(maxNearMarks)}
+	for _, suffix := range []string{"ids", "hits", "slots", "acquire", "renew", "release", "bans", "banver", "set_bans",
+		"fleet", "rates", "rate_ids", "rate", "give_back", "near", "nearver"} {
+		args = append(args, "{"+suffix+"}", n.qualified("_"+suffix))
 	}
+	return strings.NewReplacer(args...)
 }
 
-// schemaSQL creates what the store needs, when missing, in one implicit
-// transaction (it is sent as one simple query) that first takes the
-// schema's advisory lock, so that nodes starting together take turns. It
-// checks for each object before it creates it, so that once they exist it
-// takes no lock on the tables: CREATE ... IF NOT EXISTS would lock a table
-// that exists (CREATE INDEX takes a share lock on it), and deadlock with
-// pushes under way.
-//
-// Counters: one row per (namespace, key, window size, window start), in
-// milliseconds, keyed by all four, with its value and when it expires
-// (Unix milliseconds). Namespaces and keys are bytea: any bytes, with no
-// encoding to get wrong. expires_at never changes once a row is written
-// (it depends on the window only), so updates of a value leave the
-// indexes alone and, with the free space fillfactor keeps, stay on their
-// page (HOT updates).
-//
-// IDs: one row per batch or hit ID applied, per namespace, until it
-// expires.
-const schemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{counters}') IS NULL THEN
-		CREATE TABLE {counters} (
-			namespace bytea NOT NULL,
-			key bytea NOT NULL,
-			size_ms bigint NOT NULL,
-			start_ms bigint NOT NULL,
-			value double precision NOT NULL,
-			expires_at bigint NOT NULL,
-			PRIMARY KEY (namespace, key, size_ms, start_ms)
-		) WITH (fillfactor = 80);
-	END IF;
-	IF to_regclass('{counters_exp_ref}') IS NULL THEN
-		CREATE INDEX {counters_exp} ON {counters} (expires_at);
-	END IF;
-	IF to_regclass('{ids}') IS NULL THEN
-		CREATE TABLE {ids} (
-			namespace bytea NOT NULL,
-			id bytea NOT NULL,
-			expires_at bigint NOT NULL,
-			PRIMARY KEY (namespace, id)
-		);
-	END IF;
-	IF to_regclass('{ids_exp_ref}') IS NULL THEN
-		CREATE INDEX {ids_exp} ON {ids} (expires_at);
-	END IF;
-END
-$do$;
-`
-
-// slotSchemaSQL creates what concurrency slots need, when missing, as
-// schemaSQL does, under the same lock. It is apart from schemaSQL, and
-// run by the first slot call only, so that a deployment whose role may
-// not create objects keeps its counters working when it upgrades, until
-// its DBA creates these too.
-//
-// Slots: one row per concurrency slot held, keyed by (namespace, key,
-// id), with when it expires by the server's clock, and the functions that
-// take, renew and release slots (see acquireBodySQL).
-const slotSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{slots}') IS NULL THEN
-		CREATE TABLE {slots} (
-			namespace bytea NOT NULL,
-			key bytea NOT NULL,
-			id bytea NOT NULL,
-			expires_at timestamptz NOT NULL,
-			PRIMARY KEY (namespace, key, id)
-		);
-	END IF;
-	IF to_regclass('{slots_exp_ref}') IS NULL THEN
-		CREATE INDEX {slots_exp} ON {slots} (expires_at);
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{acquire}(bytea, bytea, bytea, bigint, bigint, bigint)')
-		AND prosrc = $body${acquire_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {acquire}(
-			p_namespace bytea, p_key bytea, p_id bytea, p_max bigint, p_lease_ms bigint, p_lock bigint,
-			OUT held bigint, OUT ok boolean)
-		LANGUAGE plpgsql AS $fn${acquire_body}$fn$;
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{renew}(bytea, bytea[], bytea[], bigint, bigint[])')
-		AND prosrc = $body${renew_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {renew}(
-			p_namespace bytea, p_keys bytea[], p_ids bytea[], p_lease_ms bigint, p_locks bigint[],
-			OUT renewed bigint)
-		LANGUAGE plpgsql AS $fn${renew_body}$fn$;
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{release}(bytea, bytea[], bytea[], bigint[])')
-		AND prosrc = $body${release_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {release}(
-			p_namespace bytea, p_keys bytea[], p_ids bytea[], p_locks bigint[],
-			OUT released bigint)
-		LANGUAGE plpgsql AS $fn${release_body}$fn$;
-	END IF;
-END
-$do$;
-`
-
-// batchSchemaSQL creates the function that applies a batch of
-// synchronous hits (see hitsBodySQL), when missing or not this one, as
-// slotSchemaSQL does for slots, under the same lock. It is apart from
-// schemaSQL, and run by the first synchronous hit only, so that a
-// deployment whose role may not create objects keeps its counters working
-// when it upgrades, until its DBA creates this too.
-const batchSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{hits}(bytea, bytea, bigint,
-		bytea[], bigint[], bigint[], boolean[], boolean[], integer[],
-		integer[], integer[], double precision[], double precision[], double precision[],
-		bytea[], bigint[], integer[], bigint[], bigint[])')
-		AND prosrc = $body${hits_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {hits}(
-			p_namespace bytea, p_id bytea, p_id_expires bigint,
-			p_ckeys bytea[], p_csizes bigint[], p_cstarts bigint[], p_cwrite boolean[],
-			p_undo boolean[], p_nwin integer[],
-			p_cur integer[], p_prev integer[], p_values double precision[],
-			p_maxes double precision[], p_weights double precision[],
-			p_rkeys bytea[], p_rwins bigint[], p_hrate integer[], p_hinc bigint[], p_htol bigint[],
-			OUT rejected integer[], OUT currents double precision[], OUT previouses double precision[],
-			OUT rate_ok boolean[], OUT rate_tats bigint[], OUT now_us bigint)
-		LANGUAGE plpgsql AS $fn${hits_body}$fn$;
-	END IF;
-END
-$do$;
-`
+func newStatements(n *names, r *strings.Replacer) *statements {
+	s := &statements{
+		push:      r.Replace(pushSQL),
+		pushRates: r.Replace(strings.Replace(pushSQL, "\n)\n", ratedSQL+"\n", 1)),
+		fetch:     r.Replace(fetchSQL),
+		reset:     r.Replace(resetSQL),
+		hitBatch: r.Replace(`SELECT rejected, currents, previouses, rate_ok, rate_tats, now_us
+FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`),
+		acquire:  r.Replace(`SELECT held, ok FROM {acquire}($1, $2, $3, $4, $5, $6)`),
+		renew:    r.Replace(`SELECT {renew}($1, $2, $3, $4, $5)`),
+		release:  r.Replace(`SELECT {release}($1, $2, $3, $4)`),
+		rate:     r.Replace(`SELECT ok, tat, now_us FROM {rate}($1, $2, $3, $4, $5, $6, $7, $8)`),
+		giveBack: r.Replace(`SELECT {give_back}($1, $2, $3, $4, $5)`),
+		setBans:  r.Replace(`SELECT {set_bans}($1, $2, $3, $4, $5)`),
+		getBans:  r.Replace(getBansSQL),
+		attend:   r.Replace(attendSQL),
+		mark:     r.Replace(markOnlySQL()),
+		readNear: r.Replace(readNearSQL),
+	}
+	s.nearPush = markingPush(s.push, 8, n, r)
+	s.nearPushRates = markingPush(s.pushRates, 11, n, r)
+	return s
+}
 
 // hitsBodySQL is the body of the function that applies a batch of
 // synchronous hits of one namespace, atomically and in order, each
@@ -504,13 +341,6 @@ BEGIN
 END
 `
 
-// acquireSQL, renewSQL and releaseSQL call the slot functions.
-const (
-	acquireSQL = `SELECT held, ok FROM {acquire}($1, $2, $3, $4, $5, $6)`
-	renewSQL   = `SELECT {renew}($1, $2, $3, $4, $5)`
-	releaseSQL = `SELECT {release}($1, $2, $3, $4)`
-)
-
 // pushSQL applies one batch, at most once per (namespace, batch ID), in
 // one statement, so atomically: the first CTE records the ID, and only if
 // that inserted a row do the diffs reach the counters. A retry of a batch
@@ -538,16 +368,13 @@ FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS 
 WHERE EXISTS (SELECT FROM marker)
 ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
 
-// pushRatesSQL is pushSQL for a batch with rates (see strategy.RateBatcher):
-// with the diffs, under the same record of the ID, it moves each TAT of
-// $8 keys and $9 windows (milliseconds, each once, sorted) by $10
-// microseconds, the sum of the batch's turns of it, as forced requests
-// do: to greatest(TAT, now) + increment, by the server's clock.
-const pushRatesSQL = `
-WITH marker AS (
-	INSERT INTO {ids} (namespace, id, expires_at) VALUES ($1, $2, $3)
-	ON CONFLICT DO NOTHING
-	RETURNING 1
+// ratedSQL turns pushSQL into the push of a batch with rates (see
+// strategy.RateBatcher): a CTE after the record of the ID that, only if
+// the ID was recorded, moves each TAT of $8 keys and $9 windows
+// (milliseconds, each once, sorted) by $10 microseconds, the sum of the
+// batch's turns of it, as forced requests do: to greatest(TAT, now) +
+// increment, by the server's clock.
+const ratedSQL = `
 ), clock AS (
 	SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us
 ), rated AS (
@@ -557,12 +384,7 @@ WITH marker AS (
 	WHERE EXISTS (SELECT FROM marker)
 	ON CONFLICT (namespace, key, window_ms) DO UPDATE
 	SET tat_us = greatest(t.tat_us, (SELECT now_us FROM clock)) + excluded.tat_us - (SELECT now_us FROM clock)
-)
-INSERT INTO {counters} AS t (namespace, key, size_ms, start_ms, value, expires_at)
-SELECT $1, d.key, d.size_ms, d.start_ms, d.value, d.start_ms + 2 * d.size_ms + {margin}
-FROM unnest($4::bytea[], $5::bigint[], $6::bigint[], $7::double precision[]) AS d(key, size_ms, start_ms, value)
-WHERE EXISTS (SELECT FROM marker)
-ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = t.value + excluded.value`
+)`
 
 // fetchSQL reads the counters of every key asked ($2) in the windows
 // asked ($3 sizes and $4 starts, in milliseconds: the current and the
@@ -594,74 +416,6 @@ FROM unnest($3::bigint[], $4::bigint[]) AS w(size_ms, start_ms)
 ORDER BY w.size_ms, w.start_ms
 ON CONFLICT (namespace, key, size_ms, start_ms) DO UPDATE SET value = 0`
 
-// hitBatchSQL calls the batch hit function.
-const hitBatchSQL = `SELECT rejected, currents, previouses, rate_ok, rate_tats, now_us
-FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`
-
-// purgeCountersSQL and purgeIDsSQL delete up to $2 rows that expired
-// before $1 (Unix milliseconds), found through the expires_at index and
-// deleted by their physical address.
-const (
-	purgeCountersSQL = `
-DELETE FROM {counters} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {counters} WHERE expires_at < $1 LIMIT $2))`
-	purgeIDsSQL = `
-DELETE FROM {ids} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {ids} WHERE expires_at < $1 LIMIT $2))`
-)
-
-// purgeSlotsSQL deletes up to $1 concurrency slots that expired by the
-// server's clock, skipping those that another transaction holds (an
-// acquisition, a renewal or a release of their key), so that a purge never
-// waits for a row lock, and no writer of slots waits for it for long.
-const purgeSlotsSQL = `
-DELETE FROM {slots} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {slots} WHERE expires_at <= clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED))`
-
-// banSchemaSQL creates what bans need, when missing, as slotSchemaSQL
-// does for slots, under the same lock. It is apart from schemaSQL so that
-// a store whose namespaces never ban needs no more than that.
-//
-// Bans: one row per banned key of a namespace, with the end of its ban in
-// Unix milliseconds, keyed by the key as the tables hold keys (see
-// appendStored) but keeping the whole key, to read back; and one row per
-// namespace with bans, holding their version and when the latest ban
-// lifted would have ended (see setBansBodySQL). A table of an older
-// version gains that column.
-const banSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{bans}') IS NULL THEN
-		CREATE TABLE {bans} (
-			namespace bytea NOT NULL,
-			key_id bytea NOT NULL,
-			key bytea NOT NULL,
-			until_ms bigint NOT NULL,
-			PRIMARY KEY (namespace, key_id)
-		);
-	END IF;
-	IF to_regclass('{ban_versions}') IS NULL THEN
-		CREATE TABLE {ban_versions} (
-			namespace bytea PRIMARY KEY,
-			version bigint NOT NULL,
-			lifted_until_ms bigint NOT NULL DEFAULT 0
-		);
-	ELSIF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('{ban_versions}')
-		AND attname = 'lifted_until_ms' AND NOT attisdropped) THEN
-		ALTER TABLE {ban_versions} ADD COLUMN lifted_until_ms bigint NOT NULL DEFAULT 0;
-	END IF;
-	IF NOT EXISTS (SELECT FROM pg_proc WHERE oid = to_regprocedure('{set_bans}(bytea, bytea[], bytea[], bigint[], bigint)')
-		AND prosrc = $body${set_bans_body}$body$) THEN
-		CREATE OR REPLACE FUNCTION {set_bans}(
-			p_namespace bytea, p_key_ids bytea[], p_keys bytea[], p_until bigint[], p_lock bigint,
-			OUT changed boolean)
-		LANGUAGE plpgsql AS $fn${set_bans_body}$fn$;
-	END IF;
-END
-$do$;
-`
-
 // setBansBodySQL is the body of the set_bans function: under a
 // transaction advisory lock of the namespace (p_lock), so that the calls
 // of one namespace take turns, it deletes the namespace's bans that ended
@@ -685,7 +439,7 @@ BEGIN
 	now_ms := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 	DELETE FROM {bans} b WHERE b.namespace = p_namespace AND b.until_ms <= now_ms;
 	at_zero := NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace)
-		AND NOT EXISTS (SELECT FROM {ban_versions} v WHERE v.namespace = p_namespace AND v.lifted_until_ms > now_ms);
+		AND NOT EXISTS (SELECT FROM {banver} v WHERE v.namespace = p_namespace AND v.lifted_until_ms > now_ms);
 	WITH d AS (
 		DELETE FROM {bans} b USING unnest(p_key_ids, p_until) AS i(key_id, until_ms)
 			WHERE i.until_ms = 0 AND b.namespace = p_namespace AND b.key_id = i.key_id
@@ -701,19 +455,16 @@ BEGIN
 	GET DIAGNOSTICS n = ROW_COUNT;
 	changed := changed OR n > 0;
 	IF changed THEN
-		INSERT INTO {ban_versions} AS v (namespace, version, lifted_until_ms)
+		INSERT INTO {banver} AS v (namespace, version, lifted_until_ms)
 			VALUES (p_namespace, now_ms << 20, lifted)
 			ON CONFLICT (namespace) DO UPDATE SET
 				version = CASE WHEN at_zero THEN greatest(v.version + 1, excluded.version) ELSE v.version + 1 END,
 				lifted_until_ms = greatest(v.lifted_until_ms, excluded.lifted_until_ms);
 	ELSIF NOT EXISTS (SELECT FROM {bans} b WHERE b.namespace = p_namespace) THEN
-		DELETE FROM {ban_versions} v WHERE v.namespace = p_namespace AND v.lifted_until_ms <= now_ms;
+		DELETE FROM {banver} v WHERE v.namespace = p_namespace AND v.lifted_until_ms <= now_ms;
 	END IF;
 END
 `
-
-// setBansSQL calls the set_bans function.
-const setBansSQL = `SELECT {set_bans}($1, $2, $3, $4, $5)`
 
 // getBansSQL reads the version of a namespace's bans ($1), 0 when none
 // has not ended by the server's clock and no ban lifted would not have
@@ -725,38 +476,9 @@ SELECT v.version, b.key, b.until_ms
 FROM (SELECT CASE WHEN EXISTS (
 		SELECT FROM {bans} WHERE namespace = $1 AND until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
 	OR EXISTS (
-		SELECT FROM {ban_versions} WHERE namespace = $1 AND lifted_until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
-	THEN coalesce((SELECT version FROM {ban_versions} WHERE namespace = $1), 0) ELSE 0 END AS version) v
+		SELECT FROM {banver} WHERE namespace = $1 AND lifted_until_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+	THEN coalesce((SELECT version FROM {banver} WHERE namespace = $1), 0) ELSE 0 END AS version) v
 LEFT JOIN {bans} b ON v.version <> $2 AND b.namespace = $1 AND b.until_ms > $3`
-
-// purgeBansSQL deletes up to $2 bans that ended before $1 (Unix
-// milliseconds), skipping rows that a set_bans call holds. A namespace's
-// version row stays until its next set_bans call, which deletes it if the
-// namespace has no ban left: one small row per namespace, which reads as
-// version 0 meanwhile (getBansSQL).
-const purgeBansSQL = `
-DELETE FROM {bans} WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM {bans} WHERE until_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
-
-// fleetSchemaSQL creates the members' table when missing, as
-// banSchemaSQL does for bans, under the same lock: one row per node of a
-// namespace's fleet, with when its attendance expires, in Unix
-// milliseconds by the server's clock (see strategy.Roster).
-const fleetSchemaSQL = `
-SELECT pg_advisory_xact_lock({schema_lock});
-DO $do$
-BEGIN
-	IF to_regclass('{fleet}') IS NULL THEN
-		CREATE TABLE {fleet} (
-			namespace bytea NOT NULL,
-			node bytea NOT NULL,
-			until_ms bigint NOT NULL,
-			PRIMARY KEY (namespace, node)
-		);
-	END IF;
-END
-$do$;
-`
 
 // attendSQL records node $2 of namespace $1 until $3 milliseconds from
 // now, deletes the namespace's other members that expired, and counts the

@@ -65,39 +65,33 @@ type Store struct {
 	// only when no run did for half an interval more.
 	nextPurge atomic.Int64
 
-	// schemaMu serializes the creation of the schema, which schemaReady
-	// records, and of the slots' part of it, which slotsReady records: the
-	// first slot call makes that (see slotSchemaSQL).
-	schemaMu    sync.Mutex
-	schemaReady atomic.Bool
-	slotsReady  atomic.Bool
-	bansReady   atomic.Bool // the bans' part, made by the first ban call
-	batchReady  atomic.Bool // the batch hit function, made by the first HitBatch call
-	ratesReady  atomic.Bool // the rates' part, made by the first rate call
-	nearReady   atomic.Bool // the feed's part, made by its first push or read
-	fleetReady  atomic.Bool // the members' table, made by the first Attend
+	// schemaMu serializes the creation of the parts of the schema, each
+	// made by the first call that needs it (see part): the counters' by
+	// any call, the batch hit function by the first HitBatch, the slots',
+	// bans', rates', near marks' and members' by their first call.
+	schemaMu                                                          sync.Mutex
+	core, batchPart, slotPart, banPart, ratePart, nearPart, fleetPart part
+	parts                                                             []*part // all of them, in the purge's order
 	// nearOffUntil is when to try making the feed's part again, in Unix
 	// nanoseconds, after the role was refused it (see nearOn).
 	nearOffUntil atomic.Int64
-	rateSQL      *rateStatements
-	nearSQL      *nearStatements
 }
 
 func newStore(cfg *pgxpool.Config, n *names, logger *zap.Logger) *Store {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	sql := newStatements(n)
-	return &Store{
+	r := n.placeholders()
+	s := &Store{
 		config:     cfg,
 		names:      n,
-		sql:        sql,
-		rateSQL:    newRateStatements(n),
-		nearSQL:    newNearStatements(n, sql.push, sql.pushRates),
+		sql:        newStatements(n, r),
 		logger:     logger,
 		now:        time.Now,
 		purgeEvery: purgeEvery,
 	}
+	s.parts = s.newParts(n, r)
+	return s
 }
 
 // getPool returns the store's pool, making it (and starting the purge
@@ -127,110 +121,28 @@ func (s *Store) getPool() (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// acquire returns a connection of the pool, with the schema in place. Its
-// errors wrap strategy.ErrNotSent: nothing of the caller's request was
-// sent yet.
-func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+// acquire returns a connection of the pool, with the counters' part of
+// the schema and the parts given in place. Its errors wrap
+// strategy.ErrNotSent: nothing of the caller's request was sent yet.
+func (s *Store) acquire(ctx context.Context, parts ...*part) (*pgxpool.Conn, error) {
+	if err := s.ensure(ctx, append([]*part{&s.core}, parts...)...); err != nil {
+		return nil, err
+	}
 	pool, err := s.getPool()
 	if err != nil {
 		return nil, err
 	}
-	if !s.schemaReady.Load() {
-		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
-			return nil, errs.NotSent(fmt.Errorf("creating the tables: %w", err))
-		}
-	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		if s.isClosed() {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
 			return nil, fmt.Errorf("%w: %w", errs.Closed(), err)
 		}
 		return nil, errs.NotSent(err)
 	}
 	return conn, nil
-}
-
-func (s *Store) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-// acquireSlots returns a connection as acquire does, with the slots' part
-// of the schema in place too.
-func (s *Store) acquireSlots(ctx context.Context) (*pgxpool.Conn, error) {
-	return s.acquirePart(ctx, s.sql.slotSchema, &s.slotsReady, "the slots table")
-}
-
-// acquirePart returns a connection as acquire does, with a part of the
-// schema that not every store needs (schema, which creates what, and
-// which ready records) in place too. It makes that part before it takes
-// a connection, as createSchema takes one of its own.
-func (s *Store) acquirePart(ctx context.Context, schema string, ready *atomic.Bool, what string) (*pgxpool.Conn, error) {
-	if err := s.ensurePart(ctx, schema, what, ready); err != nil {
-		return nil, err
-	}
-	return s.acquire(ctx)
-}
-
-// ensurePart makes a part of the schema, as acquirePart does, without
-// taking a connection: for a call that needs two parts. Given several
-// ready flags, schema makes the parts they record together.
-func (s *Store) ensurePart(ctx context.Context, schema, what string, ready ...*atomic.Bool) error {
-	if allReady(ready) {
-		return nil
-	}
-	pool, err := s.getPool()
-	if err != nil {
-		return err
-	}
-	if err := s.createSchema(ctx, pool, schema, ready...); err != nil {
-		return errs.NotSent(fmt.Errorf("creating %s: %w", what, err))
-	}
-	return nil
-}
-
-// createSchema runs a schema statement (the tables, their indexes and the
-// hit function, or the slots' part, or several parts one after the other)
-// that creates what is missing, once per store, and records it in each of
-// ready. Nodes that start together may do it at the same time: an
-// advisory lock taken in the same transaction makes them take turns, and
-// a unique violation (from a node that does not take the lock) means that
-// another node created an object first, so it tries again, finding it
-// there.
-func (s *Store) createSchema(ctx context.Context, pool *pgxpool.Pool, schema string, ready ...*atomic.Bool) error {
-	s.schemaMu.Lock()
-	defer s.schemaMu.Unlock()
-	if allReady(ready) {
-		return nil
-	}
-	var err error
-	for range 3 {
-		// One simple-protocol query: its statements run in one implicit
-		// transaction, which holds the advisory lock until it ends.
-		if _, err = pool.Exec(ctx, schema); err == nil {
-			for _, r := range ready {
-				r.Store(true)
-			}
-			return nil
-		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
-			break
-		}
-	}
-	return err
-}
-
-// allReady reports whether every part of the schema that ready records
-// is in place.
-func allReady(ready []*atomic.Bool) bool {
-	for _, r := range ready {
-		if !r.Load() {
-			return false
-		}
-	}
-	return true
 }
 
 // sent classifies an error of a request that was handed to a connection:
@@ -246,13 +158,9 @@ func (s *Store) sent(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883") { // undefined_table, undefined_function
-		s.schemaReady.Store(false)
-		s.slotsReady.Store(false)
-		s.bansReady.Store(false)
-		s.batchReady.Store(false)
-		s.ratesReady.Store(false)
-		s.nearReady.Store(false)
-		s.fleetReady.Store(false)
+		for _, p := range s.parts {
+			p.ready.Store(false)
+		}
 	}
 	if pgconn.SafeToRetry(err) {
 		return errs.NotSent(err)
@@ -336,7 +244,7 @@ func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
 				zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	if !s.schemaReady.Load() {
+	if !s.core.ready.Load() {
 		return // nothing to purge yet, and no reason to create the tables
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.purgeEvery)
@@ -358,21 +266,20 @@ func (s *Store) purgeOnce(ctx context.Context, pool *pgxpool.Pool) {
 // on its own every 30 seconds, skipping a turn when another node is
 // purging; Purge is for tests and tools that need the expired rows gone
 // now.
-func (s *Store) Purge(ctx context.Context) (int64, error) {
-	pool, err := s.getPool()
-	if err != nil {
-		return 0, fmt.Errorf("purging expired counters: %w", err)
-	}
-	if !s.schemaReady.Load() {
-		if err := s.createSchema(ctx, pool, s.sql.schema, &s.schemaReady); err != nil {
-			return 0, fmt.Errorf("purging expired counters: %w", errs.NotSent(fmt.Errorf("creating the tables: %w", err)))
+func (s *Store) Purge(ctx context.Context) (n int64, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("purging expired counters: %w", err)
 		}
+	}()
+	pool, err := s.getPool()
+	if err == nil {
+		err = s.ensure(ctx, &s.core)
 	}
-	n, err := s.purge(ctx, pool, true, -1)
 	if err != nil {
-		return n, fmt.Errorf("purging expired counters: %w", err)
+		return 0, err
 	}
-	return n, nil
+	return s.purge(ctx, pool, true, -1)
 }
 
 // purge deletes expired rows in chunks of purgeChunk, each in a short
@@ -384,55 +291,51 @@ func (s *Store) purge(ctx context.Context, pool *pgxpool.Pool, wait bool, chunks
 	var total int64
 	for i := 0; chunks < 0 || i < chunks; i++ {
 		nowMs := s.now().UnixMilli()
-		var counters, ids, slots, bans, rates, near int64
-		locked := true
+		locked, more := true, false
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			lock := "SELECT pg_try_advisory_xact_lock($1)"
 			if wait {
-				if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.names.purgeLock); err != nil {
-					return err
+				lock = "SELECT true FROM pg_advisory_xact_lock($1)"
+			}
+			if err := tx.QueryRow(ctx, lock, s.names.purgeLock).Scan(&locked); err != nil || !locked {
+				return err
+			}
+			for _, p := range s.parts {
+				if !p.ready.Load() {
+					continue
 				}
-			} else if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.names.purgeLock).Scan(&locked); err != nil || !locked {
-				return err
-			}
-			tag, err := tx.Exec(ctx, s.sql.purgeCounters, nowMs, purgeChunk)
-			if err != nil {
-				return err
-			}
-			counters = tag.RowsAffected()
-			tag, err = tx.Exec(ctx, s.sql.purgeIDs, nowMs, purgeChunk)
-			if err != nil {
-				return err
-			}
-			ids = tag.RowsAffected()
-			if rates, err = s.purgeRates(ctx, tx); err != nil {
-				return err
-			}
-			// Slots expire by the server's clock, which the statement
-			// reads itself. A store that never used slots leaves them to
-			// the stores that do: its role may not even see their table.
-			if s.slotsReady.Load() {
-				tag, err = tx.Exec(ctx, s.sql.purgeSlots, purgeChunk)
-				if err != nil {
-					return err
-				}
-				slots = tag.RowsAffected()
-				if s.bansReady.Load() {
-					tag, err = tx.Exec(ctx, s.sql.purgeBans, nowMs, purgeChunk)
+				for _, q := range p.purges {
+					args := []any{purgeChunk}
+					if q.nodeClock {
+						args = append(args, nowMs)
+					}
+					tag, err := tx.Exec(ctx, q.sql, args...)
 					if err != nil {
 						return err
 					}
-					bans = tag.RowsAffected()
+					total += tag.RowsAffected()
+					more = more || tag.RowsAffected() >= purgeChunk
 				}
 			}
-			near, err = s.purgeNear(ctx, tx, nowMs)
-			return err
+			return nil
 		})
-		total += counters + ids + slots + bans + rates + near
-		if err != nil || !locked || counters < purgeChunk && ids < purgeChunk && slots < purgeChunk && bans < purgeChunk && rates < purgeChunk && near < purgeChunk {
+		if err != nil || !locked || !more {
 			return total, err
 		}
 	}
 	return total, nil
+}
+
+// Ping takes a connection of the pool, with the schema in place, and runs
+// an empty statement on it (see strategy.Pinger).
+func (s *Store) Ping(ctx context.Context) (err error) {
+	defer errs.Ping(&err)
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return conn.Ping(ctx)
 }
 
 // Interface guards
@@ -443,4 +346,5 @@ var (
 	_ strategy.NearFeed    = (*Store)(nil)
 	_ strategy.Roster      = (*Store)(nil)
 	_ strategy.Maintainer  = (*Store)(nil)
+	_ strategy.Pinger      = (*Store)(nil)
 )
