@@ -1,58 +1,21 @@
 package strategy
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
 
-// Rater is a Store that can decide rates (the GCRA of window/gcra.go,
-// nginx limit_req's rate and burst): the capability that a rate in a
-// namespace with sync_rate 0 needs. A key's state under a rate is one
-// timestamp, its theoretical arrival time (TAT), which the store keeps per
-// (namespace, key, window) and moves by its own clock (the Redis server's
-// TIME, PostgreSQL's clock_timestamp()), so that a fleet admits exactly
-// the rate whatever the skew of the nodes' clocks. Stores count the TAT in
-// whole microseconds, which a Lua number holds exactly.
-//
-// A request is one round trip (Rate). A request that the rate admits and
-// a limit checked after it then rejects gives its turn back (GiveBack),
-// as if the rate had never admitted it: the caller checks the rate
-// first, as the handler does, and the limits after it. A RateBatcher
-// does both in one hit of a batch, which is how the rate_limit app sends
-// every request under a rate.
-//
-// Every call is named by an ID, unique per request, which makes it
-// exactly once: the store records what an ID did (took a turn, was
-// refused one, gave it back) for RateIDLife, so a Rate whose reply was
-// lost may be sent again under its ID without taking a second turn, and a
-// GiveBack sent twice gives back once. A key whose TAT has passed holds a
-// whole burst, as a key never seen does, so the store drops it: it costs
-// no storage once it has been idle that long.
-//
-// Errors follow the conventions of Store and Hitter: they wrap ErrNotSent
-// when the request surely never reached the store, and ErrRejected for
-// input that can never be accepted (see CheckRate).
-type Rater interface {
-	Store
-
-	// Rate decides one request of key under a rate, by the store's clock:
-	// it is admitted when max(TAT, now) + Increment - now <= Tolerance
-	// (or always, with Force), and then moves the TAT to max(TAT, now) +
-	// Increment; a refused request changes nothing. id, unless empty,
-	// names the request: a Rate with an id already recorded changes
-	// nothing and answers what the id did, except that a forced Rate of
-	// an id that was refused takes its turn; an id given back is never
-	// admitted.
-	Rate(ctx context.Context, namespace, key, id string, r RateRequest) (RateReply, error)
-
-	// GiveBack takes back the turn that the Rate named id took of key's
-	// rate of this window, moving the TAT back by that Rate's Increment,
-	// and records id as given back, so that a Rate of id that reaches the
-	// store later (a resend) takes no turn. An id that took no turn is
-	// only recorded. Giving back twice gives back once.
-	GiveBack(ctx context.Context, namespace, key, id string, window time.Duration) error
-}
+// Rates: the GCRA of window/gcra.go (nginx limit_req's rate and burst),
+// decided by a store within its batches of hits (RateBatcher), the
+// capability that a rate in a namespace with sync_rate 0 needs. A key's
+// state under a rate is one timestamp, its theoretical arrival time
+// (TAT), which the store keeps per (namespace, key, window) and moves by
+// its own clock (the Redis server's TIME, PostgreSQL's
+// clock_timestamp()), so that a fleet admits exactly the rate whatever
+// the skew of the nodes' clocks. Stores count the TAT in whole
+// microseconds, which a Lua number holds exactly. A key whose TAT has
+// passed holds a whole burst, as a key never seen does, so the store
+// drops it: it costs no storage once it has been idle that long.
 
 // RateRequest is one request under a rate, in the units of the store:
 // the caller turns the rate and the request's cost into how far the
@@ -70,13 +33,9 @@ type RateRequest struct {
 	// ahead of the store's now the TAT may be after an admitted request.
 	// Whole microseconds, positive.
 	Tolerance time.Duration
-	// Force admits the request whatever the TAT: the retry of a request
-	// that a node admitted on its own when the store did not answer, so
-	// that the store's TAT counts it.
-	Force bool
 }
 
-// RateReply is what a Rate answers.
+// RateReply is a store's decision of a request under a rate.
 type RateReply struct {
 	// OK says whether the request was admitted.
 	OK bool
@@ -87,17 +46,9 @@ type RateReply struct {
 	Now int64
 }
 
-// Limits of a Rater's input.
-const (
-	// MaxRateSpan is the longest Increment and Tolerance: a key's state
-	// lives up to that long after its last request.
-	MaxRateSpan = 366 * 24 * time.Hour
-
-	// RateIDLife is how long a store remembers what an ID did: a resend
-	// or a give-back of a request comes within it, or is dropped by the
-	// caller.
-	RateIDLife = time.Minute
-)
+// MaxRateSpan is the longest Increment and Tolerance of a rate's input:
+// a key's state lives up to that long after its last request.
+const MaxRateSpan = 366 * 24 * time.Hour
 
 // RateRequestOf returns the request of cost under a rate of n requests
 // per window and burst more at once, in whole microseconds, as the stores
@@ -112,20 +63,12 @@ func RateRequestOf(window time.Duration, n, burst, cost float64) RateRequest {
 	}
 }
 
-// CheckRate checks the input of Rate and GiveBack: an id of at most
-// MaxIDLen bytes (1 or more for GiveBack, which needs one, as with
-// needID), a window valid for CheckSize, and, for Rate, an Increment from
-// 0 and a Tolerance from 1µs to MaxRateSpan, both whole microseconds. The
-// error names the field at fault and wraps ErrRejected.
-func CheckRate(id string, needID bool, r RateRequest) error {
-	if n := len(id); n > MaxIDLen || needID && n == 0 {
-		return fmt.Errorf("%w: a rate's ID has %d bytes, not %d to %d", ErrRejected, n, min(n, 1), MaxIDLen)
-	}
+// CheckRate checks a rate's input: a window valid for CheckSize, an
+// Increment from 0 and a Tolerance from 1µs to MaxRateSpan, both whole
+// microseconds. The error names the field at fault and wraps ErrRejected.
+func CheckRate(r RateRequest) error {
 	if err := CheckSize(r.Window); err != nil {
 		return fmt.Errorf("rate window: %w", err)
-	}
-	if needID {
-		return nil
 	}
 	if r.Increment < 0 || r.Increment > MaxRateSpan || r.Increment%time.Microsecond != 0 {
 		return fmt.Errorf("%w: a rate's increment %v is not whole microseconds within [0, %v]", ErrRejected, r.Increment, MaxRateSpan)
@@ -136,36 +79,16 @@ func CheckRate(id string, needID bool, r RateRequest) error {
 	return nil
 }
 
-// ConformMicros is the decision of Rate, in microseconds, for stores that
-// compute it in Go (the memory store; the others follow it in Lua and
-// SQL): the TAT after a request of inc at now, and whether it was
-// admitted (a refused request leaves tat).
-func ConformMicros(tat, now, inc, tol int64, force bool) (next int64, ok bool) {
-	due := max(tat, now) + inc
-	if !force && due-now > tol {
-		return tat, false
-	}
-	return due, true
-}
-
-// Rate wraps the error of Rater.Rate.
-func (e Errors) Rate(errp *error, namespace string) {
-	e.wrap(errp, "deciding a rate of namespace %q", namespace)
-}
-
-// GiveBack wraps the error of Rater.GiveBack.
-func (e Errors) GiveBack(errp *error, namespace string) {
-	e.wrap(errp, "giving back a rate's turn of namespace %q", namespace)
-}
-
-// RateBatcher is a Rater that decides rates within its batches of hits,
+// RateBatcher is a store that decides rates within its batches of hits,
 // so that a request under a rate and limits is one hit of one round trip,
 // the rate's give-back included, with the batch's exactly-once ID and its
 // retry: the one road of a synchronous namespace's requests to its store.
 //
-// HitBatch takes hits with a Rate (whose Force must be false), and
-// decides each, in the batch's order, by the store's clock: the rate
-// first, as Rate decides it, then the hit's windows. A hit the rate
+// HitBatch takes hits with a Rate, and decides each, in the batch's
+// order, by the store's clock: the rate first (admitted when max(TAT,
+// now) + Increment - now <= Tolerance, which moves the TAT to max(TAT,
+// now) + Increment; a refused request changes nothing), then the hit's
+// windows. A hit the rate
 // refuses is applied to no window: its windows are only read, and its
 // Rejected is -1. A hit the rate admits is applied to its windows as any
 // hit; if one rejects it, the rate's turn is given back at once (the TAT
@@ -190,8 +113,8 @@ type RateBatcher interface {
 
 // RateDiff is a turn of a key's rate of one window that a node took on
 // its own, while the store did not answer: pushed, it moves the key's
-// TAT as a forced Rate does, to max(TAT, now) + Increment by the store's
-// clock.
+// TAT whatever its tolerance, to max(TAT, now) + Increment by the
+// store's clock.
 type RateDiff struct {
 	// Key is the client key.
 	Key string
@@ -203,7 +126,7 @@ type RateDiff struct {
 }
 
 // CheckHitRequest checks one hit of a HitBatch: as CheckHit does, or,
-// for a hit with a Rate, its rate as CheckRate does (not forced) and 0
+// for a hit with a Rate, its rate as CheckRate does and 0
 // to MaxHitWindows windows, or, for a hit with a Slot, its slot as
 // CheckAcquire does, with neither windows nor a rate. The error names the
 // field at fault and wraps ErrRejected.
@@ -217,13 +140,13 @@ func CheckHitRequest(id string, h *HitRequest) error {
 	if h.Rate == nil {
 		return CheckHit(id, h.Windows)
 	}
-	if err := CheckRate(id, false, *h.Rate); err != nil {
+	if err := CheckRate(*h.Rate); err != nil {
 		return err
 	}
-	if h.Rate.Force {
-		return fmt.Errorf("%w: a hit's rate cannot be forced", ErrRejected)
-	}
 	if len(h.Windows) == 0 {
+		if len(id) > MaxIDLen {
+			return fmt.Errorf("%w: the hit's ID has %d bytes, more than %d", ErrRejected, len(id), MaxIDLen)
+		}
 		return nil
 	}
 	return CheckHit(id, h.Windows)
@@ -236,7 +159,7 @@ func CheckHitRequest(id string, h *HitRequest) error {
 func CheckRateDiffs(rates []RateDiff) error {
 	for i, r := range rates {
 		req := RateRequest{Window: r.Window, Increment: r.Increment, Tolerance: time.Microsecond}
-		if err := CheckRate("", false, req); err != nil {
+		if err := CheckRate(req); err != nil {
 			return fmt.Errorf("rates[%d]: %w", i, err)
 		}
 	}

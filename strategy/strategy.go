@@ -16,7 +16,7 @@
 // applies several in one), max_concurrent across a fleet the optional
 // Slotter capability, which holds concurrency slots as leases that expire
 // by the store's clock, and a rate (GCRA) at sync_rate 0 the optional
-// RateBatcher capability, a Rater whose batches of hits decide rates by
+// RateBatcher capability, a store whose batches of hits decide rates by
 // the store's clock with the limits beside them. A SlotBatcher takes
 // slots in its batches of hits, so that a request's slot rides the same
 // round trip as the hits beside it. Pinger lets the app ask a failing

@@ -50,7 +50,7 @@ func (s *Store) PushDiffs(ctx context.Context, b strategy.Batch) (err error) {
 		d.markNear(b.Namespace, marks, now)
 		for _, r := range b.Rates {
 			k := rateKey{b.Namespace, r.Key, r.Window}
-			_, next, _ := d.turn(k, strategy.RateRequest{Window: r.Window, Increment: r.Increment, Force: true}, now)
+			_, next, _ := d.turn(k, r.Increment, forced, now)
 			d.setTAT(k, next, now)
 			last = max(last, now)
 		}
@@ -151,7 +151,7 @@ func (s *Store) HitBatch(ctx context.Context, namespace, id string, hits []strat
 				continue
 			}
 			k := rateKey{namespace, h.Key, h.Rate.Window}
-			tat, next, ok := d.turn(k, *h.Rate, now)
+			tat, next, ok := d.turn(k, h.Rate.Increment, h.Rate.Tolerance, now)
 			r.Rate = strategy.RateReply{OK: ok, TAT: tat * 1e3, Now: now / 1e3 * 1e3}
 			r.Counts, r.Rejected = d.hit(namespace, h, apply && ok, now)
 			if !ok {

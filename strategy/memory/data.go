@@ -46,10 +46,8 @@ type data struct {
 	slots timed[slotKey, map[string]int64]
 	// tats are the TATs of rates, in Unix microseconds as the other stores
 	// count them, until they have passed (the key then has its whole
-	// burst, as a key never seen does); rateIDs what the IDs of Rate and
-	// GiveBack did (see gcra.go).
-	tats    timed[rateKey, int64]
-	rateIDs timed[marker, rateRecord]
+	// burst, as a key never seen does).
+	tats timed[rateKey, int64]
 	// bans maps a namespace to its bans; a namespace without bans is
 	// removed.
 	bans map[string]*namespaceBans
@@ -81,7 +79,6 @@ func (d *data) sweep(now int64) {
 	d.markers.sweep(now)
 	d.slots.sweep(now)
 	d.tats.sweep(now)
-	d.rateIDs.sweep(now)
 }
 
 // counter names a key's window of a size that starts at start (Unix

@@ -51,7 +51,7 @@
 // keys asked by primary key, whose cost grows with the keys asked, never
 // with the size of the table; HitBatch (and Hit, a batch of one) one call
 // of a PL/pgSQL function, with its slots' acquisitions in the same
-// pipeline; GetCountersNear one pipeline; Rate, GiveBack, the slot calls,
+// pipeline; GetCountersNear one pipeline; the slot calls,
 // SetBans and GetBans one call or query each. Rates, slots, bans and
 // members expire by the server's clock, so the nodes' clocks play no part
 // there.

@@ -68,17 +68,8 @@ func (s *Store) newParts(n *names, r *strings.Replacer) []*part {
 		s.ratePart.define(r, "the rates tables", n.ddl(
 			n.table("_rates", `namespace bytea NOT NULL, key bytea NOT NULL, window_ms bigint NOT NULL, tat_us bigint NOT NULL,
 			PRIMARY KEY (namespace, key, window_ms)`, " WITH (fillfactor = 80)")+
-				n.index("_rates_tat", "_rates", "tat_us")+
-				n.table("_rate_ids", `namespace bytea NOT NULL, id bytea NOT NULL, state "char" NOT NULL,
-			inc_us bigint NOT NULL, expires_us bigint NOT NULL, PRIMARY KEY (namespace, id)`, "")+
-				n.index("_rate_ids_exp", "_rate_ids", "expires_us")+
-				n.function("_rate", `p_namespace bytea, p_key bytea, p_window_ms bigint, p_id bytea,
-			p_inc bigint, p_tol bigint, p_force boolean, p_id_life bigint,
-			OUT ok boolean, OUT tat bigint, OUT now_us bigint`, "", rateBodySQL)+
-				n.function("_give_back", `p_namespace bytea, p_key bytea, p_window_ms bigint, p_id bytea, p_id_life bigint`,
-					" RETURNS boolean", giveBackBodySQL)),
-			purgeOf("{rates}", "tat_us <= "+serverMicros+" LIMIT $1 FOR UPDATE SKIP LOCKED"),
-			purgeOf("{rate_ids}", "expires_us <= "+serverMicros+" LIMIT $1 FOR UPDATE SKIP LOCKED")),
+				n.index("_rates_tat", "_rates", "tat_us")),
+			purgeOf("{rates}", "tat_us <= "+serverMicros+" LIMIT $1 FOR UPDATE SKIP LOCKED")),
 		s.slotPart.define(r, "the slots table", n.ddl(
 			n.table("_slots", `namespace bytea NOT NULL, key bytea NOT NULL, id bytea NOT NULL,
 			expires_at timestamptz NOT NULL, PRIMARY KEY (namespace, key, id)`, "")+

@@ -11,7 +11,7 @@ import (
 // travels as a bound parameter.
 type statements struct {
 	push, pushRates, nearPush, nearPushRates, fetch, reset string
-	hitBatch, acquire, renew, release, rate, giveBack      string
+	hitBatch, acquire, renew, release                      string
 	setBans, getBans, attend, mark, readNear               string
 }
 
@@ -26,7 +26,7 @@ const expiryMarginMs = 1000
 func (n *names) placeholders() *strings.Replacer {
 	args := []string{"{counters}", n.counters, "{margin}", fmt.Sprint(expiryMarginMs), "{bound}", fmt.Sprint(maxNearMarks)}
 	for _, suffix := range []string{"ids", "hits", "slots", "acquire", "renew", "release", "bans", "banver", "set_bans",
-		"fleet", "rates", "rate_ids", "rate", "give_back", "near", "nearver"} {
+		"fleet", "rates", "near", "nearver"} {
 		args = append(args, "{"+suffix+"}", n.qualified("_"+suffix))
 	}
 	return strings.NewReplacer(args...)
@@ -43,8 +43,6 @@ FROM {hits}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $1
 		acquire:  r.Replace(`SELECT held, ok FROM {acquire}($1, $2, $3, $4, $5, $6)`),
 		renew:    r.Replace(`SELECT {renew}($1, $2, $3, $4, $5)`),
 		release:  r.Replace(`SELECT {release}($1, $2, $3, $4)`),
-		rate:     r.Replace(`SELECT ok, tat, now_us FROM {rate}($1, $2, $3, $4, $5, $6, $7, $8)`),
-		giveBack: r.Replace(`SELECT {give_back}($1, $2, $3, $4, $5)`),
 		setBans:  r.Replace(`SELECT {set_bans}($1, $2, $3, $4, $5)`),
 		getBans:  r.Replace(getBansSQL),
 		attend:   r.Replace(attendSQL),

@@ -237,19 +237,16 @@ func testRateBatchPushThenBatch(t *testing.T, s strategy.RateBatcher) {
 	}
 }
 
-// testRateBatchBadInput checks that a hit with a bad or forced rate is
+// testRateBatchBadInput checks that a hit with a bad rate is
 // refused alone, and that a Batch with a bad rate is refused whole,
 // before anything changes.
 func testRateBatchBadInput(t *testing.T, s strategy.RateBatcher) {
 	c := newRateBatchCase(t, s)
 	good := req(hour, 1, 1)
-	forced := good
-	forced.Force = true
 	zeroTol := good
 	zeroTol.Tolerance = 0
 	hits := []strategy.HitRequest{
 		rateHit("a", good, false),
-		rateHit("b", forced, false),
 		rateHit("c", zeroTol, false),
 		{Key: "d"}, // no rate and no window
 	}
