@@ -194,24 +194,22 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if n := len(parts); n > 1 && parts[n-1] == "" {
 		parts = parts[:n-1] // a trailing slash
 	}
+	methods, serve := []string{http.MethodGet}, func() error { return nil }
 	switch {
 	case len(parts) == 1 && parts[0] == "namespaces":
-		if err := allow(w, r, http.MethodGet); err != nil {
-			return err
-		}
-		return a.listNamespaces(w)
+		serve = func() error { return a.listNamespaces(w) }
 	case len(parts) == 3 && parts[0] == "namespaces" && parts[2] == "keys":
-		if err := allow(w, r, http.MethodGet, http.MethodDelete); err != nil {
-			return err
-		}
-		return a.serveKey(w, r, parts[1])
+		methods = append(methods, http.MethodDelete)
+		serve = func() error { return a.serveKey(w, r, parts[1]) }
 	case len(parts) == 3 && parts[0] == "namespaces" && parts[2] == "bans":
-		if err := allow(w, r, http.MethodGet); err != nil {
-			return err
-		}
-		return a.listBans(w, r, parts[1])
+		serve = func() error { return a.listBans(w, r, parts[1]) }
+	default:
+		return apiError(http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path))
 	}
-	return apiError(http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path))
+	if err := allow(w, r, methods...); err != nil {
+		return err
+	}
+	return serve()
 }
 
 // allow refuses a method the route does not take, naming those it does.
@@ -413,31 +411,25 @@ func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInf
 		info.BannedUntil = &until
 	}
 	now := ns.counters.Now()
-	var samples []windowInfo
 	if source == sourceStore {
 		store, err := storeSamples(ctx, ns.store, ns.name, key, sizes, now)
 		if err != nil {
 			return info, fmt.Errorf("reading a key of namespace %q from the %s store: %w", ns.name, ns.storeModule, err)
 		}
 		for _, s := range store {
-			samples = append(samples, windowOf(s))
+			info.Windows = append(info.Windows, windowOf(s))
 		}
-	} else {
-		for _, size := range sizes {
-			i := slices.IndexFunc(held, func(w window.KeyWindow) bool { return w.Size == size })
-			var w windowInfo
-			if i >= 0 {
-				w = windowOf(held[i].Sample)
-				w.Pending, w.PendingPrevious = &held[i].PendingCurrent, &held[i].PendingPrevious
-			} else {
-				var zero float64
-				w = windowOf(emptySample(size, now))
-				w.Pending, w.PendingPrevious = &zero, &zero
-			}
-			samples = append(samples, w)
-		}
+		return info, nil
 	}
-	info.Windows = append(info.Windows, samples...)
+	for _, size := range sizes {
+		kw := window.KeyWindow{Sample: emptySample(size, now)} // not held: zero, no diff
+		if i := slices.IndexFunc(held, func(w window.KeyWindow) bool { return w.Size == size }); i >= 0 {
+			kw = held[i]
+		}
+		w := windowOf(kw.Sample)
+		w.Pending, w.PendingPrevious = &kw.PendingCurrent, &kw.PendingPrevious
+		info.Windows = append(info.Windows, w)
+	}
 	return info, nil
 }
 
@@ -445,9 +437,6 @@ func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInf
 // its store, at now (Unix nanoseconds): a window the store does not hold
 // counts zero.
 func storeSamples(ctx context.Context, store strategy.Store, namespace, key string, sizes []time.Duration, now int64) ([]window.Sample, error) {
-	if store == nil {
-		return nil, fmt.Errorf("namespace %q is local only: it has no store", namespace)
-	}
 	counts, err := store.GetCounters(ctx, namespace, []string{key}, sizes, time.Unix(0, now))
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -91,13 +92,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.provisionZones(); err != nil {
 		return err
 	}
-	namespaces := maps.Clone(a.Namespaces)
-	if namespaces == nil {
-		namespaces = make(map[string]*NamespaceConfig)
-	}
-	if namespaces[DefaultName] == nil {
-		namespaces[DefaultName] = &NamespaceConfig{}
-	}
+	namespaces := map[string]*NamespaceConfig{DefaultName: nil} // nil: the defaults
+	maps.Copy(namespaces, a.Namespaces)
 	a.namespaces = make(map[string]*Namespace, len(namespaces))
 	a.loops = make(map[string]*loop, len(namespaces))
 	for _, name := range slices.Sorted(maps.Keys(namespaces)) {
@@ -117,14 +113,11 @@ func (a *App) provisionZones() error {
 		if name == "" {
 			return fmt.Errorf("zones: a zone needs a name")
 		}
-		if z == nil {
-			z = &ZoneConfig{}
-		}
 		switch {
+		case z == nil || z.MaxKeys == 0:
+			a.maxKeys[name] = DefaultMaxKeys
 		case z.MaxKeys < 0:
 			return fmt.Errorf("zone %q: max_keys must be positive, got %d", name, z.MaxKeys)
-		case z.MaxKeys == 0:
-			a.maxKeys[name] = DefaultMaxKeys
 		default:
 			a.maxKeys[name] = z.MaxKeys
 		}
@@ -150,10 +143,7 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if cfg == nil {
 		cfg = &NamespaceConfig{}
 	}
-	zoneName := cfg.Zone
-	if zoneName == "" {
-		zoneName = DefaultName
-	}
+	zoneName := cmp.Or(cfg.Zone, DefaultName)
 	zh, ok := a.zones[zoneName]
 	if !ok {
 		return nil, fmt.Errorf("zone: unknown zone %q (zones: %s)", zoneName, strings.Join(slices.Sorted(maps.Keys(a.zones)), ", "))
@@ -328,11 +318,7 @@ func (a *App) Cleanup() error {
 
 // flushContext bounds the pushes of a Stop or a Cleanup by flush_timeout.
 func (a *App) flushContext() (context.Context, context.CancelFunc) {
-	timeout := time.Duration(a.FlushTimeout)
-	if timeout == 0 {
-		timeout = DefaultFlushTimeout
-	}
-	return context.WithTimeout(context.Background(), timeout)
+	return context.WithTimeout(context.Background(), cmp.Or(time.Duration(a.FlushTimeout), DefaultFlushTimeout))
 }
 
 // Namespace returns the namespace of the given name. An unknown name is an

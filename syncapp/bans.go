@@ -111,7 +111,6 @@ func (t *banTable) dropEnded(now int64) {
 		}
 	}
 	t.swept = now
-	t.held.Store(int64(len(t.until)))
 }
 
 // makeRoom drops the bans that ended, and if that leaves capacity or
@@ -153,15 +152,15 @@ func (t *banTable) forget(key string, until int64) {
 	defer t.mu.Unlock()
 	if t.until[key] == until {
 		t.drop(key)
-		t.held.Store(int64(len(t.until)))
 	}
 }
 
 // drop removes key's ban and its pending push, if any. The caller holds
-// the lock and updates held.
+// the lock.
 func (t *banTable) drop(key string) {
 	delete(t.until, key)
 	delete(t.pending, key)
+	t.held.Store(int64(len(t.until)))
 }
 
 // active returns the bans that have not ended by now (Unix nanoseconds),
@@ -188,7 +187,6 @@ func (t *banTable) lift(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.drop(key)
-	t.held.Store(int64(len(t.until)))
 }
 
 // inForce returns the number of bans that have not ended by now (Unix
@@ -256,13 +254,12 @@ func (t *banTable) sync(ctx context.Context, banner strategy.Banner) error {
 		}
 	}
 	if len(push) > 0 {
-		if err := banner.SetBans(ctx, t.name, push); err != nil {
-			if errors.Is(err, strategy.ErrRejected) {
-				t.logger.Error("the store refused bans: they hold on this node only", zap.String("namespace", t.name), zap.Error(err))
-			} else {
-				t.repend(push)
-				return err
-			}
+		switch err := banner.SetBans(ctx, t.name, push); {
+		case errors.Is(err, strategy.ErrRejected):
+			t.logger.Error("the store refused bans: they hold on this node only", zap.String("namespace", t.name), zap.Error(err))
+		case err != nil:
+			t.repend(push)
+			return err
 		}
 	}
 	bans, version, err := banner.GetBans(ctx, t.name, known, time.Now())

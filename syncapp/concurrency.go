@@ -3,6 +3,7 @@ package syncapp
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
@@ -79,23 +80,15 @@ func (f *inFlight) acquire(key string, max int) bool {
 	if f.n[key] >= max {
 		return false
 	}
-	f.addLocked(key)
-	return true
-}
-
-// add counts one more request of key, whatever the number in flight.
-func (f *inFlight) add(key string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.addLocked(key)
-}
-
-func (f *inFlight) addLocked(key string) {
 	if f.n == nil {
 		f.n = make(map[string]int)
 	}
 	f.n[key]++
+	return true
 }
+
+// add counts one more request of key, whatever the number in flight.
+func (f *inFlight) add(key string) { f.acquire(key, math.MaxInt) }
 
 // remove counts one request of key less.
 func (f *inFlight) remove(key string) {

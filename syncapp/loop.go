@@ -229,13 +229,11 @@ func (l *loop) runCurrent(ctx context.Context, periodic bool) {
 	}
 	defer l.runs.unlock()
 	if r := l.current(); r != nil && r.store != nil {
-		var err error
+		var fetchAt time.Time
 		if periodic {
-			err = r.runLocked(ctx, true, fetchAfter(time.Now(), r.interval()))
-		} else {
-			err = r.runLocked(ctx, false, time.Time{})
+			fetchAt = fetchAfter(time.Now(), r.interval())
 		}
-		if err == nil {
+		if r.runLocked(ctx, periodic, fetchAt) == nil {
 			r.maintain(ctx)
 		}
 	}

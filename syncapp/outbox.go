@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -108,30 +109,30 @@ func (o *outbox) deliver(ctx context.Context, store strategy.Store, fl flight, h
 		newDiffs = fl.batch.Diffs
 	}
 	parts := partsPush{h: h}
-	var kept []strategy.Batch
-	for i, r := range fl.retries {
-		rest, sent, err := parts.push(ctx, o, store, r)
-		if err != nil {
-			o.putBack(append(kept, fl.retries[i:]...))
-			return newDiffs, true, fmt.Errorf("retrying failed hits: %w", err)
+	// pushAll pushes batches until one fails, and returns what stays: of
+	// each batch pushed, what was held back or failed in some parts; then
+	// the batch that failed and those after it.
+	pushAll := func(batches []strategy.Batch) (kept []strategy.Batch, err error) {
+		for i, b := range batches {
+			rest, sent, err := parts.push(ctx, o, store, b)
+			if err != nil {
+				return append(kept, batches[i:]...), err
+			}
+			if rest != nil {
+				kept = append(kept, *rest)
+			}
+			contacted = contacted || sent
 		}
-		if rest != nil {
-			kept = append(kept, *rest)
-		}
-		contacted = contacted || sent
+		return kept, nil
 	}
+	kept, err := pushAll(fl.retries)
 	o.putBack(kept)
-	kept = nil
-	for i, b := range fl.failed {
-		rest, sent, err := parts.push(ctx, o, store, b)
-		if err != nil {
-			o.setFailed(append(kept, fl.failed[i:]...))
-			return newDiffs, true, fmt.Errorf("retrying a failed push: %w", err)
-		}
-		if rest != nil {
-			kept = append(kept, *rest)
-		}
-		contacted = contacted || sent
+	if err != nil {
+		return newDiffs, true, fmt.Errorf("retrying failed hits: %w", err)
+	}
+	if kept, err = pushAll(fl.failed); err != nil {
+		o.setFailed(kept)
+		return newDiffs, true, fmt.Errorf("retrying a failed push: %w", err)
 	}
 	if fl.batch != nil {
 		// The new batch's diffs of the parts down, or that failed in
@@ -224,30 +225,26 @@ func (p *partsPush) err() error {
 	if len(p.failed) == 0 {
 		return nil
 	}
-	parts := make([]int, 0, len(p.failed))
-	for part := range p.failed {
-		parts = append(parts, part)
-	}
-	return strategy.Partial(p.first, parts...)
+	return strategy.Partial(p.first, slices.Collect(maps.Keys(p.failed))...)
 }
 
 // splitBatch returns b's diffs and rates whose keys are in, and the
 // others, each as a batch of b's ID.
 func splitBatch(b strategy.Batch, in func(key string) bool) (inside, outside strategy.Batch) {
 	inside, outside = b, b
-	inside.Diffs, inside.Rates, outside.Diffs, outside.Rates = nil, nil, nil, nil
-	for _, d := range b.Diffs {
-		if in(d.Key) {
-			inside.Diffs = append(inside.Diffs, d)
+	inside.Diffs, outside.Diffs = split(b.Diffs, func(d window.Diff) bool { return in(d.Key) })
+	inside.Rates, outside.Rates = split(b.Rates, func(r strategy.RateDiff) bool { return in(r.Key) })
+	return inside, outside
+}
+
+// split returns the elements of xs that are in, and the others, each nil
+// when there are none.
+func split[T any](xs []T, in func(T) bool) (inside, outside []T) {
+	for _, x := range xs {
+		if in(x) {
+			inside = append(inside, x)
 		} else {
-			outside.Diffs = append(outside.Diffs, d)
-		}
-	}
-	for _, r := range b.Rates {
-		if in(r.Key) {
-			inside.Rates = append(inside.Rates, r)
-		} else {
-			outside.Rates = append(outside.Rates, r)
+			outside = append(outside, x)
 		}
 	}
 	return inside, outside
@@ -308,7 +305,8 @@ func (o *outbox) dropKey(key string) {
 	drop := func(batches []strategy.Batch) []strategy.Batch {
 		var kept []strategy.Batch
 		for _, b := range batches {
-			b.Diffs = withoutKey(b.Diffs, key)
+			// New slices: a batch's may be shared with a push that failed.
+			b.Diffs = slices.DeleteFunc(slices.Clone(b.Diffs), func(d window.Diff) bool { return d.Key == key })
 			b.Rates = slices.DeleteFunc(slices.Clone(b.Rates), func(r strategy.RateDiff) bool { return r.Key == key })
 			if len(b.Diffs)+len(b.Rates) > 0 {
 				kept = append(kept, b)
@@ -320,21 +318,6 @@ func (o *outbox) dropKey(key string) {
 	o.failed, o.retries = drop(o.failed), drop(o.retries)
 	o.mu.Unlock()
 	o.inflight.set(o.pending())
-}
-
-// withoutKey returns diffs without those of key, in a new slice when it
-// drops any: a batch's diffs may be shared with a push that failed.
-func withoutKey(diffs []window.Diff, key string) []window.Diff {
-	if !slices.ContainsFunc(diffs, func(d window.Diff) bool { return d.Key == key }) {
-		return diffs
-	}
-	var kept []window.Diff
-	for _, d := range diffs {
-		if d.Key != key {
-			kept = append(kept, d)
-		}
-	}
-	return kept
 }
 
 // diffs returns how many diffs (and rates' turns) wait in the outbox: of

@@ -92,17 +92,36 @@ func (r *runner) run(ctx context.Context, fetch bool) error {
 // until fetchAt, which the run's duration does not count.
 func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) error {
 	start := time.Now()
-	contacted, waited, err := r.pushAndFetch(ctx, fetch && r.mode == Periodic, fetchAt)
-	if err == nil {
-		var asked bool
-		asked, err = r.syncBans(ctx)
-		contacted, err = contacted || asked, r.partly(err)
+	var contacted, fetched bool
+	var waited time.Duration
+	var err error
+	// step does one part of the run, unless an earlier one failed, and
+	// keeps whether it asked the store anything and its failure (partly).
+	step := func(f func() (asked bool, err error)) {
+		if err == nil {
+			asked, stepErr := f()
+			contacted, err = contacted || asked, r.partly(stepErr)
+		}
 	}
-	if err == nil && r.roster != nil && !r.health.partDownFor("") {
-		var asked bool
-		asked, err = r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
-		contacted, err = contacted || asked, r.partly(err)
+	step(func() (bool, error) { return r.pushPending(ctx) })
+	if fetch && r.mode == Periodic {
+		step(func() (_ bool, err error) {
+			fetched, waited, err = r.fetchDue(ctx, fetchAt)
+			return fetched, err
+		})
 	}
+	if !fetched {
+		// A fetch carries the marks asked for (getCounters); those asked
+		// after it wait for the next run's.
+		step(func() (bool, error) { return r.markAsked(ctx) })
+	}
+	step(func() (bool, error) { return r.syncBans(ctx) })
+	step(func() (bool, error) {
+		if r.roster == nil || r.health.partDownFor("") {
+			return false, nil
+		}
+		return r.members.attend(ctx, r.roster, r.name, max(r.interval(), attendEvery))
+	})
 	switch {
 	case err != nil || contacted:
 	case r.health.down():
@@ -118,7 +137,8 @@ func (r *runner) runLocked(ctx context.Context, fetch bool, fetchAt time.Time) e
 	}
 	if p := r.health.parted(); err == nil && p != nil && r.health.partsDown() > 0 {
 		// So do the keys of the parts that failed.
-		contacted, err = true, r.pingParts(ctx, p, r.health.downParts())
+		down := r.health.downParts()
+		contacted, err = true, r.answered(down, p.PingParts(ctx, down))
 	}
 	if err == nil && r.slots.hasLocal() {
 		// Requests admitted while the store could not be asked take
@@ -144,26 +164,6 @@ func (r *runner) maintain(ctx context.Context) {
 	}
 }
 
-// pushAndFetch does one run's work on counts, and reports whether it
-// asked the store anything and how long it waited for fetchAt.
-func (r *runner) pushAndFetch(ctx context.Context, fetch bool, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
-	contacted, err = r.pushPending(ctx)
-	err = r.partly(err)
-	var fetched bool
-	if err == nil && fetch {
-		fetched, waited, err = r.fetchDue(ctx, fetchAt)
-		contacted, err = contacted || fetched, r.partly(err)
-	}
-	if err == nil && !fetched {
-		// A fetch carries the marks asked for (getCounters); those asked
-		// after it wait for the next run's.
-		var asked bool
-		asked, err = r.markAsked(ctx)
-		contacted, err = contacted || asked, r.partly(err)
-	}
-	return contacted, waited, err
-}
-
 // partly records err, when it is the failure of some parts of a store
 // made of parts (see storeHealth), as theirs, and returns nil: the run
 // goes on with the other parts. Any other err it returns as is.
@@ -181,13 +181,6 @@ func (r *runner) partly(err error) error {
 func failedWhole(err error) bool {
 	_, partial := strategy.FailedParts(err)
 	return err != nil && !partial
-}
-
-// pingParts asks the servers of the given parts whether they answer
-// (strategy.Parted), brings back those that do, and records the others
-// as failed.
-func (r *runner) pingParts(ctx context.Context, p strategy.Parted, parts []int) error {
-	return r.answered(parts, p.PingParts(ctx, parts))
 }
 
 // answered brings back the parts that a call that asked the given parts

@@ -229,11 +229,6 @@ type unreleased struct {
 	uncertain bool
 }
 
-// releaseSlots is the call that frees slots in their store.
-func releaseSlots(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
-	return st.ReleaseSlots(ctx, ns, slots)
-}
-
 // loop releases slots as their requests end, renews the held ones, and
 // tries the failed releases again.
 func (h *slotHolder) loop() {
@@ -248,17 +243,14 @@ func (h *slotHolder) loop() {
 			return
 		case first := <-h.releases:
 			batch := h.drain([]heldSlot{first}, maxReleaseBatch)
-			h.retryLater(h.each(batch, releaseSlots))
+			h.retryLater(h.each(batch, strategy.Slotter.ReleaseSlots))
 		case <-retry.C:
 			h.retryReleases(time.Now())
 		case <-renew.C:
 			h.mu.Lock()
-			held := make([]heldSlot, 0, len(h.held))
-			for s := range h.held {
-				held = append(held, s)
-			}
+			held := slices.Collect(maps.Keys(h.held))
 			h.mu.Unlock()
-			h.each(held, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+			h.each(held, func(st strategy.Slotter, ctx context.Context, ns string, slots []strategy.Slot) error {
 				return st.RenewSlots(ctx, ns, slots, slotLease)
 			})
 		}
@@ -297,7 +289,7 @@ func (h *slotHolder) retryReleases(now time.Time) {
 		return
 	}
 	failed := make(map[heldSlot]bool)
-	for _, s := range h.each(again, releaseSlots) {
+	for _, s := range h.each(again, strategy.Slotter.ReleaseSlots) {
 		failed[s] = true
 	}
 	h.mu.Lock()
@@ -311,7 +303,9 @@ func (h *slotHolder) retryReleases(now time.Time) {
 
 // each calls f once per store and namespace of the given slots, and
 // returns the slots of the calls that failed.
-func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slotter, string, []strategy.Slot) error) (failed []heldSlot) {
+// f's parameters are in the order of a method expression of
+// strategy.Slotter.
+func (h *slotHolder) each(slots []heldSlot, f func(strategy.Slotter, context.Context, string, []strategy.Slot) error) (failed []heldSlot) {
 	type group struct {
 		store     strategy.Slotter
 		namespace string
@@ -323,7 +317,7 @@ func (h *slotHolder) each(slots []heldSlot, f func(context.Context, strategy.Slo
 	}
 	for g, slots := range groups {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := f(ctx, g.store, g.namespace, slots)
+		err := f(g.store, ctx, g.namespace, slots)
 		cancel()
 		if err != nil {
 			h.health.fail(err, 0)
@@ -356,20 +350,14 @@ func (h *slotHolder) drain(batch []heldSlot, limit int) []heldSlot {
 // releaseAll releases the slots still queued or held, at the end.
 func (h *slotHolder) releaseAll() {
 	h.mu.Lock()
-	var all []heldSlot
-	for s := range h.held {
-		all = append(all, s)
-	}
+	all := slices.AppendSeq(slices.Collect(maps.Keys(h.held)), maps.Keys(h.unreleased))
 	clear(h.held)
-	for s := range h.unreleased {
-		all = append(all, s)
-	}
 	clear(h.unreleased)
 	h.mu.Unlock()
 	all = h.drain(all, cap(h.releases)+len(all))
 	// The config that held a store may have closed it already: what
 	// cannot be released here runs out its lease.
-	h.each(all, func(ctx context.Context, st strategy.Slotter, ns string, slots []strategy.Slot) error {
+	h.each(all, func(st strategy.Slotter, ctx context.Context, ns string, slots []strategy.Slot) error {
 		if err := st.ReleaseSlots(ctx, ns, slots); err != nil {
 			h.logger.Debug("releasing concurrency slots at the end; they expire with their lease",
 				zap.String("namespace", ns), zap.Int("slots", len(slots)), zap.Error(err))
