@@ -25,21 +25,21 @@ func initMetrics() {
 	metrics.once.Do(func() {
 		metrics.syncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "caddy_rate_limit_sync_duration_seconds",
-			Help:      "Time one sync run of a namespace took: pushing its diffs and fetching counts.",
-			Buckets:   prometheus.ExponentialBuckets(0.0005, 2, 16),
+			Help:    "Time one sync run of a namespace took: pushing its diffs and fetching counts.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"namespace"})
 		metrics.syncErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "caddy_rate_limit_sync_errors_total",
-			Help:      "Failed syncs and synchronous hits of a namespace, by namespace.",
+			Help: "Failed syncs and synchronous hits of a namespace, by namespace.",
 		}, []string{"namespace"})
 		metrics.hitBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "caddy_rate_limit_sync_hit_batch_size",
-			Help:      "Synchronous hits of a namespace sent to its store in one round trip.",
-			Buckets:   prometheus.ExponentialBuckets(1, 2, 9),
+			Help:    "Synchronous hits of a namespace sent to its store in one round trip.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}, []string{"namespace"})
 		metrics.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "caddy_rate_limit_store_timeouts_total",
-			Help:      "Failures of a namespace's store that were timeouts: sync runs, synchronous hits (each hit of a round trip) and stalls.",
+			Help: "Failures of a namespace's store that were timeouts: sync runs, synchronous hits (each hit of a round trip) and stalls.",
 		}, []string{"namespace"})
 		metrics.pool = poolCollector{}
 	})
