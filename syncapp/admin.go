@@ -177,9 +177,7 @@ const (
 
 // apiError is an error Caddy's admin server answers with status and the
 // JSON body {"error": "<err>"}.
-func apiError(status int, err error) error {
-	return caddy.APIError{HTTPStatus: status, Err: err}
-}
+func apiError(status int, err error) error { return caddy.APIError{HTTPStatus: status, Err: err} }
 
 // serve routes a request under /rate_limit/.
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -255,10 +253,14 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 	out := make([]namespaceInfo, 0, len(app.namespaces))
 	for _, name := range slices.Sorted(maps.Keys(app.namespaces)) {
 		ns := app.namespaces[name]
+		syncRate := SyncRate(ns.rate) // 0 unless periodic
+		if ns.mode == Local {
+			syncRate = SyncOff
+		}
 		info := namespaceInfo{
 			Name:         name,
 			Mode:         ns.mode.String(),
-			SyncRate:     ns.syncRate().String(),
+			SyncRate:     syncRate.String(),
 			SyncAbove:    ns.syncAbove,
 			WindowSizes:  []string{},
 			Keys:         ns.counters.Len(),
@@ -323,17 +325,6 @@ func (a *AdminAPI) listBans(w http.ResponseWriter, r *http.Request, namespace st
 		out.Bans = append(out.Bans, banInfo{Key: url.QueryEscape(b.Key), Until: b.Until.UTC()})
 	}
 	return writeJSON(w, out)
-}
-
-// syncRate returns the namespace's sync_rate, as the Caddyfile writes it.
-func (n *Namespace) syncRate() SyncRate {
-	switch n.mode {
-	case Local:
-		return SyncOff
-	case Synchronous:
-		return 0
-	}
-	return SyncRate(n.rate)
 }
 
 // serveKey reads or resets one key of a namespace.

@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -29,9 +30,7 @@ func (n *Namespace) Ban(ctx context.Context, key string, until time.Time) {
 // BannedUntil returns when key's ban ends, or the zero time when the key is
 // not banned or its ban has ended. It reads this node's memory only, and
 // costs an atomic load when the namespace holds no ban.
-func (n *Namespace) BannedUntil(key string) time.Time {
-	return n.bans.bannedUntil(key)
-}
+func (n *Namespace) BannedUntil(key string) time.Time { return n.bans.bannedUntil(key) }
 
 // BansAcrossNodes reports whether the namespace shares its bans with the
 // fleet through its store: false in a local namespace, and with a store
@@ -174,10 +173,7 @@ func (t *banTable) active(now int64, limit int) (bans []strategy.Ban, total int)
 	}
 	t.mu.RUnlock()
 	slices.SortFunc(bans, func(a, b strategy.Ban) int {
-		if c := b.Until.Compare(a.Until); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
+		return cmp.Or(b.Until.Compare(a.Until), strings.Compare(a.Key, b.Key))
 	})
 	return bans[:min(limit, len(bans))], len(bans)
 }

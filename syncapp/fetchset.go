@@ -35,9 +35,7 @@ type fetchSet struct {
 	fetches int64
 }
 
-func newFetchSet() *fetchSet {
-	return &fetchSet{touched: make(map[string]int64)}
-}
+func newFetchSet() *fetchSet { return &fetchSet{touched: make(map[string]int64)} }
 
 // touch adds the keys a run found touched, up to capacity keys in all: a
 // key left out is added when it is touched again.

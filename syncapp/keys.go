@@ -122,6 +122,4 @@ func (n *Namespace) peekNear(ctx context.Context, key string, limits []Limit, va
 // erased) or after it, never twice. In synchronous mode a hit answered by
 // the store just before the store's reset may leave this node's view of
 // the key stale until the key's next hit.
-func (n *Namespace) Reset(ctx context.Context, key string) error {
-	return n.runner.reset(ctx, key)
-}
+func (n *Namespace) Reset(ctx context.Context, key string) error { return n.runner.reset(ctx, key) }

@@ -91,9 +91,7 @@ func (l *loop) holdStore(key poolKey) {
 
 // noNewStore is the constructor of a pool look-up that only takes a
 // reference to a store that is there.
-func noNewStore() (caddy.Destructor, error) {
-	return nil, errors.New("the store is not open")
-}
+func noNewStore() (caddy.Destructor, error) { return nil, errors.New("the store is not open") }
 
 // detach forgets r, whose config is stopping, and returns the runner the
 // loop runs now: the next config's, or on a failed reload the one that

@@ -184,9 +184,7 @@ func (n *nearKeys) merge(marks []strategy.NearMark, capacity int, now time.Time)
 func (n *nearKeys) count() int64 { return n.held.Load() }
 
 // has reports whether key is marked, and its mark has not ended.
-func (n *nearKeys) has(key string) bool {
-	return n.end(key) > n.now()
-}
+func (n *nearKeys) has(key string) bool { return n.end(key) > n.now() }
 
 // end returns when key's mark ends (Unix nanoseconds), or 0 for a key not
 // marked: without a lock when no key is.

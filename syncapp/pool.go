@@ -1,6 +1,8 @@
 package syncapp
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -69,11 +71,8 @@ func (h *zoneHolder) resize() {
 	if len(h.claims) == 0 {
 		return
 	}
-	largest := 0
-	for _, n := range h.claims {
-		largest = max(largest, n)
-	}
-	_ = h.zone.Resize(largest) // positive: checked at provision
+	// The largest claim; positive: checked at provision.
+	_ = h.zone.Resize(slices.Max(slices.Collect(maps.Values(h.claims))))
 }
 
 // start arms the sweeper once. It is called from App.Start, so that

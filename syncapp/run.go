@@ -443,9 +443,7 @@ func (r *runner) reset(ctx context.Context, key string) error {
 // pendingDiffs returns how many diffs wait to be pushed: those in the
 // zone, of a batch whose push failed, of hits to retry, and of a push in
 // flight (a store that hangs holds them there).
-func (r *runner) pendingDiffs() int {
-	return r.counters.Pending() + r.outbox.diffs()
-}
+func (r *runner) pendingDiffs() int { return r.counters.Pending() + r.outbox.diffs() }
 
 // hasPending reports whether a run would have anything to push, or one
 // is busy pushing: a flush then waits for it.
@@ -478,9 +476,7 @@ func (r *runner) interval() time.Duration {
 // timeout bounds one sync run of the loop: two sync intervals, within
 // [minRunTimeout, maxRunTimeout], so a hung store cannot hold up the
 // namespace's Sync and Fetch calls and stop flushes for long.
-func (r *runner) timeout() time.Duration {
-	return min(max(minRunTimeout, 2*r.rate), maxRunTimeout)
-}
+func (r *runner) timeout() time.Duration { return min(max(minRunTimeout, 2*r.rate), maxRunTimeout) }
 
 // fetchAfter returns when the periodic run aligned at or just before now
 // fetches: a beat after the instant at which every node pushes, so that
@@ -498,9 +494,7 @@ func fetchAfter(now time.Time, interval time.Duration) time.Time {
 // a fifth of the interval, at most 10ms. A push of a few thousand keys
 // lands within it on a local network, and it adds at most a fifth of an
 // interval to how long the others' hits stay unseen.
-func fetchBeat(interval time.Duration) time.Duration {
-	return min(interval/5, 10*time.Millisecond)
-}
+func fetchBeat(interval time.Duration) time.Duration { return min(interval/5, 10*time.Millisecond) }
 
 // runLock serializes a namespace's runs (the loop's, Sync and Fetch
 // calls, the flushes at stop, resets): what a run took from the zone is

@@ -367,6 +367,4 @@ func (h *slotHolder) releaseAll() {
 }
 
 // close stops the loop, once it has released what it holds.
-func (h *slotHolder) close() {
-	h.worker.close()
-}
+func (h *slotHolder) close() { h.worker.close() }
