@@ -38,31 +38,28 @@ import (
 // keeps it from eviction and has the next sync fetch its counts.
 func (n *Namespace) Peek(ctx context.Context, key string, limits []Limit, value float64, fixed bool, out []window.Sample) (rejected int, wait time.Duration) {
 	now := n.counters.Now()
-	fromStore := false
-	sizes := func() []time.Duration {
+	// fromStore reads key's counts from the store into out (observe: as
+	// refresh's, see storeRoad.read), and reports whether it could.
+	fromStore := func(observe bool) bool {
 		sizes := make([]time.Duration, len(limits))
 		for i, l := range limits {
 			sizes[i] = l.Size
 		}
-		return sizes
-	}
-	if n.mode == Synchronous && !n.health.downFor(key) {
-		// Synchronous mode has a road: the store takes synchronous hits.
-		if samples, ok := n.road.read(ctx, key, sizes(), now, false); ok {
+		samples, ok := n.road.read(ctx, key, sizes, now, observe)
+		if ok {
 			copy(out, samples)
-			fromStore = true
 		}
+		return ok
 	}
-	if !fromStore {
+	// Synchronous mode has a road: the store takes synchronous hits.
+	if n.mode != Synchronous || n.health.downFor(key) || !fromStore(false) {
 		for i, l := range limits {
 			out[i] = n.counters.Read(key, l.Size)
 		}
 		// So does a periodic one with sync_above. Observed, the store's
 		// counts replace this node's, as refresh's do.
 		if n.syncAbove > 0 && !n.health.downFor(key) && n.peekNear(ctx, key, limits, value, fixed, out) {
-			if samples, ok := n.road.read(ctx, key, sizes(), now, true); ok {
-				copy(out, samples)
-			}
+			fromStore(true)
 		}
 	}
 	rejected = -1

@@ -221,13 +221,9 @@ func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted boo
 		}
 		waited = wait
 	}
-	counts, err := r.getCounters(ctx, keys)
-	if failedWhole(err) {
-		return true, waited, err
+	if err = r.apply(r.getCounters(ctx, keys)); !failedWhole(err) {
+		r.fetched.fetched()
 	}
-	// On a store made of parts, the counts of the parts that answered.
-	r.counters.Apply(counts)
-	r.fetched.fetched()
 	return true, waited, err
 }
 
@@ -300,11 +296,18 @@ func (r *runner) pushPending(ctx context.Context) (contacted bool, err error) {
 	if r.mode == Periodic {
 		r.fetched.touch(keys, r.counters.Zone().Capacity())
 	}
+	contacted, err = r.deliver(ctx, fl)
+	return contacted || probed, err
+}
+
+// deliver pushes fl (outbox.deliver), and gives back to the zone the
+// diffs that wait there.
+func (r *runner) deliver(ctx context.Context, fl flight) (contacted bool, err error) {
 	restore, contacted, err := r.outbox.deliver(ctx, r.store, fl, r.health)
 	if len(restore) > 0 {
 		r.counters.Restore(restore)
 	}
-	return contacted || probed, err
+	return contacted, err
 }
 
 // probe asks a failing store what the outbox holds (hits to retry, a
@@ -315,12 +318,7 @@ func (r *runner) probe(ctx context.Context) (asked bool, err error) {
 		return r.ping(ctx)
 	}
 	r.outbox.lockTake()
-	fl := r.outbox.load(nil)
-	restore, asked, err := r.outbox.deliver(ctx, r.store, fl, r.health)
-	if len(restore) > 0 {
-		r.counters.Restore(restore)
-	}
-	return asked, err
+	return r.deliver(ctx, r.outbox.load(nil))
 }
 
 // nearShare returns the share of a diff's limit at which a periodic
@@ -401,11 +399,15 @@ func (r *runner) fetch(ctx context.Context, keys []string) error {
 		return err
 	}
 	defer r.lock.unlock()
-	counts, err := r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Unix(0, r.counters.Now()))
-	if failedWhole(err) {
-		return err
+	return r.apply(r.store.GetCounters(ctx, r.name, keys, r.sizes.list(), time.Unix(0, r.counters.Now())))
+}
+
+// apply sets the local counts to the store's, unless the read failed as a
+// whole: on a store made of parts, to those of the parts that answered.
+func (r *runner) apply(counts []window.Count, err error) error {
+	if !failedWhole(err) {
+		r.counters.Apply(counts)
 	}
-	r.counters.Apply(counts) // on a store made of parts, those that answered
 	return err
 }
 
