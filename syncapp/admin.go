@@ -267,6 +267,8 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 			PendingDiffs: ns.runner.pendingDiffs(),
 			Bans:         ns.bans.inForce(time.Now().UnixNano()),
 			Store:        ns.storeModule,
+			// On a store not made of parts, always 0.
+			StorePartsDown: ns.health.partsDown(),
 		}
 		if ns.store != nil {
 			info.OnStoreFailure = string(ns.onFailure)
@@ -274,7 +276,6 @@ func (a *AdminAPI) listNamespaces(w http.ResponseWriter) error {
 		if ns.onFailure == FailShare {
 			info.FleetNodes = ns.members.size()
 		}
-		info.StorePartsDown = ns.health.partsDown()
 		for zname, zh := range app.zones {
 			if zh.zone == ns.counters.Zone() {
 				info.Zone = zname

@@ -221,11 +221,9 @@ func (a *App) Start() error {
 		ns.health.shareOnFailure(ns.shareOnFailure())
 		ns.runner.track()
 		a.loops[name].attach(ns.runner)
-		if ns.mode == Periodic {
-			if sizes := ns.WindowSizes(); len(sizes) > 0 && ns.rate > sizes[0] {
-				a.logger.Warn("sync_rate is longer than the namespace's smallest window: other nodes will see its hits late, or not at all",
-					zap.String("namespace", ns.name), zap.Duration("sync_rate", ns.rate), zap.Duration("window", sizes[0]))
-			}
+		if sizes := ns.WindowSizes(); ns.mode == Periodic && len(sizes) > 0 && ns.rate > sizes[0] {
+			a.logger.Warn("sync_rate is longer than the namespace's smallest window: other nodes will see its hits late, or not at all",
+				zap.String("namespace", ns.name), zap.Duration("sync_rate", ns.rate), zap.Duration("window", sizes[0]))
 		}
 	}
 	a.register() // for the admin API
@@ -258,18 +256,18 @@ func (a *App) Stop() error {
 			flush = append(flush, ns)
 		}
 	}
-	ctx, cancel := a.flushContext()
-	defer cancel()
-	a.unflushed = a.flush(ctx, flush)
+	a.unflushed = a.flush(flush)
 	for _, zh := range a.zones {
 		zh.release(a)
 	}
 	return nil
 }
 
-// flush pushes what the namespaces have pending, all at once, until ctx
-// ends, and returns those it could not push.
-func (a *App) flush(ctx context.Context, namespaces []*Namespace) map[*Namespace]bool {
+// flush pushes what the namespaces have pending, all at once, within
+// flush_timeout, and returns those it could not push.
+func (a *App) flush(namespaces []*Namespace) map[*Namespace]bool {
+	ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(time.Duration(a.FlushTimeout), DefaultFlushTimeout))
+	defer cancel()
 	var mu sync.Mutex
 	failed := make(map[*Namespace]bool)
 	var wg sync.WaitGroup
@@ -304,9 +302,7 @@ func (a *App) Cleanup() error {
 			flush = append(flush, ns)
 		}
 	}
-	ctx, cancel := a.flushContext()
-	defer cancel()
-	a.flush(ctx, flush)
+	a.flush(flush)
 	for _, key := range a.acquired {
 		if _, err := a.pool.Delete(key); err != nil {
 			a.logger.Error("releasing "+key.kind, zap.String("name", key.name), zap.Error(err))
@@ -314,11 +310,6 @@ func (a *App) Cleanup() error {
 	}
 	a.acquired = nil
 	return nil
-}
-
-// flushContext bounds the pushes of a Stop or a Cleanup by flush_timeout.
-func (a *App) flushContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), cmp.Or(time.Duration(a.FlushTimeout), DefaultFlushTimeout))
 }
 
 // Namespace returns the namespace of the given name. An unknown name is an
