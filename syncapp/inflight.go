@@ -36,19 +36,11 @@ type counterID struct {
 
 // set records the diffs of the given batches as on their way to the
 // store, replacing what was recorded before.
-func (f *inflight) set(retries []strategy.Batch, batches ...*strategy.Batch) {
+func (f *inflight) set(batches []strategy.Batch) {
 	m := make(map[counterID]float64)
-	add := func(b strategy.Batch) {
+	for _, b := range batches {
 		for _, d := range b.Diffs {
 			m[counterID{d.Key, d.Size, d.Start}] += d.Value
-		}
-	}
-	for _, b := range retries {
-		add(b)
-	}
-	for _, b := range batches {
-		if b != nil {
-			add(*b)
 		}
 	}
 	old := f.p.Load()

@@ -83,7 +83,11 @@ func (o *outbox) load(diffs []window.Diff) flight {
 	if len(diffs) > 0 {
 		fl.batch = &strategy.Batch{ID: newBatchID(), Namespace: o.name, Diffs: diffs}
 	}
-	o.inflight.set(slices.Concat(fl.retries, fl.failed), fl.batch)
+	onWay := slices.Concat(fl.retries, fl.failed)
+	if fl.batch != nil {
+		onWay = append(onWay, *fl.batch)
+	}
+	o.inflight.set(onWay)
 	return fl
 }
 

@@ -376,12 +376,7 @@ func (r *runner) useBans() { r.bansUsed.Store(true) }
 // storable drops diffs of windows the store cannot keep, which only the
 // Go API can create: AddWindowSizes refuses them in configs.
 func (r *runner) storable(diffs []window.Diff) []window.Diff {
-	kept := diffs[:0]
-	for _, d := range diffs {
-		if r.sizes.storable(d.Size) {
-			kept = append(kept, d)
-		}
-	}
+	kept := slices.DeleteFunc(diffs, func(d window.Diff) bool { return !r.sizes.storable(d.Size) })
 	if dropped := len(diffs) - len(kept); dropped > 0 {
 		r.logger.Warn("dropping diffs of windows the store cannot keep",
 			zap.String("namespace", r.name), zap.Int("diffs", dropped))
