@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"maps"
 	"sync/atomic"
 	"time"
 
@@ -160,11 +161,7 @@ func (n *nearKeys) merge(marks []strategy.NearMark, capacity int, now time.Time)
 		return
 	}
 	t := now.UnixNano()
-	for k, u := range n.until {
-		if u <= t {
-			delete(n.until, k)
-		}
-	}
+	maps.DeleteFunc(n.until, func(_ string, u int64) bool { return u <= t })
 	for _, m := range marks {
 		u := m.Until.UnixNano()
 		if u <= t {

@@ -276,14 +276,8 @@ func (h *slotHolder) retryLater(failed []heldSlot) {
 // acquire was uncertain, and forgets those whose lease ended by now.
 func (h *slotHolder) retryReleases(now time.Time) {
 	h.mu.Lock()
-	var again []heldSlot
-	for s, u := range h.unreleased {
-		if !now.Before(u.until) {
-			delete(h.unreleased, s)
-			continue
-		}
-		again = append(again, s)
-	}
+	maps.DeleteFunc(h.unreleased, func(_ heldSlot, u unreleased) bool { return !now.Before(u.until) })
+	again := slices.Collect(maps.Keys(h.unreleased))
 	h.mu.Unlock()
 	if len(again) == 0 {
 		return
