@@ -165,11 +165,9 @@ func (a *App) provisionNamespace(ctx caddy.Context, name string, cfg *NamespaceC
 	if cfg.SyncAbove != nil {
 		ns.syncAbove = *cfg.SyncAbove
 	}
-	counters, err := zh.zone.Namespace(name)
-	if err != nil {
+	if ns.counters, err = zh.zone.Namespace(name); err != nil {
 		return nil, err
 	}
-	ns.counters = counters
 	ns.sizes = &windowSizes{namespace: name} // openStore adds its store's check
 
 	var storeKey poolKey // of the store in the pool, unless local

@@ -116,10 +116,9 @@ func (poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(z.Evictions()), o.name)
 			ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(z.Dropped()), o.name)
 		case *fleetState:
-			bans := o.bans
 			ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(o.pendingDiffs()), o.name)
-			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(bans.inForce(time.Now().UnixNano())), o.name)
-			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(bans.droppedCount()), o.name)
+			ch <- prometheus.MustNewConstMetric(bansDesc, prometheus.GaugeValue, float64(o.bans.inForce(time.Now().UnixNano())), o.name)
+			ch <- prometheus.MustNewConstMetric(droppedBansDesc, prometheus.CounterValue, float64(o.bans.droppedCount()), o.name)
 			ch <- prometheus.MustNewConstMetric(nearKeysDesc, prometheus.GaugeValue, float64(o.near.count()), o.name)
 			if n := o.members.size(); n > 0 {
 				ch <- prometheus.MustNewConstMetric(fleetNodesDesc, prometheus.GaugeValue, float64(n), o.name)

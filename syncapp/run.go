@@ -197,19 +197,16 @@ func (r *runner) answered(parts []int, err error) error {
 // with a feed rests (nearKeys.rest) and asks nothing.
 func (r *runner) fetchDue(ctx context.Context, fetchAt time.Time) (contacted bool, waited time.Duration, err error) {
 	keys := r.fetched.due(fetchRuns(r.interval()))
-	if len(keys) == 0 {
-		if r.feed != nil {
-			r.near.rest()
-		}
-		return false, 0, nil
+	if len(keys) == 0 && r.feed != nil {
+		r.near.rest()
 	}
 	if r.health.partsDown() > 0 {
 		// The keys of the parts down keep their counts until a ping
 		// finds their parts back: nothing is asked of a dead server.
-		keys = slices.DeleteFunc(slices.Clone(keys), r.health.partDownFor)
-		if len(keys) == 0 {
-			return false, 0, nil
-		}
+		keys = slices.DeleteFunc(keys, r.health.partDownFor)
+	}
+	if len(keys) == 0 {
+		return false, 0, nil
 	}
 	if wait := time.Until(fetchAt); wait > 0 {
 		t := time.NewTimer(wait)
