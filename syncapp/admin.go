@@ -17,7 +17,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/ratesync/caddy-ratelimit/strategy"
 	"github.com/ratesync/caddy-ratelimit/window"
 )
 
@@ -404,11 +403,21 @@ func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInf
 	}
 	now := ns.counters.Now()
 	if source == sourceStore {
-		store, err := storeSamples(ctx, ns.store, ns.name, key, sizes, now)
+		counts, err := ns.store.GetCounters(ctx, ns.name, []string{key}, sizes, time.Unix(0, now))
 		if err != nil {
 			return info, fmt.Errorf("reading a key of namespace %q from the %s store: %w", ns.name, ns.storeModule, err)
 		}
-		for _, s := range store {
+		for _, size := range sizes {
+			s := emptySample(size, now) // a window the store does not hold counts zero
+			for _, c := range counts {
+				switch {
+				case c.Key != key || c.Size != size:
+				case c.Start == s.Start:
+					s.Current = c.Value
+				case c.Start == s.Start-int64(c.Size):
+					s.Previous = c.Value
+				}
+			}
 			info.Windows = append(info.Windows, windowOf(s))
 		}
 		return info, nil
@@ -423,32 +432,6 @@ func describeKey(ctx context.Context, ns *Namespace, key, source string) (keyInf
 		info.Windows = append(info.Windows, w)
 	}
 	return info, nil
-}
-
-// storeSamples reads key's windows of the given sizes in a namespace from
-// its store, at now (Unix nanoseconds): a window the store does not hold
-// counts zero.
-func storeSamples(ctx context.Context, store strategy.Store, namespace, key string, sizes []time.Duration, now int64) ([]window.Sample, error) {
-	counts, err := store.GetCounters(ctx, namespace, []string{key}, sizes, time.Unix(0, now))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]window.Sample, len(sizes))
-	for i, size := range sizes {
-		out[i] = emptySample(size, now)
-	}
-	for _, c := range counts {
-		for i := range out {
-			switch {
-			case c.Key != key || c.Size != out[i].Size:
-			case c.Start == out[i].Start:
-				out[i].Current = c.Value
-			case c.Start == out[i].Start-int64(c.Size):
-				out[i].Previous = c.Value
-			}
-		}
-	}
-	return out, nil
 }
 
 // sizeName names a window size as the admin API shows it: a duration, or
