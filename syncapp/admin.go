@@ -1,6 +1,7 @@
 package syncapp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -345,16 +346,12 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request, namespace st
 		return apiError(http.StatusBadRequest, fmt.Errorf("key: given %d times, want once", len(keys)))
 	}
 	key := keys[0]
-	source := q.Get("source")
-	switch source {
-	case "", sourceNode:
-		source = sourceNode
-	case sourceStore:
-		if ns.store == nil {
-			return apiError(http.StatusBadRequest, fmt.Errorf("source: namespace %q is local only: it has no store", ns.name))
-		}
-	default:
+	source := cmp.Or(q.Get("source"), sourceNode)
+	switch {
+	case source != sourceNode && source != sourceStore:
 		return apiError(http.StatusBadRequest, fmt.Errorf("source: unknown source %q: want node or store", source))
+	case source == sourceStore && ns.store == nil:
+		return apiError(http.StatusBadRequest, fmt.Errorf("source: namespace %q is local only: it has no store", ns.name))
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()

@@ -46,8 +46,10 @@ type heldSlot struct {
 	slot      strategy.Slot
 }
 
-// newHeldSlot names a new slot of key.
-func newHeldSlot(store strategy.Slotter, namespace, key string) heldSlot {
+// newSlot names a new slot of key, and starts the loop that renews and
+// releases the slots.
+func (h *slotHolder) newSlot(store strategy.Slotter, namespace, key string) heldSlot {
+	h.worker.start(h.logger, h.loop)
 	return heldSlot{store: store, namespace: namespace, slot: strategy.Slot{
 		Key: key,
 		ID:  nodeID + "-" + strconv.FormatUint(slotSeq.Add(1), 36),
@@ -98,8 +100,7 @@ func newSlotHolder(logger *zap.Logger, h *health) *slotHolder {
 // when the store could not answer, and the caller must count on this
 // node.
 func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, road *storeRoad, namespace, key string, max int) (slot heldSlot, ok, decided bool) {
-	h.worker.start(h.logger, h.loop)
-	slot = newHeldSlot(store, namespace, key)
+	slot = h.newSlot(store, namespace, key)
 	req := strategy.SlotRequest{ID: slot.slot.ID, Max: max, Lease: slotLease}
 	var err error
 	if road != nil {
@@ -137,8 +138,7 @@ func (h *slotHolder) acquire(ctx context.Context, store strategy.Slotter, road *
 // store could not be asked, and returns its slot, to give to endLocal
 // when the request ends.
 func (h *slotHolder) admitLocal(store strategy.Slotter, namespace, key string) heldSlot {
-	h.worker.start(h.logger, h.loop)
-	slot := newHeldSlot(store, namespace, key)
+	slot := h.newSlot(store, namespace, key)
 	h.mu.Lock()
 	h.local[slot] = false
 	h.mu.Unlock()
