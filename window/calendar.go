@@ -3,6 +3,8 @@ package window
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,28 +34,20 @@ const (
 	Month                 // from the 1st's local midnight to the next month's
 )
 
+var unitNames = [...]string{Day: "day", Week: "week", Month: "month"}
+
 // ParseUnit returns the unit named day, week or month.
 func ParseUnit(name string) (Unit, bool) {
-	switch name {
-	case "day":
-		return Day, true
-	case "week":
-		return Week, true
-	case "month":
-		return Month, true
+	if i := slices.Index(unitNames[:], name); i > 0 {
+		return Unit(i), true
 	}
 	return 0, false
 }
 
 // String returns the unit's name: day, week or month.
 func (u Unit) String() string {
-	switch u {
-	case Day:
-		return "day"
-	case Week:
-		return "week"
-	case Month:
-		return "month"
+	if u >= Day && u <= Month {
+		return unitNames[u]
 	}
 	return fmt.Sprintf("Unit(%d)", u)
 }
@@ -119,11 +113,9 @@ func CalendarSize(unit Unit, loc *time.Location) (time.Duration, error) {
 			return time.Duration(size), nil
 		}
 	}
-	m := make(map[int64]*calendar, 1)
+	m := map[int64]*calendar{}
 	if old != nil {
-		for k, v := range *old {
-			m[k] = v
-		}
+		m = maps.Clone(*old)
 	}
 	m[size] = &calendar{unit: unit, loc: loc, size: size}
 	calendars.Store(&m)

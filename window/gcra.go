@@ -233,13 +233,11 @@ func (n *Namespace) hitAfterRate(key string, rate Rate, cost float64, limits []L
 // ReadRate returns key's state under the rate's window, without changing
 // it: a key the zone does not hold has its whole burst.
 func (n *Namespace) ReadRate(key string, window time.Duration) RateSample {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	now := n.zone.now()
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
 	out := RateSample{At: now}
-	if i := s.find(uint32(h), n.id, key); i >= 0 {
+	if i >= 0 {
 		if c := s.countsFor(s.at(i), rateSize(window), false); c != nil {
 			out.TAT = c.index
 		}

@@ -167,11 +167,8 @@ func (s *shard) extraAt(i int32) *extra { return &s.extras[i>>extraShift][i&extr
 // newExtra returns a free extra holding the counts of size, and its
 // index.
 func (s *shard) newExtra(size int64) (int32, *extra) {
-	var i int32
-	if n := len(s.extraFree); n > 0 {
-		i = s.extraFree[n-1]
-		s.extraFree = s.extraFree[:n-1]
-	} else {
+	i, ok := pop(&s.extraFree)
+	if !ok {
 		i = s.extraUsed
 		s.extraUsed++
 		if int(i>>extraShift) == len(s.extras) {
@@ -319,11 +316,21 @@ func (s *shard) findOrInsert(z *Zone, h uint32, ns uint16, key string, now int64
 	return s.insert(z, h, ns, key, now)
 }
 
+// pop takes the last element off a free list, and reports false when it is
+// empty.
+func pop[T any](free *[]T) (v T, ok bool) {
+	n := len(*free)
+	if n == 0 {
+		return v, false
+	}
+	v = (*free)[n-1]
+	*free = (*free)[:n-1]
+	return v, true
+}
+
 // alloc returns a free entry index.
 func (s *shard) alloc() int32 {
-	if n := len(s.free); n > 0 {
-		i := s.free[n-1]
-		s.free = s.free[:n-1]
+	if i, ok := pop(&s.free); ok {
 		return i
 	}
 	i := s.used
@@ -363,11 +370,7 @@ func (s *shard) insert(z *Zone, h uint32, ns uint16, key string, now int64) int3
 	// A new key starts unreferenced: a key seen once goes before keys seen
 	// again, which keeps a flood of one-off keys from flushing busy ones.
 	*e = entry{keyAt: s.keys.put(key), keyLen: uint32(len(key)), hash: h, ns: ns, flags: flagUsed}
-	if (s.live+1)*4 > len(s.table)*3 {
-		s.grow()
-	}
 	s.place(i)
-	s.live++
 	return i
 }
 
@@ -485,8 +488,15 @@ func (s *shard) compact(l []int32, ns uint16) []int32 {
 	return out
 }
 
-// place puts entry i in the hash table.
-func (s *shard) place(i int32) { s.placeSlot(makeSlot(s.at(i).hash, i)) }
+// place puts entry i in the hash table, grown first to stay at most three
+// quarters full, and counts it live.
+func (s *shard) place(i int32) {
+	if (s.live+1)*4 > len(s.table)*3 {
+		s.grow()
+	}
+	s.placeSlot(makeSlot(s.at(i).hash, i))
+	s.live++
+}
 
 func (s *shard) placeSlot(sl slot) {
 	mask := uint32(len(s.table) - 1)

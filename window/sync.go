@@ -1,6 +1,9 @@
 package window
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // These are the operations a sync loop needs: take what this node added
 // since the last sync, put it back when the push fails, and set what the
@@ -28,9 +31,6 @@ func (n *Namespace) SetTracked(on bool) {
 		s.mu.Unlock()
 	}
 }
-
-// Tracked reports whether the namespace keeps track of changes for a sync.
-func (n *Namespace) Tracked() bool { return n.tracked.Load() }
 
 // Pending returns how many diffs wait for Take: one per key with a diff,
 // plus those of keys that left the zone before they were taken.
@@ -71,17 +71,13 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 			}
 			s.recent[n.id] = l[:0]
 		}
-		kept := s.orphans[:0]
-		for _, o := range s.orphans {
+		s.orphans = slices.DeleteFunc(s.orphans, func(o orphan) bool {
 			if o.ns == n.id {
 				diffs = append(diffs, o.Diff)
 				n.orphanGone()
-			} else {
-				kept = append(kept, o)
 			}
-		}
-		clear(s.orphans[len(kept):])
-		s.orphans = kept
+			return o.ns == n.id
+		})
 		s.mu.Unlock()
 	}
 	return diffs, keys
@@ -106,11 +102,10 @@ func (n *Namespace) Restore(diffs []Diff) {
 	z := n.zone
 	now := z.now()
 	for _, d := range diffs {
-		h := z.fullHash(n.id, d.Key)
-		s := z.lock(h)
+		s, i := n.lockKey(d.Key)
 		k := Index(d.Start, d.Size)
 		var cl *cell
-		if i := s.find(uint32(h), n.id, d.Key); i >= 0 {
+		if i >= 0 {
 			e := s.at(i)
 			c := s.countsFor(e, int64(d.Size), true)
 			c.advance(k)
@@ -132,11 +127,9 @@ func (n *Namespace) Restore(diffs []Diff) {
 // they were taken stay on top, so nothing this node counted is lost. Counts
 // of keys the zone no longer holds are ignored.
 func (n *Namespace) Apply(counts []Count) {
-	z := n.zone
 	for _, ct := range counts {
-		h := z.fullHash(n.id, ct.Key)
-		s := z.lock(h)
-		if i := s.find(uint32(h), n.id, ct.Key); i >= 0 {
+		s, i := n.lockKey(ct.Key)
+		if i >= 0 {
 			// A window size the key has no counts for yet gets them only for
 			// a count worth holding.
 			if c := s.countsFor(s.at(i), int64(ct.Size), ct.Value != 0); c != nil {

@@ -145,11 +145,7 @@ func (z *Zone) reshard(shards []*shard) {
 					*t.countsFor(ne, c.size, true) = *c
 				}
 			})
-			if (t.live+1)*4 > len(t.table)*3 {
-				t.grow()
-			}
 			t.place(i)
-			t.live++
 			if e.flags&flagListed != 0 {
 				t.list(i, ne)
 			}
@@ -342,6 +338,14 @@ func (n *Namespace) lockEntry(key string) (s *shard, i int32, now int64) {
 	return s, s.findOrInsert(z, uint32(h), n.id, key, now), now
 }
 
+// lockKey locks the shard of key and returns it with the index of key's
+// entry, or -1 when the zone does not hold it. The caller unlocks s.mu.
+func (n *Namespace) lockKey(key string) (s *shard, i int32) {
+	h := n.zone.fullHash(n.id, key)
+	s = n.zone.lock(h)
+	return s, s.find(uint32(h), n.id, key)
+}
+
 func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
 	s, i, now := n.lockEntry(key)
 	e := s.at(i)
@@ -379,10 +383,8 @@ func (n *Namespace) ReadWithDiff(key string, size time.Duration, diff float64) S
 }
 
 func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	now := n.zone.now()
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
 	f := fixedFrame(now, int64(size))
 	if int64(size) >= minCode {
@@ -390,7 +392,7 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	}
 	// A key or a size the zone does not hold reads as zero, but for diff.
 	c, m := counts{size: int64(size), index: f.k}, 1.0
-	if i := s.find(uint32(h), n.id, key); i >= 0 {
+	if i >= 0 {
 		e := s.at(i)
 		e.flags |= flagRef
 		n.mark(s, i, e, false)
