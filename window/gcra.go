@@ -263,18 +263,11 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 	e := s.at(i)
 	m := n.unsyncedWeight()
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := fixedFrame(now, size)
-		if size >= minCode {
-			f = longFrame(now, size)
-		}
-		c := s.countsFor(e, size, false)
-		if c == nil {
+		if c, f := s.window(e, int64(l.Size), now, false); c != nil {
+			out[j] = c.sample(f, now, m)
+		} else {
 			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
-			continue
 		}
-		c.advance(f.k)
-		out[j] = c.sample(f, now, m)
 	}
 }
 

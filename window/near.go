@@ -46,9 +46,7 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 	}
 	e := s.at(i)
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := frameAt(now, size)
-		c := s.countsFor(e, size, false) // the hit created it
+		c, f := s.window(e, int64(l.Size), now, false) // the hit created it
 		c.cur.diff -= value
 		out[j] = c.sample(f, now, n.unsyncedWeight())
 		u := Unsynced{Taken: c.cur.diff}

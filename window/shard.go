@@ -180,12 +180,46 @@ func (s *shard) newExtra(size int64) (int32, *extra) {
 	return i, x
 }
 
+// window returns the frame of now among the windows of a size, and entry
+// e's counts of that size advanced to it: added when create is true, else
+// nil when e has none. It spells frameAt out (see frame), being the hot
+// path of every hit.
+func (s *shard) window(e *entry, size, now int64, create bool) (*counts, frame) {
+	f := fixedFrame(now, size)
+	if size >= minCode {
+		f = longFrame(now, size)
+	}
+	c := s.countsFor(e, size, create)
+	if c != nil {
+		c.advance(f.k)
+	}
+	return c, f
+}
+
+// count adds value to c's current window, of frame f, at now: to the
+// store's part when synced (see IncrementSynced), else to the diff.
+func (c *counts) count(f frame, now int64, value float64, synced bool) {
+	if synced {
+		c.cur.synced += value
+	} else {
+		c.cur.diff += value
+	}
+	if value > 0 {
+		c.curAt = stamp(now - f.start)
+	}
+}
+
 // countsFor returns the counts of entry e for a window size, adding them
 // when create is true, or nil.
 func (s *shard) countsFor(e *entry, size int64, create bool) *counts {
 	if e.first.size == size {
 		return &e.first
 	}
+	return s.moreCounts(e, size, create)
+}
+
+// moreCounts is countsFor past the entry's first counts.
+func (s *shard) moreCounts(e *entry, size int64, create bool) *counts {
 	var last *extra
 	for j := e.more; j != 0; j = last.next {
 		last = s.extraAt(j - 1)

@@ -349,20 +349,8 @@ func (n *Namespace) lockKey(key string) (s *shard, i int32) {
 func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
 	s, i, now := n.lockEntry(key)
 	e := s.at(i)
-	c := s.countsFor(e, int64(size), true)
-	f := fixedFrame(now, int64(size))
-	if int64(size) >= minCode {
-		f = longFrame(now, int64(size))
-	}
-	c.advance(f.k)
-	if synced {
-		c.cur.synced += value
-	} else {
-		c.cur.diff += value
-	}
-	if value > 0 {
-		c.curAt = stamp(now - f.start)
-	}
+	c, f := s.window(e, int64(size), now, true)
+	c.count(f, now, value, synced)
 	n.mark(s, i, e, !synced)
 	out := c.sample(f, now, n.unsyncedWeight())
 	s.mu.Unlock()
