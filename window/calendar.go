@@ -174,15 +174,17 @@ func (c *calendar) bound(k int64) int64 {
 // A local midnight that a DST change skips can move a boundary off the
 // date, which place corrects.
 func (c *calendar) guess(now int64) int64 {
-	t := time.Unix(0, now).In(c.loc)
-	y, m, d := t.Date()
+	y, m, d := time.Unix(0, now).In(c.loc).Date()
+	days := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / 86400
 	switch c.unit {
 	case Month:
 		return int64(y-1970)*12 + int64(m) - 1
 	case Day:
-		return daysSinceEpoch(y, m, d)
+		return days
 	}
-	return floorDiv(daysSinceEpoch(y, m, d)+3, 7)
+	// Weeks start on Monday, three days before the epoch: floor division
+	// is fixedFrame's.
+	return fixedFrame(days+3, 7).k
 }
 
 // place returns the period holding now: the k whose bounds hold it.
@@ -202,29 +204,8 @@ func (c *calendar) place(now int64) *period {
 	return p
 }
 
-// daysSinceEpoch returns the number of days from 1970-01-01 to the date.
-func daysSinceEpoch(y int, m time.Month, d int) int64 {
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / 86400
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
 // startOf returns the start of window k of a size.
 func startOf(k, size int64) int64 {
-	if size < minCode {
-		return k * size
-	}
-	return longStart(k, size)
-}
-
-// longStart is startOf for sizes that may be calendars'.
-func longStart(k, size int64) int64 {
 	if c := calendarOf(size); c != nil {
 		if p := c.last.Load(); p != nil && p.k == k {
 			return p.start

@@ -156,12 +156,8 @@ func (s RateSample) Refill(r Rate) time.Duration {
 		return 0
 	}
 	t := r.interval()
-	room := r.tolerance() - b
-	whole := math.Floor(room/t + 1e-9)
-	if room < 0 {
-		whole = 0
-	}
-	return time.Duration(math.Ceil(min(b, (whole+1)*t-room)))
+	whole := float64(s.Remaining(r))
+	return time.Duration(math.Ceil(min(b, (whole+1)*t-(r.tolerance()-b))))
 }
 
 // Full returns how long until the key has its whole burst again: until

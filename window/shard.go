@@ -98,8 +98,10 @@ func stamp(r int64) uint32 {
 	return uint32(min(r/1e6+1, stampEnd))
 }
 
-// cellAt returns the cell of window k, or nil when c no longer holds it.
+// cellAt returns the cell of window k, advancing c to it when it is
+// newer, or nil when c no longer holds it.
 func (c *counts) cellAt(k int64) *cell {
+	c.advance(k)
 	switch k {
 	case c.index:
 		return &c.cur

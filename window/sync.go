@@ -108,7 +108,6 @@ func (n *Namespace) Restore(diffs []Diff) {
 		if i >= 0 {
 			e := s.at(i)
 			c := s.countsFor(e, int64(d.Size), true)
-			c.advance(k)
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
@@ -133,9 +132,7 @@ func (n *Namespace) Apply(counts []Count) {
 			// A window size the key has no counts for yet gets them only for
 			// a count worth holding.
 			if c := s.countsFor(s.at(i), int64(ct.Size), ct.Value != 0); c != nil {
-				k := Index(ct.Start, ct.Size)
-				c.advance(k)
-				if cl := c.cellAt(k); cl != nil {
+				if cl := c.cellAt(Index(ct.Start, ct.Size)); cl != nil {
 					cl.synced = ct.Value
 				}
 			}
@@ -214,7 +211,6 @@ func (n *Namespace) observe(key string, size time.Duration, start int64, current
 	e := s.at(i)
 	c := s.countsFor(e, int64(size), true)
 	k := Index(start, size)
-	c.advance(k)
 	if cl := c.cellAt(k); cl != nil && (!atLeast || current > cl.synced) {
 		cl.synced = current
 	}
