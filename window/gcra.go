@@ -64,15 +64,11 @@ func (r Rate) Interval() time.Duration { return time.Duration(math.Round(r.inter
 
 func (r Rate) interval() float64 { return float64(r.Window) / r.N }
 
-// Tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
+// tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
 // get after an admitted request: the GCRA's limit.
-func (r Rate) Tolerance() time.Duration { return time.Duration(r.tolerance()) }
-
 func (r Rate) tolerance() float64 { return math.Round((r.Burst + 1) * r.interval()) }
 
-// Increment returns c*T, how far a request of cost c moves the TAT.
-func (r Rate) Increment(cost float64) time.Duration { return time.Duration(r.increment(cost)) }
-
+// increment returns c*T, how far a request of cost c moves the TAT.
 func (r Rate) increment(cost float64) float64 { return math.Round(cost * r.interval()) }
 
 // share returns the rate one node of m keeps to while the fleet cannot

@@ -304,10 +304,6 @@ type shard struct {
 	_         [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
-func newShard(quota int) *shard {
-	return &shard{quota: max(quota, minShardCapacity), table: make([]slot, 16)}
-}
-
 // slot is one place in a shard's hash table: 0 when empty, or else the
 // entry's hash in the high 32 bits and its index+1 in the low ones. With
 // the hash in the table, a probe passes over other keys' slots without

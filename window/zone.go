@@ -70,7 +70,7 @@ func makeShards(capacity int) []*shard {
 	}
 	shards := make([]*shard, n)
 	for i := range shards {
-		shards[i] = newShard(capacity / n)
+		shards[i] = &shard{quota: max(capacity/n, minShardCapacity), table: make([]slot, 16)}
 	}
 	return shards
 }
@@ -374,18 +374,14 @@ func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
 	now := n.zone.now()
 	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
-	f := fixedFrame(now, int64(size))
-	if int64(size) >= minCode {
-		f = longFrame(now, int64(size))
-	}
+	f := frameAt(now, int64(size))
 	// A key or a size the zone does not hold reads as zero, but for diff.
 	c, m := counts{size: int64(size), index: f.k}, 1.0
 	if i >= 0 {
 		e := s.at(i)
 		e.flags |= flagRef
 		n.mark(s, i, e, false)
-		if held := s.countsFor(e, int64(size), false); held != nil {
-			held.advance(f.k)
+		if held, _ := s.window(e, int64(size), now, false); held != nil {
 			c, m = *held, n.unsyncedWeight()
 		}
 	}
