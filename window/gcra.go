@@ -266,21 +266,3 @@ func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out 
 // isRate reports whether c holds a rate's TAT rather than a window's
 // counts.
 func (c *counts) isRate() bool { return c.size < 0 }
-
-// rateBusy reports whether some rate's TAT of entry e is still ahead of
-// now: the entry must stay, or the key would get its burst back early.
-func (s *shard) rateBusy(e *entry, now int64) bool {
-	busy := false
-	s.forEachCounts(e, func(c *counts) { busy = busy || c.isRate() && c.index > now })
-	return busy
-}
-
-// resetRates forgets every rate's TAT of entry e: the key has its whole
-// burst again.
-func (s *shard) resetRates(e *entry) {
-	s.forEachCounts(e, func(c *counts) {
-		if c.isRate() {
-			c.index = 0
-		}
-	})
-}

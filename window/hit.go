@@ -54,7 +54,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		if rejected < 0 {
 			c.count(f, now, value, synced)
 			if value > 0 && !synced {
-				noteLimit(s.limitOf(e, c), l.Max)
+				noteLimit(limitOf(e, c), l.Max)
 			}
 		}
 		out[j] = c.sample(f, now, m)

@@ -67,11 +67,14 @@ func (n *Namespace) Reset(key string) []time.Duration {
 	var sizes []time.Duration
 	if i >= 0 {
 		e := s.at(i)
-		s.forEach(e, func(c *counts) {
+		s.forEachCounts(e, func(c *counts) {
+			if c.isRate() {
+				c.index = 0 // the whole burst again
+				return
+			}
 			c.cur, c.prev = cell{}, cell{}
 			sizes = append(sizes, timeDuration(c.size))
 		})
-		s.resetRates(e)
 		if e.flags&flagDirty != 0 {
 			e.flags &^= flagDirty
 			n.dirty.Add(-1)

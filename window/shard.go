@@ -2,6 +2,7 @@ package window
 
 import (
 	"math"
+	"unsafe"
 
 	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
@@ -43,7 +44,7 @@ type counts struct {
 	curAt, prevAt uint32
 }
 
-// noteLimit records in *l, a counts' limit (see shard.limitOf), that a hit
+// noteLimit records in *l, a counts' limit (see limitOf), that a hit
 // counted in it was checked against max: a store's feed of keys near their
 // limits compares their counts with the smallest since the last Take (see
 // Diff.Limit). Limits that are not finite and above 0 mark nothing.
@@ -56,18 +57,12 @@ func noteLimit(l *float32, max float64) {
 // limitOf returns where entry e keeps the limit of its counts c (see
 // noteLimit): the entry for its first window size, the extra for the
 // others, where their structs' padding holds it at no cost in memory.
-func (s *shard) limitOf(e *entry, c *counts) *float32 {
+func limitOf(e *entry, c *counts) *float32 {
 	if c == &e.first {
 		return &e.firstLimit
 	}
-	for j := e.more; j != 0; {
-		x := s.extraAt(j - 1)
-		if c == &x.counts {
-			return &x.limit
-		}
-		j = x.next
-	}
-	panic("window: counts not of their entry")
+	// Any other counts of e are an extra's first field.
+	return &(*extra)(unsafe.Pointer(c)).limit
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -151,7 +146,7 @@ type entry struct {
 // extra is the counts of a further window size of an entry, in its
 // shard's extras, chained by next (1 + an index, or 0 at the end).
 type extra struct {
-	counts
+	counts // first, for limitOf
 	next  int32
 	limit float32 // see limitOf
 }
@@ -439,7 +434,7 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 		z.namespace(e.ns).dirty.Add(-1)
 		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
 		s.forEach(e, func(c *counts) {
-			limit := float64(*s.limitOf(e, c))
+			limit := float64(*limitOf(e, c))
 			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, limit, now)
 			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, limit, now)
 		})

@@ -63,7 +63,7 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				e.flags &^= flagDirty
 				n.dirty.Add(-1)
 				s.forEach(e, func(c *counts) {
-					limit := s.limitOf(e, c)
+					limit := limitOf(e, c)
 					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit, c.prev.total())
 					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit, 0)
 					*limit = 0
@@ -111,7 +111,7 @@ func (n *Namespace) Restore(diffs []Diff) {
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
-				noteLimit(s.limitOf(e, c), d.Limit)
+				noteLimit(limitOf(e, c), d.Limit)
 				n.mark(s, i, e, true)
 			}
 		}
@@ -149,14 +149,18 @@ func (z *Zone) Sweep() {
 	now := z.now()
 	for s := range z.lockAll() {
 		s.forEachLive(func(i int32, e *entry) {
-			empty := true
-			s.forEach(e, func(c *counts) {
-				c.advance(frameAt(now, c.size).k)
-				if c.cur != (cell{}) || c.prev != (cell{}) {
-					empty = false
+			// A rate's TAT still ahead of now keeps the entry too, or the
+			// key would get its burst back early.
+			keep := e.flags&flagDirty != 0
+			s.forEachCounts(e, func(c *counts) {
+				if c.isRate() {
+					keep = keep || c.index > now
+					return
 				}
+				c.advance(frameAt(now, c.size).k)
+				keep = keep || c.cur != (cell{}) || c.prev != (cell{})
 			})
-			if empty && e.flags&flagDirty == 0 && !s.rateBusy(e, now) {
+			if !keep {
 				s.remove(z, i, now)
 			}
 		})
