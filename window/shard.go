@@ -147,8 +147,8 @@ type entry struct {
 // shard's extras, chained by next (1 + an index, or 0 at the end).
 type extra struct {
 	counts // first, for limitOf
-	next  int32
-	limit float32 // see limitOf
+	next   int32
+	limit  float32 // see limitOf
 }
 
 // Extras live in chunks that never move, so a *counts stays valid while
