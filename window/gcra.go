@@ -58,10 +58,8 @@ func (r Rate) Check() error {
 	return nil
 }
 
-// Interval returns the emission interval T = Window/N: one request per
+// interval returns the emission interval T = Window/N: one request per
 // T, at the rate.
-func (r Rate) Interval() time.Duration { return time.Duration(math.Round(r.interval())) }
-
 func (r Rate) interval() float64 { return float64(r.Window) / r.N }
 
 // tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
@@ -210,8 +208,10 @@ func (n *Namespace) hitAfterRate(key string, rate Rate, cost float64, limits []L
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
 	next, wait := Conform(c.index, now, rate.share(n.unsyncedWeight()), cost)
 	*rs = RateSample{TAT: c.index, At: now}
-	if wait != 0 {
-		n.readEntry(s, i, now, limits, out)
+	if wait != 0 { // only read the limits, as those after a rejecting one
+		for j, l := range limits {
+			out[j] = s.read(s.at(i), l.Size, now, n.unsyncedWeight())
+		}
 		return false, -1, wait
 	}
 	// Counts never move while the lock is held (extras live in chunks
@@ -247,20 +247,6 @@ func (n *Namespace) ObserveRate(key string, window time.Duration, tat int64) {
 	defer s.mu.Unlock()
 	c := s.countsFor(s.at(i), rateSize(window), true)
 	c.index = max(c.index, tat)
-}
-
-// readEntry reads entry i's window of every limit into out, without
-// creating any, as the windows after a rejecting limit are read.
-func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out []Sample) {
-	e := s.at(i)
-	m := n.unsyncedWeight()
-	for j, l := range limits {
-		if c, f := s.window(e, int64(l.Size), now, false); c != nil {
-			out[j] = c.sample(f, now, m)
-		} else {
-			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
-		}
-	}
 }
 
 // isRate reports whether c holds a rate's TAT rather than a window's

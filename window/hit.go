@@ -46,19 +46,17 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 	m := n.unsyncedWeight()
 	rejected := -1
 	for j, l := range limits {
-		c, f := s.window(e, int64(l.Size), now, rejected < 0)
-		if c == nil { // only read, and never counted: zero
-			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
+		if rejected >= 0 {
+			out[j] = s.read(e, l.Size, now, m)
 			continue
 		}
-		if rejected < 0 {
-			c.count(f, now, value, synced)
-			if value > 0 && !synced {
-				noteLimit(limitOf(e, c), l.Max)
-			}
+		c, f := s.window(e, int64(l.Size), now, true)
+		c.count(f, now, value, synced)
+		if value > 0 && !synced {
+			noteLimit(limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(f, now, m)
-		if rejected < 0 && Exceeds(out[j].Rate(fixed), l.Max) {
+		if Exceeds(out[j].Rate(fixed), l.Max) {
 			rejected = j
 		}
 	}

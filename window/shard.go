@@ -2,6 +2,7 @@ package window
 
 import (
 	"math"
+	"time"
 	"unsafe"
 
 	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
@@ -191,6 +192,16 @@ func (s *shard) window(e *entry, size, now int64, create bool) (*counts, frame) 
 		c.advance(f.k)
 	}
 	return c, f
+}
+
+// read returns entry e's window of a size at now, with this node's
+// unsynced counts taken m times, without adding it: zero when e has none.
+func (s *shard) read(e *entry, size time.Duration, now int64, m float64) Sample {
+	c, f := s.window(e, int64(size), now, false)
+	if c == nil {
+		return Sample{Weight: f.w, Start: f.start, Size: size, At: now}
+	}
+	return c.sample(f, now, m)
 }
 
 // count adds value to c's current window, of frame f, at now: to the
@@ -495,24 +506,20 @@ func (s *shard) list(i int32, e *entry) {
 		s.recent = append(s.recent, nil)
 	}
 	l := s.recent[e.ns]
-	if len(l) >= 2*max(s.quota, s.live) {
-		l = s.compact(l, e.ns)
+	if len(l) >= 2*max(s.quota, s.live) { // compact it
+		out := l[:0]
+		for _, j := range l {
+			if x := s.at(j); x.ns == e.ns && x.flags&flagListed != 0 {
+				x.flags &^= flagListed // set again below, so duplicates go
+				out = append(out, j)
+			}
+		}
+		for _, j := range out {
+			s.at(j).flags |= flagListed
+		}
+		l = out
 	}
 	s.recent[e.ns] = append(l, i)
-}
-
-func (s *shard) compact(l []int32, ns uint16) []int32 {
-	out := l[:0]
-	for _, j := range l {
-		if e := s.at(j); e.ns == ns && e.flags&flagListed != 0 {
-			e.flags &^= flagListed // set again below, so duplicates go
-			out = append(out, j)
-		}
-	}
-	for _, j := range out {
-		s.at(j).flags |= flagListed
-	}
-	return out
 }
 
 // place puts entry i in the hash table, grown first to stay at most three
