@@ -104,18 +104,15 @@ func CalendarSize(unit Unit, loc *time.Location) (time.Duration, error) {
 	size := calendarCode(unit, loc.String())
 	calendarsMu.Lock()
 	defer calendarsMu.Unlock()
-	old := calendars.Load()
-	if old != nil {
-		if c := (*old)[size]; c != nil {
-			if c.loc.String() != loc.String() {
-				return 0, fmt.Errorf("window: the %s windows of time zones %s and %s have the same code", unit, c.loc, loc)
-			}
-			return time.Duration(size), nil
-		}
-	}
 	m := map[int64]*calendar{}
-	if old != nil {
+	if old := calendars.Load(); old != nil {
 		m = maps.Clone(*old)
+	}
+	if c := m[size]; c != nil {
+		if c.loc.String() != loc.String() {
+			return 0, fmt.Errorf("window: the %s windows of time zones %s and %s have the same code", unit, c.loc, loc)
+		}
+		return time.Duration(size), nil
 	}
 	m[size] = &calendar{unit: unit, loc: loc, size: size}
 	calendars.Store(&m)

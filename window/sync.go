@@ -22,11 +22,11 @@ func (n *Namespace) SetTracked(on bool) {
 			if e.ns != n.id {
 				return
 			}
-			hasDiff := false
-			s.forEach(e, func(c *counts) { hasDiff = hasDiff || c.cur.diff != 0 || c.prev.diff != 0 })
-			if hasDiff {
-				n.mark(s, i, e, true)
-			}
+			s.forEach(e, func(c *counts) {
+				if c.cur.diff != 0 || c.prev.diff != 0 {
+					n.mark(s, i, e, true)
+				}
+			})
 		})
 		s.mu.Unlock()
 	}
