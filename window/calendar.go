@@ -3,6 +3,8 @@ package window
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,28 +34,20 @@ const (
 	Month                 // from the 1st's local midnight to the next month's
 )
 
+var unitNames = [...]string{Day: "day", Week: "week", Month: "month"}
+
 // ParseUnit returns the unit named day, week or month.
 func ParseUnit(name string) (Unit, bool) {
-	switch name {
-	case "day":
-		return Day, true
-	case "week":
-		return Week, true
-	case "month":
-		return Month, true
+	if i := slices.Index(unitNames[:], name); i > 0 {
+		return Unit(i), true
 	}
 	return 0, false
 }
 
 // String returns the unit's name: day, week or month.
 func (u Unit) String() string {
-	switch u {
-	case Day:
-		return "day"
-	case Week:
-		return "week"
-	case Month:
-		return "month"
+	if u >= Day && u <= Month {
+		return unitNames[u]
 	}
 	return fmt.Sprintf("Unit(%d)", u)
 }
@@ -110,20 +104,15 @@ func CalendarSize(unit Unit, loc *time.Location) (time.Duration, error) {
 	size := calendarCode(unit, loc.String())
 	calendarsMu.Lock()
 	defer calendarsMu.Unlock()
-	old := calendars.Load()
-	if old != nil {
-		if c := (*old)[size]; c != nil {
-			if c.loc.String() != loc.String() {
-				return 0, fmt.Errorf("window: the %s windows of time zones %s and %s have the same code", unit, c.loc, loc)
-			}
-			return time.Duration(size), nil
-		}
+	m := map[int64]*calendar{}
+	if old := calendars.Load(); old != nil {
+		m = maps.Clone(*old)
 	}
-	m := make(map[int64]*calendar, 1)
-	if old != nil {
-		for k, v := range *old {
-			m[k] = v
+	if c := m[size]; c != nil {
+		if c.loc.String() != loc.String() {
+			return 0, fmt.Errorf("window: the %s windows of time zones %s and %s have the same code", unit, c.loc, loc)
 		}
+		return time.Duration(size), nil
 	}
 	m[size] = &calendar{unit: unit, loc: loc, size: size}
 	calendars.Store(&m)
@@ -182,15 +171,17 @@ func (c *calendar) bound(k int64) int64 {
 // A local midnight that a DST change skips can move a boundary off the
 // date, which place corrects.
 func (c *calendar) guess(now int64) int64 {
-	t := time.Unix(0, now).In(c.loc)
-	y, m, d := t.Date()
+	y, m, d := time.Unix(0, now).In(c.loc).Date()
+	days := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / 86400
 	switch c.unit {
 	case Month:
 		return int64(y-1970)*12 + int64(m) - 1
 	case Day:
-		return daysSinceEpoch(y, m, d)
+		return days
 	}
-	return floorDiv(daysSinceEpoch(y, m, d)+3, 7)
+	// Weeks start on Monday, three days before the epoch: floor division
+	// is fixedFrame's.
+	return fixedFrame(days+3, 7).k
 }
 
 // place returns the period holding now: the k whose bounds hold it.
@@ -210,29 +201,8 @@ func (c *calendar) place(now int64) *period {
 	return p
 }
 
-// daysSinceEpoch returns the number of days from 1970-01-01 to the date.
-func daysSinceEpoch(y int, m time.Month, d int) int64 {
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / 86400
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
 // startOf returns the start of window k of a size.
 func startOf(k, size int64) int64 {
-	if size < minCode {
-		return k * size
-	}
-	return longStart(k, size)
-}
-
-// longStart is startOf for sizes that may be calendars'.
-func longStart(k, size int64) int64 {
 	if c := calendarOf(size); c != nil {
 		if p := c.last.Load(); p != nil && p.k == k {
 			return p.start

@@ -58,21 +58,15 @@ func (r Rate) Check() error {
 	return nil
 }
 
-// Interval returns the emission interval T = Window/N: one request per
+// interval returns the emission interval T = Window/N: one request per
 // T, at the rate.
-func (r Rate) Interval() time.Duration { return time.Duration(math.Round(r.interval())) }
-
 func (r Rate) interval() float64 { return float64(r.Window) / r.N }
 
-// Tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
+// tolerance returns (Burst + 1) * T, how far ahead of now a key's TAT may
 // get after an admitted request: the GCRA's limit.
-func (r Rate) Tolerance() time.Duration { return time.Duration(r.tolerance()) }
-
 func (r Rate) tolerance() float64 { return math.Round((r.Burst + 1) * r.interval()) }
 
-// Increment returns c*T, how far a request of cost c moves the TAT.
-func (r Rate) Increment(cost float64) time.Duration { return time.Duration(r.increment(cost)) }
-
+// increment returns c*T, how far a request of cost c moves the TAT.
 func (r Rate) increment(cost float64) float64 { return math.Round(cost * r.interval()) }
 
 // share returns the rate one node of m keeps to while the fleet cannot
@@ -156,12 +150,8 @@ func (s RateSample) Refill(r Rate) time.Duration {
 		return 0
 	}
 	t := r.interval()
-	room := r.tolerance() - b
-	whole := math.Floor(room/t + 1e-9)
-	if room < 0 {
-		whole = 0
-	}
-	return time.Duration(math.Ceil(min(b, (whole+1)*t-room)))
+	whole := float64(s.Remaining(r))
+	return time.Duration(math.Ceil(min(b, (whole+1)*t-(r.tolerance()-b))))
 }
 
 // Full returns how long until the key has its whole burst again: until
@@ -218,8 +208,10 @@ func (n *Namespace) hitAfterRate(key string, rate Rate, cost float64, limits []L
 	c := s.countsFor(s.at(i), rateSize(rate.Window), true)
 	next, wait := Conform(c.index, now, rate.share(n.unsyncedWeight()), cost)
 	*rs = RateSample{TAT: c.index, At: now}
-	if wait != 0 {
-		n.readEntry(s, i, now, limits, out)
+	if wait != 0 { // only read the limits, as those after a rejecting one
+		for j, l := range limits {
+			out[j] = s.read(s.at(i), l.Size, now, n.unsyncedWeight())
+		}
 		return false, -1, wait
 	}
 	// Counts never move while the lock is held (extras live in chunks
@@ -233,13 +225,11 @@ func (n *Namespace) hitAfterRate(key string, rate Rate, cost float64, limits []L
 // ReadRate returns key's state under the rate's window, without changing
 // it: a key the zone does not hold has its whole burst.
 func (n *Namespace) ReadRate(key string, window time.Duration) RateSample {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	now := n.zone.now()
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
 	out := RateSample{At: now}
-	if i := s.find(uint32(h), n.id, key); i >= 0 {
+	if i >= 0 {
 		if c := s.countsFor(s.at(i), rateSize(window), false); c != nil {
 			out.TAT = c.index
 		}
@@ -259,45 +249,6 @@ func (n *Namespace) ObserveRate(key string, window time.Duration, tat int64) {
 	c.index = max(c.index, tat)
 }
 
-// readEntry reads entry i's window of every limit into out, without
-// creating any, as the windows after a rejecting limit are read.
-func (n *Namespace) readEntry(s *shard, i int32, now int64, limits []Limit, out []Sample) {
-	e := s.at(i)
-	m := n.unsyncedWeight()
-	for j, l := range limits {
-		size := int64(l.Size)
-		f := fixedFrame(now, size)
-		if size >= minCode {
-			f = longFrame(now, size)
-		}
-		c := s.countsFor(e, size, false)
-		if c == nil {
-			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
-			continue
-		}
-		c.advance(f.k)
-		out[j] = c.sample(f, now, m)
-	}
-}
-
 // isRate reports whether c holds a rate's TAT rather than a window's
 // counts.
 func (c *counts) isRate() bool { return c.size < 0 }
-
-// rateBusy reports whether some rate's TAT of entry e is still ahead of
-// now: the entry must stay, or the key would get its burst back early.
-func (s *shard) rateBusy(e *entry, now int64) bool {
-	busy := false
-	s.forEachCounts(e, func(c *counts) { busy = busy || c.isRate() && c.index > now })
-	return busy
-}
-
-// resetRates forgets every rate's TAT of entry e: the key has its whole
-// burst again.
-func (s *shard) resetRates(e *entry) {
-	s.forEachCounts(e, func(c *counts) {
-		if c.isRate() {
-			c.index = 0
-		}
-	})
-}

@@ -44,49 +44,26 @@ func (n *Namespace) Hit(key string, limits []Limit, value float64, fixed, undo, 
 func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value float64, fixed, undo, synced bool, out []Sample) int {
 	e := s.at(i)
 	m := n.unsyncedWeight()
-	add := func(c *counts, v float64) {
-		if synced {
-			c.cur.synced += v
-		} else {
-			c.cur.diff += v
-		}
-	}
 	rejected := -1
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := fixedFrame(now, size)
-		if size >= minCode {
-			f = longFrame(now, size)
-		}
-		c := s.countsFor(e, size, rejected < 0)
-		if c == nil { // only read, and never counted: zero
-			out[j] = Sample{Weight: f.w, Start: f.start, Size: l.Size, At: now}
+		if rejected >= 0 {
+			out[j] = s.read(e, l.Size, now, m)
 			continue
 		}
-		c.advance(f.k)
-		if rejected < 0 {
-			add(c, value)
-			if value > 0 {
-				c.curAt = stamp(now - f.start)
-				if !synced {
-					noteLimit(s.limitOf(e, c), l.Max)
-				}
-			}
+		c, f := s.window(e, int64(l.Size), now, true)
+		c.count(f, now, value, synced)
+		if value > 0 && !synced {
+			noteLimit(limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(f, now, m)
-		if rejected < 0 && Exceeds(out[j].Rate(fixed), l.Max) {
+		if Exceeds(out[j].Rate(fixed), l.Max) {
 			rejected = j
 		}
 	}
 	if rejected >= 0 && undo {
 		for j := 0; j <= rejected; j++ {
-			size := int64(limits[j].Size)
-			f := fixedFrame(now, size)
-			if size >= minCode {
-				f = longFrame(now, size)
-			}
-			c := s.countsFor(e, size, false)
-			add(c, -value)
+			c, f := s.window(e, int64(limits[j].Size), now, false)
+			c.count(f, now, -value, synced)
 			out[j] = c.sample(f, now, m)
 		}
 	}

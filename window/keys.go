@@ -50,9 +50,7 @@ func (a *keyArena) put(key string) uint32 {
 	}
 	c := classOf(n)
 	if c == keyClasses {
-		if k := len(a.longFree); k > 0 {
-			i := a.longFree[k-1]
-			a.longFree = a.longFree[:k-1]
+		if i, ok := pop(&a.longFree); ok {
 			a.long[i] = cloneString(key)
 			return i
 		}
@@ -61,11 +59,8 @@ func (a *keyArena) put(key string) uint32 {
 	}
 	s := &a.slabs[c]
 	size := 1 << (c + minKeyShift)
-	var slot uint32
-	if k := len(s.free); k > 0 {
-		slot = s.free[k-1]
-		s.free = s.free[:k-1]
-	} else {
+	slot, ok := pop(&s.free)
+	if !ok {
 		slot = uint32(len(s.buf) / size)
 		s.buf = append(s.buf, make([]byte, size)...)
 	}

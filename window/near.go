@@ -36,28 +36,21 @@ func (n *Namespace) HitUnlessNear(key string, limits []Limit, value float64, fix
 		return rejected, false
 	}
 	for j, l := range limits {
-		if out[j].Rate(fixed) >= near*l.Max {
-			isNear = true
-			break
-		}
+		isNear = isNear || out[j].Rate(fixed) >= near*l.Max
 	}
 	if !isNear {
 		return -1, false
 	}
 	e := s.at(i)
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := frameAt(now, size)
-		c := s.countsFor(e, size, false) // the hit created it
+		c, f := s.window(e, int64(l.Size), now, false) // the hit created it
 		c.cur.diff -= value
 		out[j] = c.sample(f, now, n.unsyncedWeight())
-		u := Unsynced{Taken: c.cur.diff}
+		unsynced[j] = Unsynced{Taken: c.cur.diff}
 		if c.index == f.k {
-			u.Previous = c.prev.diff
+			unsynced[j].Previous = c.prev.diff
 		}
-		c.cur.synced += c.cur.diff
-		c.cur.diff = 0
-		unsynced[j] = u
+		c.cur.synced, c.cur.diff = c.cur.total(), 0
 	}
 	return -1, true
 }

@@ -25,12 +25,9 @@ type KeyWindow struct {
 // key is not marked as used (for eviction) or as touched (for the next
 // sync). A key the zone does not hold has no windows.
 func (n *Namespace) Inspect(key string) []KeyWindow {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	now := n.zone.now()
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
-	i := s.find(uint32(h), n.id, key)
 	if i < 0 {
 		return nil
 	}
@@ -65,18 +62,19 @@ func (n *Namespace) Inspect(key string) []KeyWindow {
 // Restore would bring the taken diffs back): a sync loop resets between
 // its runs.
 func (n *Namespace) Reset(key string) []time.Duration {
-	z := n.zone
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
 	var sizes []time.Duration
-	if i := s.find(uint32(h), n.id, key); i >= 0 {
+	if i >= 0 {
 		e := s.at(i)
-		s.forEach(e, func(c *counts) {
+		s.forEachCounts(e, func(c *counts) {
+			if c.isRate() {
+				c.index = 0 // the whole burst again
+				return
+			}
 			c.cur, c.prev = cell{}, cell{}
 			sizes = append(sizes, timeDuration(c.size))
 		})
-		s.resetRates(e)
 		if e.flags&flagDirty != 0 {
 			e.flags &^= flagDirty
 			n.dirty.Add(-1)
@@ -85,16 +83,13 @@ func (n *Namespace) Reset(key string) []time.Duration {
 	}
 	// Orphans of a key live in the shard the key hashes to (see remove,
 	// Restore and reshard).
-	kept := s.orphans[:0]
-	for _, o := range s.orphans {
-		if o.ns == n.id && o.Key == key {
+	s.orphans = slices.DeleteFunc(s.orphans, func(o orphan) bool {
+		gone := o.ns == n.id && o.Key == key
+		if gone {
 			n.orphanGone()
-			continue
 		}
-		kept = append(kept, o)
-	}
-	clear(s.orphans[len(kept):])
-	s.orphans = kept
+		return gone
+	})
 	slices.Sort(sizes)
 	return sizes
 }

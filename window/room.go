@@ -30,10 +30,7 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 	m := n.unsyncedWeight()
 	rejected = -1
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := frameAt(now, size)
-		c := s.countsFor(e, size, true)
-		c.advance(f.k)
+		c, f := s.window(e, int64(l.Size), now, true)
 		if w := c.untilRoom(f, now, value, l.Max, m); w != 0 {
 			if rejected < 0 {
 				rejected = j
@@ -49,13 +46,10 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 		return rejected, wait
 	}
 	for j, l := range limits {
-		size := int64(l.Size)
-		f := frameAt(now, size)
-		c := s.countsFor(e, size, false)
-		c.cur.diff += value
+		c, f := s.window(e, int64(l.Size), now, false)
+		c.count(f, now, value, false)
 		if value > 0 {
-			c.curAt = stamp(now - f.start)
-			noteLimit(s.limitOf(e, c), l.Max)
+			noteLimit(limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(f, now, m)
 	}

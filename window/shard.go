@@ -2,6 +2,8 @@ package window
 
 import (
 	"math"
+	"time"
+	"unsafe"
 
 	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
@@ -43,7 +45,7 @@ type counts struct {
 	curAt, prevAt uint32
 }
 
-// noteLimit records in *l, a counts' limit (see shard.limitOf), that a hit
+// noteLimit records in *l, a counts' limit (see limitOf), that a hit
 // counted in it was checked against max: a store's feed of keys near their
 // limits compares their counts with the smallest since the last Take (see
 // Diff.Limit). Limits that are not finite and above 0 mark nothing.
@@ -56,18 +58,12 @@ func noteLimit(l *float32, max float64) {
 // limitOf returns where entry e keeps the limit of its counts c (see
 // noteLimit): the entry for its first window size, the extra for the
 // others, where their structs' padding holds it at no cost in memory.
-func (s *shard) limitOf(e *entry, c *counts) *float32 {
+func limitOf(e *entry, c *counts) *float32 {
 	if c == &e.first {
 		return &e.firstLimit
 	}
-	for j := e.more; j != 0; {
-		x := s.extraAt(j - 1)
-		if c == &x.counts {
-			return &x.limit
-		}
-		j = x.next
-	}
-	panic("window: counts not of their entry")
+	// Any other counts of e are an extra's first field.
+	return &(*extra)(unsafe.Pointer(c)).limit
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -98,8 +94,10 @@ func stamp(r int64) uint32 {
 	return uint32(min(r/1e6+1, stampEnd))
 }
 
-// cellAt returns the cell of window k, or nil when c no longer holds it.
+// cellAt returns the cell of window k, advancing c to it when it is
+// newer, or nil when c no longer holds it.
 func (c *counts) cellAt(k int64) *cell {
+	c.advance(k)
 	switch k {
 	case c.index:
 		return &c.cur
@@ -149,9 +147,9 @@ type entry struct {
 // extra is the counts of a further window size of an entry, in its
 // shard's extras, chained by next (1 + an index, or 0 at the end).
 type extra struct {
-	counts
-	next  int32
-	limit float32 // see limitOf
+	counts // first, for limitOf
+	next   int32
+	limit  float32 // see limitOf
 }
 
 // Extras live in chunks that never move, so a *counts stays valid while
@@ -167,11 +165,8 @@ func (s *shard) extraAt(i int32) *extra { return &s.extras[i>>extraShift][i&extr
 // newExtra returns a free extra holding the counts of size, and its
 // index.
 func (s *shard) newExtra(size int64) (int32, *extra) {
-	var i int32
-	if n := len(s.extraFree); n > 0 {
-		i = s.extraFree[n-1]
-		s.extraFree = s.extraFree[:n-1]
-	} else {
+	i, ok := pop(&s.extraFree)
+	if !ok {
 		i = s.extraUsed
 		s.extraUsed++
 		if int(i>>extraShift) == len(s.extras) {
@@ -183,12 +178,56 @@ func (s *shard) newExtra(size int64) (int32, *extra) {
 	return i, x
 }
 
+// window returns the frame of now among the windows of a size, and entry
+// e's counts of that size advanced to it: added when create is true, else
+// nil when e has none. It spells frameAt out (see frame), being the hot
+// path of every hit.
+func (s *shard) window(e *entry, size, now int64, create bool) (*counts, frame) {
+	f := fixedFrame(now, size)
+	if size >= minCode {
+		f = longFrame(now, size)
+	}
+	c := s.countsFor(e, size, create)
+	if c != nil {
+		c.advance(f.k)
+	}
+	return c, f
+}
+
+// read returns entry e's window of a size at now, with this node's
+// unsynced counts taken m times, without adding it: zero when e has none.
+func (s *shard) read(e *entry, size time.Duration, now int64, m float64) Sample {
+	c, f := s.window(e, int64(size), now, false)
+	if c == nil {
+		return Sample{Weight: f.w, Start: f.start, Size: size, At: now}
+	}
+	return c.sample(f, now, m)
+}
+
+// count adds value to c's current window, of frame f, at now: to the
+// store's part when synced (see IncrementSynced), else to the diff.
+func (c *counts) count(f frame, now int64, value float64, synced bool) {
+	if synced {
+		c.cur.synced += value
+	} else {
+		c.cur.diff += value
+	}
+	if value > 0 {
+		c.curAt = stamp(now - f.start)
+	}
+}
+
 // countsFor returns the counts of entry e for a window size, adding them
 // when create is true, or nil.
 func (s *shard) countsFor(e *entry, size int64, create bool) *counts {
 	if e.first.size == size {
 		return &e.first
 	}
+	return s.moreCounts(e, size, create)
+}
+
+// moreCounts is countsFor past the entry's first counts.
+func (s *shard) moreCounts(e *entry, size int64, create bool) *counts {
 	var last *extra
 	for j := e.more; j != 0; j = last.next {
 		last = s.extraAt(j - 1)
@@ -271,10 +310,6 @@ type shard struct {
 	_         [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
-func newShard(quota int) *shard {
-	return &shard{quota: max(quota, minShardCapacity), table: make([]slot, 16)}
-}
-
 // slot is one place in a shard's hash table: 0 when empty, or else the
 // entry's hash in the high 32 bits and its index+1 in the low ones. With
 // the hash in the table, a probe passes over other keys' slots without
@@ -319,11 +354,21 @@ func (s *shard) findOrInsert(z *Zone, h uint32, ns uint16, key string, now int64
 	return s.insert(z, h, ns, key, now)
 }
 
+// pop takes the last element off a free list, and reports false when it is
+// empty.
+func pop[T any](free *[]T) (v T, ok bool) {
+	n := len(*free)
+	if n == 0 {
+		return v, false
+	}
+	v = (*free)[n-1]
+	*free = (*free)[:n-1]
+	return v, true
+}
+
 // alloc returns a free entry index.
 func (s *shard) alloc() int32 {
-	if n := len(s.free); n > 0 {
-		i := s.free[n-1]
-		s.free = s.free[:n-1]
+	if i, ok := pop(&s.free); ok {
 		return i
 	}
 	i := s.used
@@ -363,11 +408,7 @@ func (s *shard) insert(z *Zone, h uint32, ns uint16, key string, now int64) int3
 	// A new key starts unreferenced: a key seen once goes before keys seen
 	// again, which keeps a flood of one-off keys from flushing busy ones.
 	*e = entry{keyAt: s.keys.put(key), keyLen: uint32(len(key)), hash: h, ns: ns, flags: flagUsed}
-	if (s.live+1)*4 > len(s.table)*3 {
-		s.grow()
-	}
 	s.place(i)
-	s.live++
 	return i
 }
 
@@ -404,7 +445,7 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 		z.namespace(e.ns).dirty.Add(-1)
 		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
 		s.forEach(e, func(c *counts) {
-			limit := float64(*s.limitOf(e, c))
+			limit := float64(*limitOf(e, c))
 			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, limit, now)
 			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, limit, now)
 		})
@@ -465,28 +506,31 @@ func (s *shard) list(i int32, e *entry) {
 		s.recent = append(s.recent, nil)
 	}
 	l := s.recent[e.ns]
-	if len(l) >= 2*max(s.quota, s.live) {
-		l = s.compact(l, e.ns)
+	if len(l) >= 2*max(s.quota, s.live) { // compact it
+		out := l[:0]
+		for _, j := range l {
+			if x := s.at(j); x.ns == e.ns && x.flags&flagListed != 0 {
+				x.flags &^= flagListed // set again below, so duplicates go
+				out = append(out, j)
+			}
+		}
+		for _, j := range out {
+			s.at(j).flags |= flagListed
+		}
+		l = out
 	}
 	s.recent[e.ns] = append(l, i)
 }
 
-func (s *shard) compact(l []int32, ns uint16) []int32 {
-	out := l[:0]
-	for _, j := range l {
-		if e := s.at(j); e.ns == ns && e.flags&flagListed != 0 {
-			e.flags &^= flagListed // set again below, so duplicates go
-			out = append(out, j)
-		}
+// place puts entry i in the hash table, grown first to stay at most three
+// quarters full, and counts it live.
+func (s *shard) place(i int32) {
+	if (s.live+1)*4 > len(s.table)*3 {
+		s.grow()
 	}
-	for _, j := range out {
-		s.at(j).flags |= flagListed
-	}
-	return out
+	s.placeSlot(makeSlot(s.at(i).hash, i))
+	s.live++
 }
-
-// place puts entry i in the hash table.
-func (s *shard) place(i int32) { s.placeSlot(makeSlot(s.at(i).hash, i)) }
 
 func (s *shard) placeSlot(sl slot) {
 	mask := uint32(len(s.table) - 1)

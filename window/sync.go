@@ -1,6 +1,9 @@
 package window
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // These are the operations a sync loop needs: take what this node added
 // since the last sync, put it back when the push fails, and set what the
@@ -19,18 +22,15 @@ func (n *Namespace) SetTracked(on bool) {
 			if e.ns != n.id {
 				return
 			}
-			hasDiff := false
-			s.forEach(e, func(c *counts) { hasDiff = hasDiff || c.cur.diff != 0 || c.prev.diff != 0 })
-			if hasDiff {
-				n.mark(s, i, e, true)
-			}
+			s.forEach(e, func(c *counts) {
+				if c.cur.diff != 0 || c.prev.diff != 0 {
+					n.mark(s, i, e, true)
+				}
+			})
 		})
 		s.mu.Unlock()
 	}
 }
-
-// Tracked reports whether the namespace keeps track of changes for a sync.
-func (n *Namespace) Tracked() bool { return n.tracked.Load() }
 
 // Pending returns how many diffs wait for Take: one per key with a diff,
 // plus those of keys that left the zone before they were taken.
@@ -63,7 +63,7 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				e.flags &^= flagDirty
 				n.dirty.Add(-1)
 				s.forEach(e, func(c *counts) {
-					limit := s.limitOf(e, c)
+					limit := limitOf(e, c)
 					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit, c.prev.total())
 					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit, 0)
 					*limit = 0
@@ -71,17 +71,13 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 			}
 			s.recent[n.id] = l[:0]
 		}
-		kept := s.orphans[:0]
-		for _, o := range s.orphans {
+		s.orphans = slices.DeleteFunc(s.orphans, func(o orphan) bool {
 			if o.ns == n.id {
 				diffs = append(diffs, o.Diff)
 				n.orphanGone()
-			} else {
-				kept = append(kept, o)
 			}
-		}
-		clear(s.orphans[len(kept):])
-		s.orphans = kept
+			return o.ns == n.id
+		})
 		s.mu.Unlock()
 	}
 	return diffs, keys
@@ -106,18 +102,16 @@ func (n *Namespace) Restore(diffs []Diff) {
 	z := n.zone
 	now := z.now()
 	for _, d := range diffs {
-		h := z.fullHash(n.id, d.Key)
-		s := z.lock(h)
+		s, i := n.lockKey(d.Key)
 		k := Index(d.Start, d.Size)
 		var cl *cell
-		if i := s.find(uint32(h), n.id, d.Key); i >= 0 {
+		if i >= 0 {
 			e := s.at(i)
 			c := s.countsFor(e, int64(d.Size), true)
-			c.advance(k)
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
-				noteLimit(s.limitOf(e, c), d.Limit)
+				noteLimit(limitOf(e, c), d.Limit)
 				n.mark(s, i, e, true)
 			}
 		}
@@ -132,17 +126,13 @@ func (n *Namespace) Restore(diffs []Diff) {
 // they were taken stay on top, so nothing this node counted is lost. Counts
 // of keys the zone no longer holds are ignored.
 func (n *Namespace) Apply(counts []Count) {
-	z := n.zone
 	for _, ct := range counts {
-		h := z.fullHash(n.id, ct.Key)
-		s := z.lock(h)
-		if i := s.find(uint32(h), n.id, ct.Key); i >= 0 {
+		s, i := n.lockKey(ct.Key)
+		if i >= 0 {
 			// A window size the key has no counts for yet gets them only for
 			// a count worth holding.
 			if c := s.countsFor(s.at(i), int64(ct.Size), ct.Value != 0); c != nil {
-				k := Index(ct.Start, ct.Size)
-				c.advance(k)
-				if cl := c.cellAt(k); cl != nil {
+				if cl := c.cellAt(Index(ct.Start, ct.Size)); cl != nil {
 					cl.synced = ct.Value
 				}
 			}
@@ -159,14 +149,18 @@ func (z *Zone) Sweep() {
 	now := z.now()
 	for s := range z.lockAll() {
 		s.forEachLive(func(i int32, e *entry) {
-			empty := true
-			s.forEach(e, func(c *counts) {
-				c.advance(frameAt(now, c.size).k)
-				if c.cur != (cell{}) || c.prev != (cell{}) {
-					empty = false
+			// A rate's TAT still ahead of now keeps the entry too, or the
+			// key would get its burst back early.
+			keep := e.flags&flagDirty != 0
+			s.forEachCounts(e, func(c *counts) {
+				if c.isRate() {
+					keep = keep || c.index > now
+					return
 				}
+				c.advance(frameAt(now, c.size).k)
+				keep = keep || c.cur != (cell{}) || c.prev != (cell{})
 			})
-			if empty && e.flags&flagDirty == 0 && !s.rateBusy(e, now) {
+			if !keep {
 				s.remove(z, i, now)
 			}
 		})
@@ -221,7 +215,6 @@ func (n *Namespace) observe(key string, size time.Duration, start int64, current
 	e := s.at(i)
 	c := s.countsFor(e, int64(size), true)
 	k := Index(start, size)
-	c.advance(k)
 	if cl := c.cellAt(k); cl != nil && (!atLeast || current > cl.synced) {
 		cl.synced = current
 	}

@@ -44,14 +44,9 @@ func Weight(now int64, size time.Duration) float64 {
 // is the weight of the window before it then (0 for a calendar's). A zone
 // operation places the instant once per limit, and its samples read the
 // frame. It has four fields, so that the compiler keeps it in registers.
-// frameAt is too large to inline, so the hottest paths (a hit, a read)
-// spell it out, for a window of fixed size to pay for calendars one
-// comparison and no call:
-//
-//	f := fixedFrame(now, size)
-//	if size >= minCode {
-//		f = longFrame(now, size)
-//	}
+// frameAt is too large to inline, so the hot path of every hit
+// (shard.window) spells it out, for a window of fixed size to pay for
+// calendars one comparison and no call.
 type frame struct {
 	k, start, end int64
 	w             float64

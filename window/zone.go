@@ -70,7 +70,7 @@ func makeShards(capacity int) []*shard {
 	}
 	shards := make([]*shard, n)
 	for i := range shards {
-		shards[i] = newShard(capacity / n)
+		shards[i] = &shard{quota: max(capacity/n, minShardCapacity), table: make([]slot, 16)}
 	}
 	return shards
 }
@@ -145,11 +145,7 @@ func (z *Zone) reshard(shards []*shard) {
 					*t.countsFor(ne, c.size, true) = *c
 				}
 			})
-			if (t.live+1)*4 > len(t.table)*3 {
-				t.grow()
-			}
 			t.place(i)
-			t.live++
 			if e.flags&flagListed != 0 {
 				t.list(i, ne)
 			}
@@ -342,23 +338,19 @@ func (n *Namespace) lockEntry(key string) (s *shard, i int32, now int64) {
 	return s, s.findOrInsert(z, uint32(h), n.id, key, now), now
 }
 
+// lockKey locks the shard of key and returns it with the index of key's
+// entry, or -1 when the zone does not hold it. The caller unlocks s.mu.
+func (n *Namespace) lockKey(key string) (s *shard, i int32) {
+	h := n.zone.fullHash(n.id, key)
+	s = n.zone.lock(h)
+	return s, s.find(uint32(h), n.id, key)
+}
+
 func (n *Namespace) increment(key string, size time.Duration, value float64, synced bool) Sample {
 	s, i, now := n.lockEntry(key)
 	e := s.at(i)
-	c := s.countsFor(e, int64(size), true)
-	f := fixedFrame(now, int64(size))
-	if int64(size) >= minCode {
-		f = longFrame(now, int64(size))
-	}
-	c.advance(f.k)
-	if synced {
-		c.cur.synced += value
-	} else {
-		c.cur.diff += value
-	}
-	if value > 0 {
-		c.curAt = stamp(now - f.start)
-	}
+	c, f := s.window(e, int64(size), now, true)
+	c.count(f, now, value, synced)
 	n.mark(s, i, e, !synced)
 	out := c.sample(f, now, n.unsyncedWeight())
 	s.mu.Unlock()
@@ -379,23 +371,17 @@ func (n *Namespace) ReadWithDiff(key string, size time.Duration, diff float64) S
 }
 
 func (n *Namespace) read(key string, size time.Duration, diff *float64) Sample {
-	z := n.zone
-	now := z.now()
-	h := z.fullHash(n.id, key)
-	s := z.lock(h)
+	now := n.zone.now()
+	s, i := n.lockKey(key)
 	defer s.mu.Unlock()
-	f := fixedFrame(now, int64(size))
-	if int64(size) >= minCode {
-		f = longFrame(now, int64(size))
-	}
+	f := frameAt(now, int64(size))
 	// A key or a size the zone does not hold reads as zero, but for diff.
 	c, m := counts{size: int64(size), index: f.k}, 1.0
-	if i := s.find(uint32(h), n.id, key); i >= 0 {
+	if i >= 0 {
 		e := s.at(i)
 		e.flags |= flagRef
 		n.mark(s, i, e, false)
-		if held := s.countsFor(e, int64(size), false); held != nil {
-			held.advance(f.k)
+		if held, _ := s.window(e, int64(size), now, false); held != nil {
 			c, m = *held, n.unsyncedWeight()
 		}
 	}
