@@ -53,7 +53,7 @@ func (n *Namespace) hitEntry(s *shard, i int32, now int64, limits []Limit, value
 		c, f := s.window(e, int64(l.Size), now, true)
 		c.count(f, now, value, synced)
 		if value > 0 && !synced {
-			noteLimit(limitOf(e, c), l.Max)
+			noteLimit(s.limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(f, now, m)
 		if Exceeds(out[j].Rate(fixed), l.Max) {

@@ -49,7 +49,7 @@ func (n *Namespace) hitIfRoomEntry(s *shard, i int32, now int64, limits []Limit,
 		c, f := s.window(e, int64(l.Size), now, false)
 		c.count(f, now, value, false)
 		if value > 0 {
-			noteLimit(limitOf(e, c), l.Max)
+			noteLimit(s.limitOf(e, c), l.Max)
 		}
 		out[j] = c.sample(f, now, m)
 	}

@@ -3,7 +3,6 @@ package window
 import (
 	"math"
 	"time"
-	"unsafe"
 
 	"github.com/ratesync/caddy-ratelimit/internal/lockorder"
 )
@@ -58,12 +57,18 @@ func noteLimit(l *float32, max float64) {
 // limitOf returns where entry e keeps the limit of its counts c (see
 // noteLimit): the entry for its first window size, the extra for the
 // others, where their structs' padding holds it at no cost in memory.
-func limitOf(e *entry, c *counts) *float32 {
+func (s *shard) limitOf(e *entry, c *counts) *float32 {
 	if c == &e.first {
 		return &e.firstLimit
 	}
-	// Any other counts of e are an extra's first field.
-	return &(*extra)(unsafe.Pointer(c)).limit
+	for j := e.more; j != 0; {
+		x := s.extraAt(j - 1)
+		if c == &x.counts {
+			return &x.limit
+		}
+		j = x.next
+	}
+	panic("window: counts not of their entry")
 }
 
 // advance makes window k the current one. Windows older than k-1 are
@@ -147,9 +152,9 @@ type entry struct {
 // extra is the counts of a further window size of an entry, in its
 // shard's extras, chained by next (1 + an index, or 0 at the end).
 type extra struct {
-	counts // first, for limitOf
-	next   int32
-	limit  float32 // see limitOf
+	counts
+	next  int32
+	limit float32 // see limitOf
 }
 
 // Extras live in chunks that never move, so a *counts stays valid while
@@ -445,7 +450,7 @@ func (s *shard) remove(z *Zone, i int32, now int64) {
 		z.namespace(e.ns).dirty.Add(-1)
 		key := cloneString(s.keyOf(e)) // the orphans outlive the entry
 		s.forEach(e, func(c *counts) {
-			limit := float64(*limitOf(e, c))
+			limit := float64(*s.limitOf(e, c))
 			s.orphan(z, e.ns, key, c.size, c.index, c.cur.diff, limit, now)
 			s.orphan(z, e.ns, key, c.size, c.index-1, c.prev.diff, limit, now)
 		})

@@ -63,7 +63,7 @@ func (n *Namespace) Take() (diffs []Diff, keys []string) {
 				e.flags &^= flagDirty
 				n.dirty.Add(-1)
 				s.forEach(e, func(c *counts) {
-					limit := limitOf(e, c)
+					limit := s.limitOf(e, c)
 					diffs = takeCell(diffs, key, c, c.index, &c.cur, *limit, c.prev.total())
 					diffs = takeCell(diffs, key, c, c.index-1, &c.prev, *limit, 0)
 					*limit = 0
@@ -111,7 +111,7 @@ func (n *Namespace) Restore(diffs []Diff) {
 			if cl = c.cellAt(k); cl != nil {
 				cl.diff += d.Value
 				cl.synced -= d.Value
-				noteLimit(limitOf(e, c), d.Limit)
+				noteLimit(s.limitOf(e, c), d.Limit)
 				n.mark(s, i, e, true)
 			}
 		}
