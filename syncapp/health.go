@@ -90,18 +90,20 @@ func (s *storeHealth) anyDownLocked() bool { return s.failing.Load() || len(s.do
 
 // change applies a change of the store's state under its lock, weighs or
 // unweighs each member's counters by the state it leaves (of two changes
-// racing, the one applied last read the last state), and returns the
-// members for the caller to tell outside the lock.
+// racing, the one applied last read the last state), and reports whether
+// it changed, with the members then, for the caller to tell outside the
+// lock.
 func (s *storeHealth) change(apply func() bool) (changed bool, members []*health) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if changed = apply(); changed {
-		down := s.anyDownLocked()
-		for _, m := range s.members {
-			m.applyShare(down)
-		}
+	if changed = apply(); !changed {
+		return false, nil
 	}
-	return changed, slices.Clone(s.members)
+	down := s.anyDownLocked()
+	for _, m := range s.members {
+		m.applyShare(down)
+	}
+	return true, slices.Clone(s.members)
 }
 
 // markDown marks the whole store down, and reports whether it was up.
@@ -397,8 +399,10 @@ func (h *health) succeeded() {
 // part.
 func (h *health) succeededFor(key string) {
 	h.succeeded()
-	if p := h.partOf(key); p >= 0 && h.partsDown() > 0 {
-		h.partsUp([]int{p})
+	if h.partsDown() > 0 { // else no part to look up: a request's fast path
+		if p := h.partOf(key); p >= 0 {
+			h.partsUp([]int{p})
+		}
 	}
 }
 

@@ -276,9 +276,13 @@ func (q *hitQueue) take(batch []*queuedHit) []*queuedHit {
 		store = batch[0].store
 	}
 	kept := q.queued[:0]
-	for _, h := range q.queued {
-		if store != nil && (h.store != store || len(batch) >= store.maxBatch) {
-			kept = append(kept, h) // left, it goes with the next take
+	for i, h := range q.queued {
+		if store != nil && len(batch) >= store.maxBatch {
+			kept = append(kept, q.queued[i:]...) // a full batch: the rest wait
+			break
+		}
+		if store != nil && h.store != store {
+			kept = append(kept, h) // another config's: it goes with a later take
 			continue
 		}
 		if h.state.CompareAndSwap(hitWaiting, hitTaken) {

@@ -277,17 +277,23 @@ func (o *outbox) push(ctx context.Context, store strategy.Store, batch strategy.
 // applied, for the next run to push under the hit's own ID; past
 // maxRetries the oldest are dropped.
 func (o *outbox) retry(b strategy.Batch) {
-	if len(b.Diffs)+len(b.Rates) > 0 {
-		o.putBack(nil, b)
+	if len(b.Diffs)+len(b.Rates) == 0 {
+		return
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.retries) >= maxRetries {
+		o.retries = o.retries[1:]
+	}
+	o.retries = append(o.retries, b)
 }
 
 // putBack queues hits to retry whose push failed, ahead of those queued
-// since, and then more.
-func (o *outbox) putBack(r []strategy.Batch, more ...strategy.Batch) {
+// since.
+func (o *outbox) putBack(r []strategy.Batch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.retries = slices.Concat(r, o.retries, more)
+	o.retries = append(r[:len(r):len(r)], o.retries...)
 	if n := len(o.retries); n > maxRetries {
 		o.retries = o.retries[n-maxRetries:]
 	}

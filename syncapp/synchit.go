@@ -15,7 +15,8 @@ import (
 // sync_rate 0) that go in the round trips of its hit queue, and what a
 // refusal, a failure, a stall or a doubt does to each. A config's
 // Namespace that has a store able to take synchronous hits holds one; the
-// hit queue, the health and the outbox are the pooled fleet state's, and the zone's counts are where the store's answers go.
+// hit queue, the health and the outbox are the pooled fleet state's, and
+// the zone's counts are where the store's answers go.
 type storeRoad struct {
 	// slots says that the store takes concurrency slots in its round
 	// trips (strategy.SlotBatcher).
